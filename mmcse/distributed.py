@@ -1,0 +1,55 @@
+"""Process-group helpers: in-batch negatives gathered across ranks, as SimCSE does.
+
+With ``gather_across_ranks`` every rank sees the concatenation of all ranks' rows, its own rows
+keeping their gradient, so N processes behave like one N-times-larger batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def gather_across_ranks(x: Tensor) -> Tensor:
+    """All-gather rows of ``x`` from every rank; the local slice keeps its autograd graph."""
+    if world_size() == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(parts, x.detach().contiguous())
+    parts[rank()] = x  # all_gather cuts the graph; put the local, differentiable copy back
+    return torch.cat(parts, dim=0)
+
+
+def local_offset(batch_size: int) -> int:
+    """Row index of this rank's first row in a gathered batch."""
+    return rank() * batch_size
+
+
+def init_from_env(backend: str | None = None) -> bool:
+    """Join the process group torchrun describes in the environment; False when not launched so."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or is_distributed():
+        return is_distributed()
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend=backend)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return True

@@ -1,0 +1,116 @@
+"""The student: any Hugging Face encoder (BERT, RoBERTa, MiniLM, ...) behind one class.
+
+Loading takes a local directory or a hub id; with ``HF_HUB_OFFLINE=1`` (or no network) only local
+directories and already-cached ids resolve. A training checkpoint is an ordinary HF model
+directory (``save_pretrained`` of the backbone + tokenizer, safetensors) plus
+``mmcse_heads.safetensors`` (the loss heads, training-only) and ``mmcse_run.json`` (resolved
+config and the fingerprints of every feature set it trained on), so any HF tool can load it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from mmcse.pooling import needs_hidden_states, pool
+
+RUN_INFO_FILE = "mmcse_run.json"
+HEADS_FILE = "mmcse_heads.safetensors"
+BEST_DIR = "best"
+
+
+def quiet_transformers() -> None:
+    """Silence per-load progress bars and advisory warnings (our own progress is shown)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def resolve_model_dir(path_or_id: str) -> str:
+    """A training run directory resolves to its best checkpoint; anything else is returned as is."""
+    p = Path(path_or_id)
+    if (p / BEST_DIR / "config.json").exists():
+        return str(p / BEST_DIR)
+    if p.exists() and not (p / "config.json").exists():
+        raise FileNotFoundError(
+            f"{path_or_id} is neither an HF model directory (no config.json) nor a training run "
+            f"(no {BEST_DIR}/config.json)"
+        )
+    return path_or_id
+
+
+def load_tokenizer(path_or_id: str):
+    from transformers import AutoTokenizer
+
+    quiet_transformers()
+    return AutoTokenizer.from_pretrained(resolve_model_dir(path_or_id))
+
+
+@dataclass
+class EncoderOutput:
+    sentence: Tensor  # [B, H] pooled sentence embedding
+    token_states: Tensor  # [B, L, H] last layer
+
+
+class SentenceEncoder(nn.Module):
+    """Wraps an HF ``AutoModel``; ``forward`` returns pooled sentences and last-layer states."""
+
+    def __init__(self, backbone: nn.Module, pooler: str = "cls_before_pooler") -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.pooler = pooler
+
+    @classmethod
+    def from_pretrained(
+        cls, path_or_id: str, pooler: str = "cls_before_pooler", dropout: float | None = None
+    ) -> SentenceEncoder:
+        from transformers import AutoConfig, AutoModel
+
+        quiet_transformers()
+        source = resolve_model_dir(path_or_id)
+        config = AutoConfig.from_pretrained(source)
+        if dropout is not None:  # SimCSE's augmentation is the encoder's own dropout
+            for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+                if hasattr(config, key):
+                    setattr(config, key, dropout)
+        return cls(AutoModel.from_pretrained(source, config=config), pooler)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.backbone.config.hidden_size
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        **kwargs,
+    ) -> EncoderOutput:
+        out = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=needs_hidden_states(self.pooler),
+            return_dict=True,
+            **kwargs,
+        )
+        if attention_mask is None:
+            attention_mask = torch.ones(out.last_hidden_state.shape[:2], device=out.last_hidden_state.device)
+        return EncoderOutput(pool(out, attention_mask, self.pooler), out.last_hidden_state)
+
+    def save_checkpoint(self, out_dir: str | Path, tokenizer, heads: nn.Module, run_info: dict) -> None:
+        """Write an HF model dir + training heads + run info (atomic per file via HF/safetensors)."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        state = {k: v.detach().cpu().contiguous() for k, v in heads.state_dict().items()}
+        save_file(state, str(out / HEADS_FILE))
+        (out / RUN_INFO_FILE).write_text(json.dumps(run_info, indent=2, default=str))
