@@ -18,7 +18,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-cache_app = typer.Typer(help="Inspect, verify, merge and remove cached feature sets.", no_args_is_help=True)
+cache_app = typer.Typer(
+    help="Inspect, verify, merge and remove cached feature sets.", no_args_is_help=True
+)
 bench_app = typer.Typer(help="Speed benchmarks (ratios measured in one run).", no_args_is_help=True)
 recipes_app = typer.Typer(help="Paper settings as named recipes.", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
@@ -27,12 +29,538 @@ app.add_typer(recipes_app, name="recipes")
 
 
 # ---- train / demo / bench train (Stage 2) --------------------------------------------------
+Opt = typer.Option
+
+
+@app.command()
+def train(
+    config: str = Opt(None, "--config", help="JSON/TOML file of training settings"),
+    model: str = Opt(None, help="student: local HF dir or hub id"),
+    method: str = Opt(None, help="registered method (mmcse methods lists them)"),
+    method_arg: list[str] = Opt(None, "--method-arg", help="method hyperparameter KEY=VALUE"),
+    text_corpus: str = Opt(None, help="text corpus: corpus table dir or .txt"),
+    caption_corpus: str = Opt(None, help="caption corpus table dir (from extract-images)"),
+    feature: list[str] = Opt(None, "--feature", help="cached features ROLE=DIR"),
+    expect_fingerprint: list[str] = Opt(None, "--expect-fingerprint", help="ROLE=SHA"),
+    mixing: str = Opt(None, help="interleave|proportional-random|caption-only|text-only"),
+    output_dir: str = Opt(None, help="run directory"),
+    batch_size: int = Opt(None),
+    learning_rate: float = Opt(None, "--lr", "--learning-rate"),
+    epochs: int = Opt(None),
+    max_steps: int = Opt(None),
+    max_seq_length: int = Opt(None),
+    seed: int = Opt(None),
+    eval_steps: int = Opt(None),
+    eval_data: str = Opt(None, help="SentEval-layout dir ('' disables evaluation)"),
+    final_eval: bool = Opt(None, "--final-eval/--no-final-eval"),
+    pooler: str = Opt(None),
+    device: str = Opt(None),
+    precision: str = Opt(None, help="auto|bf16|fp32"),
+    dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
+) -> None:
+    """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
+    from mmcse.config import parse_pairs, parse_value, resolve_config
+    from mmcse.methods import build_method
+    from mmcse.train import train as run_training
+
+    args = {k: parse_value(v) for k, v in parse_pairs(method_arg, "--method-arg").items()}
+    cfg = resolve_config(
+        config,
+        model=model,
+        method=method,
+        method_args=args or None,
+        text_corpus=text_corpus,
+        caption_corpus=caption_corpus,
+        features=parse_pairs(feature, "--feature") or None,
+        expect_fingerprints=parse_pairs(expect_fingerprint, "--expect-fingerprint") or None,
+        mixing=mixing,
+        output_dir=output_dir,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        epochs=epochs,
+        max_steps=max_steps,
+        max_seq_length=max_seq_length,
+        seed=seed,
+        eval_steps=eval_steps,
+        eval_data=eval_data,
+        final_eval=final_eval,
+        pooler=pooler,
+        device=device,
+        precision=precision,
+    )
+    if dry_run:
+        import json
+
+        typer.echo(json.dumps(cfg.to_dict(), indent=2))
+        typer.echo(build_method(cfg.method, **cfg.method_args).describe())
+        return
+    result = run_training(cfg)
+    typer.echo(f"run directory: {result.output_dir}")
+
+
+@bench_app.command("train")
+def bench_train_cmd(
+    size: str = Opt("tiny", help="tiny|small|base (BERT-base shapes, random init)"),
+    device: str = Opt("cpu", help="cpu|cuda"),
+    steps: int = Opt(20, help="timed steps per method"),
+    batch_size: int = Opt(64),
+    seq_len: int = Opt(32),
+    method: list[str] = Opt(None, "--method", help="restrict to these methods"),
+    gather_rows: int = Opt(1_000_000, help="rows of the synthetic set for the gather benchmark"),
+) -> None:
+    """Step time of every method ÷ SimCSE's, measured in one run; cache gather rows/s."""
+    from mmcse.bench import bench_train
+    from mmcse.cache.bench import gather_throughput
+
+    r = bench_train(size, device, steps, batch=batch_size, seq_len=seq_len, methods=method)
+    typer.echo(f"device {r['device']}  size {r['size']}  batch {r['batch']} x len {r['seq_len']}")
+    for name, seconds in r["step_seconds"].items():
+        typer.echo(f"step {name}: {seconds * 1000:.1f} ms")
+    for name, ratio in r["ratios"].items():
+        if name != "simcse":
+            typer.echo(f"ratio {name}/simcse: {ratio:.3f}")
+    typer.echo(f"simcse steps/s: {r['simcse_steps_per_s']:.2f}")
+    if "simcse_mfu" in r:
+        typer.echo(f"simcse MFU: {100 * r['simcse_mfu']:.1f}%")
+    g = gather_throughput(num_rows=gather_rows, dim=2048, dtype="float16", batch=128)
+    typer.echo(
+        f"cache gather: {g['rows_per_s']:,.0f} rows/s (128-id batches, {gather_rows:,} x 2048 fp16)"
+    )
+
+
+@app.command()
+def methods() -> None:
+    """List registered methods and their loss terms."""
+    from mmcse.methods import build_method
+    from mmcse.registry import METHODS
+
+    for name in METHODS.names():
+        typer.echo(build_method(name).describe())
+
 
 # ---- eval ------------------------------------------------------------------------------------
 
+
+@app.command("eval")
+def eval_command(
+    model: str = typer.Option(..., help="Training run directory (uses run/best) or HF model dir."),
+    pooler: str | None = typer.Option(
+        None,
+        help="cls | cls_before_pooler | avg | avg_first_last | avg_top2 "
+        "[default: the run's pooler, else cls_before_pooler]",
+    ),
+    data: str | None = typer.Option(
+        None, help="SentEval data folder (holds downstream/STS) [default: ../shared/data/senteval]"
+    ),
+    out: str | None = typer.Option(None, help="Write the results as JSON to this file."),
+    mode: str = typer.Option("test", help="test: the 7 STS tasks; dev: STS-B and SICK-R dev."),
+    batch_size: int = typer.Option(128, help="Sentences per forward pass."),
+    device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ... [default: cuda if any]"),
+    align_uniform: bool = typer.Option(
+        False, "--align-uniform", help="Also report alignment and uniformity on STS-B."
+    ),
+) -> None:
+    """SentEval STS evaluation as in SimCSE/MCSE: Spearman x 100, 'all' setting."""
+    from mmcse.evaluation import evaluate_sts, format_table, write_report
+
+    results = evaluate_sts(
+        model,
+        data_dir=data,
+        mode=mode,
+        pooler=pooler,
+        batch_size=batch_size,
+        device=device,
+        with_align_uniform=align_uniform,
+        progress=True,
+    )
+    typer.echo(format_table(results))
+    if out:
+        typer.echo(f"wrote {write_report(results, out)}")
+
+
 # ---- cache -----------------------------------------------------------------------------------
 
+
+@cache_app.command("ls")
+def cache_ls(root: str = typer.Argument("cache", help="Directory searched for sets.")) -> None:
+    """List the feature sets and corpora under ROOT (unfinished writes included)."""
+    from mmcse.cache import list_sets
+
+    for entry in list_sets(root):
+        size = f"{entry.num_bytes / 2**20:9.1f} MiB"
+        m = entry.manifest
+        if m is None:
+            typer.echo(f"{entry.path}  unfinished (no valid manifest)  {size}")
+            continue
+        typer.echo(
+            f"{entry.path}  {m.kind}  {m.dataset}/{m.split}  rows={m.num_rows}  shape={m.shape}  "
+            f"{m.dtype}  {m.backend}  {size}  fingerprint={m.fingerprint[:12]}"
+        )
+
+
+@cache_app.command("verify")
+def cache_verify(path: str = typer.Argument(..., help="Feature set or corpus directory.")) -> None:
+    """Re-hash every shard and re-count rows; exit 2 naming the first problem if any."""
+    from mmcse.cache import Manifest, verify
+    from mmcse.errors import CacheError
+
+    problems = verify(path)
+    if problems:
+        for problem in problems[1:]:
+            typer.echo(f"  also: {problem}", err=True)
+        more = f" (+{len(problems) - 1} more above)" if len(problems) > 1 else ""
+        raise CacheError(problems[0] + more)
+    manifest = Manifest.read(path)
+    typer.echo(
+        f"ok: {path} ({manifest.num_rows} rows, {len(manifest.shards)} shards, "
+        f"fingerprint {manifest.fingerprint})"
+    )
+
+
+@cache_app.command("rm")
+def cache_rm(path: str = typer.Argument(..., help="Feature set or corpus directory.")) -> None:
+    """Delete one set (refuses directories that are not a set or hold other files)."""
+    from mmcse.cache import remove
+
+    remove(path)
+    typer.echo(f"removed {path}")
+
+
+@cache_app.command("finalize")
+def cache_finalize(
+    path: str = typer.Argument(..., help="Directory the ranks wrote their shards into."),
+    num_shards: int = typer.Option(None, help="Require exactly shards 0..N-1."),
+) -> None:
+    """Write the manifest of a set whose shards were written by several ranks or jobs."""
+    from mmcse.cache import FeatureSetWriter
+
+    manifest = FeatureSetWriter.reopen(path).finalize(num_shards=num_shards)
+    typer.echo(f"finalized {path}: {manifest.num_rows} rows, fingerprint {manifest.fingerprint}")
+
+
+@cache_app.command("merge")
+def cache_merge(
+    sources: list[str] = typer.Argument(..., help="Finished sets of the same producer."),
+    out: str = typer.Option(..., "--out", "-o", help="Directory of the merged set."),
+) -> None:
+    """Combine finished sets (e.g. one per extraction job) into a new set OUT."""
+    from mmcse.cache import merge
+
+    manifest = merge(sources, out)
+    typer.echo(f"merged {len(sources)} sets into {out}: {manifest.num_rows} rows")
+
+
 # ---- extract-images / extract-text / import-hdf5 / bench extract (Stage 1) -------------------
+
+
+def _run_options(
+    shard_size, batch_size, workers, dtype, strict, rank, world_size, decode, max_pixels, backend
+):
+    from pipeline.extract import RunOptions, resolve_rank
+
+    rank, world_size = resolve_rank(rank, world_size)
+    return RunOptions(
+        shard_size=shard_size,
+        batch_size=batch_size,
+        workers=workers,
+        dtype=dtype,
+        strict=strict,
+        rank=rank,
+        world_size=world_size,
+        decode=decode,
+        max_pixels=max_pixels,
+        backend=backend,
+    )
+
+
+def _path(value: str | None):
+    from pathlib import Path
+
+    return Path(value) if value else None
+
+
+def _source(images, captions, split_file, text_file=None):
+    from pipeline.datasets import DataSource
+
+    return DataSource(_path(images), _path(captions), _path(split_file), _path(text_file))
+
+
+def _build_teacher(name: str, weights: str, size: str, device: str, compute_dtype: str | None):
+    import torch
+
+    from pipeline import teachers
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return teachers.build_teacher(
+        name, weights=weights, device=device, dtype=compute_dtype, size=size
+    )
+
+
+def _report(results: dict) -> None:
+    for part, manifest in results.items():
+        state = (
+            f"{manifest.num_rows} rows, {manifest.extra.get('num_errors', 0)} errors, "
+            f"fingerprint {manifest.fingerprint[:12]}"
+            if manifest is not None
+            else "this rank's shards done; the last rank finalizes"
+        )
+        typer.echo(f"{part}: {state}")
+
+
+_SHARD_SIZE = typer.Option(4096, help="Items per shard (fixed boundaries; resume unit).")
+_BATCH_SIZE = typer.Option(256, help="Items per teacher call (never crosses a shard).")
+_WORKERS = typer.Option(None, help="DataLoader decode workers (default min(8, CPUs)).")
+_DTYPE = typer.Option("float32", help="Storage dtype of the features: float32 or float16.")
+_STRICT = typer.Option(False, "--strict", help="Stop at the first bad input (exit 2).")
+_RANK = typer.Option(None, help="This job's rank (default $RANK or 0).")
+_WORLD = typer.Option(None, help="Number of jobs (default $WORLD_SIZE or 1).")
+_DECODE = typer.Option("cpu", help="cpu: PIL in workers; gpu: nvJPEG on the teacher's GPU.")
+_MAX_PIXELS = typer.Option(89_478_485, help="Refuse images decoding larger than this many pixels.")
+_BACKEND = typer.Option("arrow", help="Shard format: arrow or hdf5.")
+_WEIGHTS = typer.Option("default", help="default | random | PATH to local weights.")
+_SIZE = typer.Option("real", "--teacher-size", help="real | tiny (random small model for tests).")
+_DEVICE = typer.Option("auto", help="auto | cpu | cuda | cuda:N.")
+_COMPUTE = typer.Option(None, "--compute-dtype", help="bfloat16 | float16 | float32.")
+_POLICY = typer.Option("random-one", help="random-one (MCSE) | all (KDMCSE, DALR) | longest.")
+
+
+@app.command("extract-images")
+def extract_images_cmd(
+    dataset: str = typer.Option(..., help="Registered dataset (flickr30k, coco, flickr8k, local)."),
+    split: str = typer.Option("train", help="Split to extract."),
+    images: str = typer.Option(None, help="Image root folder."),
+    captions: str = typer.Option(None, help="Caption file or folder (see the dataset loader)."),
+    split_file: str = typer.Option(None, help="List of image files/ids in the split."),
+    teacher: str = typer.Option("resnet50", help="Registered image teacher."),
+    weights: str = _WEIGHTS,
+    teacher_size: str = _SIZE,
+    device: str = _DEVICE,
+    compute_dtype: str = _COMPUTE,
+    out: str = typer.Option(None, help="Output folder (default cache/<dataset>/<split>)."),
+    caption_policy: str = _POLICY,
+    seed: int = typer.Option(0, help="Seed of the random-one caption draw."),
+    shard_size: int = _SHARD_SIZE,
+    batch_size: int = _BATCH_SIZE,
+    workers: int = _WORKERS,
+    dtype: str = _DTYPE,
+    strict: bool = _STRICT,
+    rank: int = _RANK,
+    world_size: int = _WORLD,
+    decode: str = _DECODE,
+    max_pixels: int = _MAX_PIXELS,
+    backend: str = _BACKEND,
+) -> None:
+    """Image features (+ caption features for CLIP teachers) and the caption corpus table."""
+    from pathlib import Path
+
+    from pipeline.datasets import load_dataset
+    from pipeline.extract import default_workers, extract_images
+
+    options = _run_options(
+        shard_size,
+        batch_size,
+        workers if workers is not None else default_workers(),
+        dtype,
+        strict,
+        rank,
+        world_size,
+        decode,
+        max_pixels,
+        backend,
+    )
+    records = load_dataset(dataset, _source(images, captions, split_file), split)
+    model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
+    target = _path(out) or Path("cache") / dataset / split
+    _report(
+        extract_images(
+            records,
+            model,
+            teacher,
+            target,
+            caption_policy=caption_policy,
+            seed=seed,
+            options=options,
+        )
+    )
+
+
+@app.command("extract-text")
+def extract_text_cmd(
+    corpus: str = typer.Option(..., help="wiki1m, a caption dataset name, or a corpus table dir."),
+    split: str = typer.Option("train", help="Split (dataset names only)."),
+    text_file: str = typer.Option(None, help="Sentence file for text corpora (wiki1m)."),
+    images: str = typer.Option(None, help="Image root (caption datasets)."),
+    captions: str = typer.Option(None, help="Caption file or folder (caption datasets)."),
+    split_file: str = typer.Option(None, help="List of image files/ids in the split."),
+    teacher: str = typer.Option("simcse", help="Registered text teacher."),
+    weights: str = _WEIGHTS,
+    teacher_size: str = _SIZE,
+    device: str = _DEVICE,
+    compute_dtype: str = _COMPUTE,
+    out: str = typer.Option(None, help="Output folder (default cache/<corpus>/<split>)."),
+    caption_policy: str = _POLICY,
+    seed: int = typer.Option(0, help="Seed of the random-one caption draw."),
+    shard_size: int = _SHARD_SIZE,
+    batch_size: int = _BATCH_SIZE,
+    dtype: str = _DTYPE,
+    strict: bool = _STRICT,
+    rank: int = _RANK,
+    world_size: int = _WORLD,
+    backend: str = _BACKEND,
+) -> None:
+    """Text features of a corpus (one row per sentence id) and, if needed, its corpus table."""
+    from pathlib import Path
+
+    from pipeline.datasets import load_dataset
+    from pipeline.extract import extract_corpus_texts, extract_texts
+
+    options = _run_options(
+        shard_size, batch_size, 0, dtype, strict, rank, world_size, "cpu", 1, backend
+    )
+    model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
+    if Path(corpus).is_dir():
+        target = _path(out) or Path(corpus).parent
+        _report(extract_corpus_texts(Path(corpus), model, teacher, target, options))
+        return
+    records = load_dataset(corpus, _source(images, captions, split_file, text_file), split)
+    target = _path(out) or Path("cache") / corpus / split
+    _report(
+        extract_texts(
+            records,
+            model,
+            teacher,
+            target,
+            caption_policy=caption_policy,
+            seed=seed,
+            options=options,
+        )
+    )
+
+
+@app.command("import-hdf5")
+def import_hdf5_cmd(
+    features: str = typer.Option(..., help="MCSE's HDF5 file (a [N, dim] features dataset)."),
+    captions: str = typer.Option(..., help="Row-aligned captions, one per line."),
+    dataset: str = typer.Option(..., help="Dataset name recorded in the manifests and ids."),
+    split: str = typer.Option("train", help="Split recorded in the manifests."),
+    out: str = typer.Option(..., help="Output folder (captions/ + image-<teacher>/)."),
+    key: str = typer.Option("features", help="HDF5 dataset holding the features."),
+    teacher_name: str = typer.Option("mcse-resnet50", help="Name for the image feature set."),
+    dtype: str = typer.Option(None, help="Storage dtype (default: the file's)."),
+) -> None:
+    """Turn MCSE's released HDF5 features + captions into a feature set and a corpus table."""
+    from pathlib import Path
+
+    from pipeline.hdf5_import import import_hdf5_features
+
+    for path in (features, captions):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+    _report(
+        import_hdf5_features(
+            Path(features),
+            Path(captions),
+            dataset=dataset,
+            split=split,
+            out=Path(out),
+            key=key,
+            teacher_name=teacher_name,
+            dtype=dtype,
+        )
+    )
+
+
+@app.command("extract-image-tensors")
+def extract_image_tensors(
+    source: str = typer.Argument(..., help="class-per-folder image tree, or a CIFAR python dir"),
+    out: str = typer.Argument(..., help="feature set directory to write (kind image_tensor)"),
+    source_format: str = typer.Option("folder", "--format", help="folder|cifar"),
+    dataset: str = typer.Option(None, help="dataset name for the manifest (default: folder name)"),
+    split: str = typer.Option("train", help="CIFAR split (train|test); recorded in the manifest"),
+    size: int = typer.Option(256, help="cached side length; training crops views from it"),
+    classes: int = typer.Option(None, help="random subset of this many classes (paper: 60)"),
+    per_class: int = typer.Option(None, help="random subset of files per class (paper: 500)"),
+    file_list: str = typer.Option(None, "--list", help="exact files (authors' sampled list)"),
+    seed: int = typer.Option(0, help="seed of the random class/file subset"),
+    shard_rows: int = typer.Option(1024),
+    workers: int = typer.Option(4, help="decoding processes"),
+) -> None:
+    """Cache unpaired labelled images as uint8 tensors for VisualCSE (ids: CLASS/NAME)."""
+    from pathlib import Path
+
+    from pipeline import nonling_cache as nc
+
+    if source_format == "cifar":
+        examples = nc.cifar_batches(source, split)
+    elif source_format != "folder":
+        raise MmcseError(f"--format must be folder or cifar, not {source_format!r}")
+    elif file_list:
+        examples = nc.listed_files(source, file_list)
+    else:
+        examples = nc.class_folder(source, nc.IMAGE_SUFFIXES, classes, per_class, seed)
+    name = dataset or Path(source).resolve().name
+    manifest = nc.write_image_tensors(
+        examples, out, dataset=name, split=split, size=size, shard_rows=shard_rows, workers=workers
+    )
+    typer.echo(f"{out}: {manifest.num_rows} images, {len(manifest.extra['classes'])} classes")
+
+
+@app.command("extract-audio")
+def extract_audio(
+    source: str = typer.Argument(..., help="class-per-folder tree of WAV files (class=speaker)"),
+    out: str = typer.Argument(..., help="feature set directory to write (kind audio_fbank)"),
+    dataset: str = typer.Option(None, help="dataset name for the manifest (default: folder name)"),
+    split: str = typer.Option("train"),
+    classes: int = typer.Option(None, help="random subset of this many classes (paper: 50)"),
+    per_class: int = typer.Option(None, help="random subset of files per class"),
+    seed: int = typer.Option(0, help="seed of the random class/file subset"),
+    mel_bins: int = typer.Option(128),
+    frames: int = typer.Option(1024, help="frames per clip (zero-padded or cut)"),
+    window: str = typer.Option("hanning", help="hanning (SSAST)|povey (Kaldi default)|hamming"),
+    dtype: str = typer.Option("float16", help="float16|float32"),
+    shard_rows: int = typer.Option(256),
+    workers: int = typer.Option(4, help="decoding processes"),
+) -> None:
+    """Cache SSAST-style Kaldi log-mel filterbanks of unpaired labelled audio for AudioCSE."""
+    from pathlib import Path
+
+    from mmcse.nonling.fbank import FbankConfig
+    from pipeline import nonling_cache as nc
+
+    examples = nc.class_folder(source, nc.AUDIO_SUFFIXES, classes, per_class, seed)
+    cfg = FbankConfig(num_mel_bins=mel_bins, target_frames=frames, window=window)
+    name = dataset or Path(source).resolve().name
+    manifest = nc.write_audio_fbanks(
+        examples,
+        out,
+        dataset=name,
+        split=split,
+        cfg=cfg,
+        dtype=dtype,
+        shard_rows=shard_rows,
+        workers=workers,
+    )
+    typer.echo(f"{out}: {manifest.num_rows} clips, {len(manifest.extra['classes'])} classes")
+
+
+@bench_app.command("extract")
+def bench_extract_cmd(
+    teacher: str = typer.Option("resnet50", help="Registered teacher (random weights)."),
+    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
+    images: int = typer.Option(64, help="Synthetic 500x375 JPEGs to decode and encode."),
+    batch_size: int = typer.Option(16, help="Images per batch."),
+    num_workers: int = typer.Option(2, help="DataLoader decode workers."),
+    size: str = typer.Option("real", help="real | tiny."),
+    sentences: int = typer.Option(512, help="Synthetic captions for text teachers."),
+) -> None:
+    """Images/s of decoding, of the teacher, and end to end (sentences/s for text teachers)."""
+    from pipeline.bench_extract import run_extract_bench
+
+    run_extract_bench(
+        teacher, device, images, batch_size, num_workers, size, sentences, echo=typer.echo
+    )
+
 
 # ---- extract-objects / bench objects (MCSEO) -------------------------------------------------
 
@@ -40,18 +568,13 @@ app.add_typer(recipes_app, name="recipes")
 
 
 def main() -> None:
-    """Entry point: run the app, turning user errors into one line on stderr and exit 2."""
+    """Entry point: usage errors come from typer; user errors become one line and exit 2."""
     try:
-        app(standalone_mode=False)
+        app()
     except (MmcseError, FileNotFoundError, NotADirectoryError, ValueError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         typer.echo(f"error: {message}", err=True)
         sys.exit(2)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -100,10 +100,14 @@ class SentenceEncoder(nn.Module):
             **kwargs,
         )
         if attention_mask is None:
-            attention_mask = torch.ones(out.last_hidden_state.shape[:2], device=out.last_hidden_state.device)
+            attention_mask = torch.ones(
+                out.last_hidden_state.shape[:2], device=out.last_hidden_state.device
+            )
         return EncoderOutput(pool(out, attention_mask, self.pooler), out.last_hidden_state)
 
-    def save_checkpoint(self, out_dir: str | Path, tokenizer, heads: nn.Module, run_info: dict) -> None:
+    def save_checkpoint(
+        self, out_dir: str | Path, tokenizer, heads: nn.Module, run_info: dict
+    ) -> None:
         """Write an HF model dir + training heads + run info (atomic per file via HF/safetensors)."""
         from safetensors.torch import save_file
 

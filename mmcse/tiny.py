@@ -16,7 +16,9 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 #: BERT-shaped configs by size name; ``base`` is BERT-base (random init: speed needs no weights)
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),
-    "small": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
+    "small": dict(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512
+    ),
     "base": dict(
         hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
     ),

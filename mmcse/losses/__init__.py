@@ -1,6 +1,19 @@
 """Registered losses: one file per loss, named after it. Importing this package registers all."""
 
-from mmcse.losses import image_text_info_nce, info_nce  # noqa: F401  (registration side effect)
+from mmcse.losses import (  # noqa: F401  (importing registers each loss)
+    adaptive_angular_margin,
+    arc_margin_info_nce,
+    cross_modal_alignment,
+    global_local_info_nce,
+    image_text_consistency,
+    image_text_info_nce,
+    info_nce,
+    intra_modal_alignment,
+    list_mle_distillation,
+    object_phrase,
+    simclr,
+    supcon,
+)
 from mmcse.losses.base import Loss, LossInputs, MissingInputError
 
 __all__ = ["Loss", "LossInputs", "MissingInputError"]

@@ -38,7 +38,9 @@ class Term:
 
     def __post_init__(self) -> None:
         if self.on not in BATCH_KINDS:
-            raise ValueError(f"term {self.name!r}: on must be one of {BATCH_KINDS}, not {self.on!r}")
+            raise ValueError(
+                f"term {self.name!r}: on must be one of {BATCH_KINDS}, not {self.on!r}"
+            )
 
     def applies_to(self, batch_kind: str) -> bool:
         return self.weight != 0 and self.on in ("all", batch_kind)
@@ -66,6 +68,20 @@ class Method:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}
+
+    def describe(self) -> str:
+        """The composition, one term a line (``mmcse methods``, ``train --dry-run``)."""
+        lines = [f"  {t.weight:g} × {t.name} ({t.loss}, on {t.on} batches)" for t in self.terms()]
+        return "\n".join([f"{self.name}:", *lines])
+
+    # -- optional hooks the trainer calls; the defaults do nothing ---------------------------
+    def batch_extras(self, data: Any, batch: Any) -> dict[str, Any]:
+        """Extra per-batch inputs for ``LossInputs.extras`` (e.g. MCSEO's phrase spans)."""
+        return {}
+
+    def auxiliary_task(self, encoder: Any, cfg: Any, device: Any) -> Any:
+        """A second task stepped before each text step (VisualCSE's image step), or None."""
+        return None
 
 
 def build_method(name: str, **overrides: Any) -> Method:

@@ -19,7 +19,9 @@ class SimCSE(Method):
     temperature: float = 0.05
 
     def terms(self) -> list[Term]:
-        return [Term("simcse", "simcse", self.simcse_weight, "all", {"temperature": self.temperature})]
+        return [
+            Term("simcse", "simcse", self.simcse_weight, "all", {"temperature": self.temperature})
+        ]
 
 
 @register_method("mcse")

@@ -1,0 +1,35 @@
+"""The Stage-1 ↔ Stage-2 cache: feature sets and corpora as directories of shards + manifest.
+
+>>> write_feature_set("cache/coco/clip_image", ids, features, kind="image", dim=512,
+...                   dtype="float16", dataset="coco", split="train",
+...                   producer={"teacher": "clip-vit-b32", "revision": "..."})
+>>> images = FeatureSet.open("cache/coco/clip_image").require_fingerprint(recorded)
+>>> batch = images.gather(corpus.image_ids[:128])   # [128, 512] float16, joined by id
+
+See :mod:`mmcse.cache.writer` for the atomic-write and multi-rank contract, and
+:mod:`mmcse.cache.featureset` for how reads stay memory-mapped and vectorised.
+"""
+
+from mmcse.cache.corpus import Corpus, write_corpus
+from mmcse.cache.featureset import FeatureSet
+from mmcse.cache.hdf5 import import_hdf5
+from mmcse.cache.manifest import SCHEMA_VERSION, Manifest, ShardInfo
+from mmcse.cache.ops import CacheEntry, list_sets, merge, remove, verify
+from mmcse.cache.writer import FeatureSetWriter, write_feature_set
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CacheEntry",
+    "Corpus",
+    "FeatureSet",
+    "FeatureSetWriter",
+    "Manifest",
+    "ShardInfo",
+    "import_hdf5",
+    "list_sets",
+    "merge",
+    "remove",
+    "verify",
+    "write_corpus",
+    "write_feature_set",
+]

@@ -1,0 +1,126 @@
+"""HDF5 shard backend, for reading and writing HDF5 feature files (as MCSE-era code wrote).
+
+A shard is an ``.h5`` file with an ``ids`` dataset (strings; integer ids such as COCO image
+ids are read as their decimal strings) and a ``features`` dataset ``[n, ...]`` whose rows are
+flattened on read. mmcse writes ``features`` contiguous and uncompressed, which lets reads
+memory-map it like an Arrow shard; chunked or compressed files written elsewhere are read
+through h5py (one sorted read per gather).
+
+:func:`import_hdf5` turns such an external file into a feature set (it streams, so the file
+may be larger than memory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from mmcse.cache.layout import progress
+from mmcse.cache.manifest import Manifest
+from mmcse.errors import CacheError
+
+SUFFIX = ".h5"
+
+
+def write_shard(path: Path, ids: list[str], rows: np.ndarray) -> None:
+    """Write ``rows`` (``[n, dim]``) keyed by ``ids``; ``track_times=False`` keeps reruns
+    byte-identical."""
+    with h5py.File(path, "w") as handle:
+        handle.create_dataset(
+            "ids", data=np.array(ids, dtype=object), dtype=h5py.string_dtype(), track_times=False
+        )
+        handle.create_dataset("features", data=rows, track_times=False)
+
+
+class Shard:
+    """One HDF5 file read as ``ids`` + flattened ``features`` rows."""
+
+    def __init__(
+        self, path: Path, width: int | None, ids_key: str = "ids", features_key: str = "features"
+    ) -> None:
+        self.path = path
+        try:
+            with h5py.File(path, "r") as handle:
+                features, ids = handle[features_key], handle[ids_key]
+                shape, dtype, id_count = features.shape, features.dtype, ids.shape[0]
+                offset = features.id.get_offset()
+                mappable = features.chunks is None and features.compression is None
+        except (OSError, KeyError) as exc:
+            raise CacheError(
+                f"{path}: not a readable HDF5 shard with {ids_key!r} and {features_key!r} "
+                f"datasets ({exc})"
+            ) from None
+        self.num_rows = shape[0]
+        self.width = int(np.prod(shape[1:], dtype=np.int64))
+        if width is not None and self.width != width:
+            raise CacheError(f"{path}: rows hold {self.width} values, expected {width}")
+        if id_count != self.num_rows:
+            raise CacheError(f"{path}: {id_count} ids for {self.num_rows} feature rows")
+        self.dtype = dtype
+        self._keys = (ids_key, features_key)
+        # An empty dataset has no storage (offset None) but then nothing needs mapping either.
+        self._offset = offset if mappable else None
+        self._matrix: np.ndarray | None = None
+
+    def read_ids(self) -> np.ndarray:
+        with h5py.File(self.path, "r") as handle:
+            ids = handle[self._keys[0]]
+            if ids.dtype.kind in "SOU":
+                return np.asarray(ids.asstr()[:], dtype=str)
+            return ids[:].astype(str)
+
+    def take(self, local_rows: np.ndarray) -> np.ndarray:
+        if self._offset is not None or self.num_rows == 0:
+            return self._rows()[local_rows]
+        # h5py fancy indexing wants increasing unique indices: read those, then re-expand.
+        unique, inverse = np.unique(local_rows, return_inverse=True)
+        with h5py.File(self.path, "r") as handle:
+            block = handle[self._keys[1]][unique]
+        return block.reshape(len(unique), self.width)[inverse]
+
+    def read_block(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and flattened rows ``start:stop`` (for streaming an external file)."""
+        with h5py.File(self.path, "r") as handle:
+            ids, features = handle[self._keys[0]], handle[self._keys[1]]
+            id_block = ids.asstr()[start:stop] if ids.dtype.kind in "SOU" else ids[start:stop]
+            rows = features[start:stop].reshape(stop - start, self.width)
+        return np.asarray(id_block).astype(str), rows
+
+    def _rows(self) -> np.ndarray:
+        if self._matrix is None:
+            shape = (self.num_rows, self.width)
+            if self.num_rows == 0:
+                self._matrix = np.empty(shape, self.dtype)
+            else:
+                self._matrix = np.memmap(
+                    self.path, self.dtype, mode="r", offset=self._offset, shape=shape
+                )
+        return self._matrix
+
+
+def import_hdf5(
+    source: str | Path,
+    destination: str | Path,
+    *,
+    ids_key: str = "ids",
+    features_key: str = "features",
+    shard_rows: int = 100_000,
+    **meta: Any,
+) -> Manifest:
+    """Copy an external HDF5 feature file (``ids`` + ``features`` datasets) into a feature set
+    at ``destination``; ``meta`` are :class:`~mmcse.cache.FeatureSetWriter` settings (``dim``
+    and ``dtype`` default to the file's)."""
+    from mmcse.cache.writer import FeatureSetWriter  # the writer imports this module
+
+    shard = Shard(Path(source), None, ids_key, features_key)
+    meta.setdefault("dim", shard.width)
+    meta.setdefault("dtype", shard.dtype.name)
+    writer = FeatureSetWriter(destination, **meta)
+    starts = range(0, shard.num_rows, shard_rows)
+    for index, start in enumerate(progress(starts, f"import {Path(source).name}")):
+        ids, rows = shard.read_block(start, min(start + shard_rows, shard.num_rows))
+        writer.write_shard(index, ids, rows)
+    return writer.finalize(num_shards=len(starts))

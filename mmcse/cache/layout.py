@@ -1,0 +1,109 @@
+"""The on-disk layout shared by feature sets and corpora: file names, atomic writes, hashing.
+
+A set directory holds ``manifest.json`` plus shards named ``shard-00000.arrow`` (or ``.h5``) by
+their index. Everything a writer has not finished lives under a hidden name (``.shard-*.tmp-*``,
+``.pending.json``) that readers never look at, so a crash can leave litter but never a set that
+reads as valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+MANIFEST_NAME = "manifest.json"
+PENDING_NAME = ".pending.json"
+_SHARD_PATTERN = re.compile(r"shard-(\d{5,})\.(arrow|h5)")
+_TEMP_PATTERN = re.compile(r"\.(shard-\d{5,}\.(arrow|h5)|manifest\.json|pending\.json)\.tmp-.*")
+_HASH_CHUNK = 8 << 20
+
+
+def progress(shards: Iterable, desc: str) -> Iterable:
+    """A per-shard progress bar on stderr, shown only on a terminal (logs and pipes stay clean)."""
+    return tqdm(shards, desc=desc, unit="shard", leave=False, disable=None)
+
+
+def shard_name(index: int, suffix: str) -> str:
+    return f"shard-{index:05d}{suffix}"
+
+
+def shard_files(directory: Path) -> dict[int, Path]:
+    """Finished shard files in ``directory`` by index (any backend)."""
+    found: dict[int, Path] = {}
+    for path in directory.iterdir():
+        match = _SHARD_PATTERN.fullmatch(path.name)
+        if match:
+            found.setdefault(int(match.group(1)), path)
+    return dict(sorted(found.items()))
+
+
+def is_temp_file(path: Path) -> bool:
+    return _TEMP_PATTERN.fullmatch(path.name) is not None
+
+
+def is_layout_file(path: Path) -> bool:
+    """True for every file a writer may create: manifest, pending metadata, shards, temp files."""
+    name = path.name
+    return name in (MANIFEST_NAME, PENDING_NAME) or bool(
+        _SHARD_PATTERN.fullmatch(name) or _TEMP_PATTERN.fullmatch(name)
+    )
+
+
+def temp_path(final: Path) -> Path:
+    """A hidden sibling of ``final`` unique to this process (ranks never collide)."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def publish(temp: Path, final: Path) -> None:
+    """Make a fully written ``temp`` visible as ``final`` in one atomic step (after an fsync, so
+    a power loss cannot leave a renamed but empty file)."""
+    with open(temp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temp, final)
+    directory = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def write_json_atomically(path: Path, payload: dict) -> None:
+    temp = temp_path(path)
+    temp.write_text(canonical_json(payload, indent=2) + "\n", encoding="utf-8")
+    publish(temp, path)
+
+
+def canonical_json(payload: object, indent: int | None = None) -> str:
+    """Sorted keys and fixed separators: equal content gives equal bytes (and hashes)."""
+    separators = (",", ": ") if indent else (",", ":")
+    return json.dumps(payload, sort_keys=True, indent=indent, separators=separators)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_ids(ids: Iterable[str]) -> str:
+    """sha256 over the sorted ids, each UTF-8 encoded and NUL-terminated (order-independent)."""
+    digest = hashlib.sha256()
+    for identifier in sorted(ids):
+        digest.update(identifier.encode("utf-8") + b"\0")
+    return digest.hexdigest()
+
+
+def describe_ids(ids: Iterable[object], limit: int = 5) -> str:
+    """``'a', 'b', 'c' (+12 more)``: enough to find the rows, still one line."""
+    ids = list(ids)
+    shown = ", ".join(repr(str(identifier)) for identifier in ids[:limit])
+    return shown + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")

@@ -1,0 +1,244 @@
+"""Training data from the cache: corpora pre-tokenised once, teacher features joined by id.
+
+Text corpora (Wiki1M) and caption corpora (Flickr30k/COCO captions with their ``image_id``) are
+tokenised once into padded ``int32`` arrays; a batch is a vectorised row gather, trimmed to its
+longest sentence. Each feature role is joined to a corpus **by id** once at start-up (image sets
+by ``image_id``, text sets by sentence id) into row numbers, so a step gathers features with one
+``take`` per role and never touches a teacher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from mmcse.cache import Corpus, FeatureSet
+from mmcse.config import TrainConfig
+from mmcse.errors import MmcseError
+from mmcse.methods.base import Method
+
+TEXT, CAPTION = "text", "caption"
+#: feature-set kinds joined on the caption's image id; every other kind joins on the sentence id
+IMAGE_KEYED_KINDS = ("image",)
+#: feature-set kinds the generic join leaves to the method (e.g. MCSEO's per-phrase objects)
+METHOD_JOINED_KINDS = ("object", "objects", "image_tensor", "audio_fbank")
+
+
+@dataclass
+class Source:
+    """One corpus, tokenised, with the feature rows of each of its sentences per role."""
+
+    kind: str
+    ids: np.ndarray
+    texts: list[str]
+    image_ids: np.ndarray | None
+    input_ids: np.ndarray  # [N, max_len] int32, right-padded
+    lengths: np.ndarray  # [N] int32
+    fingerprint: str
+    feature_rows: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Batch:
+    kind: str
+    rows: np.ndarray
+    input_ids: Tensor
+    attention_mask: Tensor
+    features: dict[str, Tensor]
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def read_corpus(path: str) -> tuple[np.ndarray, list[str], np.ndarray | None, str]:
+    """(ids, texts, image_ids, fingerprint) of a corpus table dir or a one-sentence-per-line file."""
+    p = Path(path)
+    if p.is_dir():
+        corpus = Corpus.open(p)
+        image_ids = np.asarray(corpus.image_ids, dtype=object)
+        has_images = any(i not in (None, "") for i in image_ids[:1000])
+        return (
+            np.asarray(corpus.ids, dtype=object),
+            list(corpus.texts),
+            image_ids if has_images else None,
+            corpus.fingerprint,
+        )
+    if not p.is_file():
+        raise MmcseError(f"corpus {p} does not exist (expected a corpus table dir or a .txt file)")
+    import hashlib
+
+    raw = p.read_bytes()
+    lines = [s.strip() for s in raw.decode("utf-8", errors="replace").splitlines()]
+    kept = [(i, s) for i, s in enumerate(lines) if s]
+    if not kept:
+        raise MmcseError(f"corpus {p} has no non-empty lines")
+    ids = np.asarray([f"{p.stem}:{i}" for i, _ in kept], dtype=object)
+    return ids, [s for _, s in kept], None, hashlib.sha256(raw).hexdigest()
+
+
+def tokenize(
+    tokenizer, texts: list[str], max_length: int, desc: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenise once into a right-padded int32 matrix (chunks keep memory flat, show progress)."""
+    out = np.full((len(texts), max_length), tokenizer.pad_token_id or 0, dtype=np.int32)
+    lengths = np.zeros(len(texts), dtype=np.int32)
+    chunk = 8192
+    for start in tqdm(
+        range(0, len(texts), chunk),
+        desc=desc,
+        unit="chunk",
+        leave=False,
+        disable=len(texts) < 4 * chunk,
+    ):
+        enc = tokenizer(texts[start : start + chunk], max_length=max_length, truncation=True)[
+            "input_ids"
+        ]
+        for j, ids in enumerate(enc):
+            out[start + j, : len(ids)] = ids
+            lengths[start + j] = len(ids)
+    return out, lengths
+
+
+class TrainData:
+    """The corpora and feature sets of one run, and the batch schedule over them."""
+
+    def __init__(self, cfg: TrainConfig, tokenizer, method: Method) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.method = method
+        self.sources: dict[str, Source] = {}
+        if cfg.text_corpus and cfg.mixing != "caption-only":
+            self.sources[TEXT] = self._load_source(TEXT, cfg.text_corpus)
+        if cfg.caption_corpus and cfg.mixing != "text-only":
+            self.sources[CAPTION] = self._load_source(CAPTION, cfg.caption_corpus)
+        if not self.sources:
+            raise MmcseError(
+                "no training data: give --text-corpus and/or --caption-corpus (mixing "
+                f"{cfg.mixing!r} uses {'captions' if cfg.mixing == 'caption-only' else 'text'})"
+            )
+        self.feature_sets = self._open_feature_sets()
+        for source in self.sources.values():
+            self._join_features(source)
+
+    # -- loading ---------------------------------------------------------------------------
+    def _load_source(self, kind: str, path: str) -> Source:
+        ids, texts, image_ids, fingerprint = read_corpus(path)
+        if kind == CAPTION and image_ids is None:
+            raise MmcseError(f"caption corpus {path} has no image_id column values")
+        input_ids, lengths = tokenize(
+            self.tokenizer, texts, self.cfg.max_seq_length, f"tokenise {kind}"
+        )
+        return Source(kind, ids, texts, image_ids, input_ids, lengths, fingerprint)
+
+    def roles_for(self, kind: str) -> tuple[str, ...]:
+        extra = self.method.caption_roles if kind == CAPTION else ()
+        return tuple(dict.fromkeys((*self.method.text_roles, *extra)))
+
+    def _open_feature_sets(self) -> dict[str, FeatureSet]:
+        needed = {r for kind in self.sources for r in self.roles_for(kind)}
+        missing = sorted(needed - set(self.cfg.features))
+        if missing:
+            flags = " ".join(f"--feature {r}=DIR" for r in missing)
+            raise MmcseError(f"method {self.method.name!r} needs cached features: give {flags}")
+        sets = {}
+        for role in sorted(needed):
+            fs = FeatureSet.open(self.cfg.features[role])
+            expected = self.cfg.expect_fingerprints.get(role)
+            if expected:
+                fs.require_fingerprint(expected)
+            sets[role] = fs
+        return sets
+
+    def _join_features(self, source: Source) -> None:
+        for role in self.roles_for(source.kind):
+            fs = self.feature_sets[role]
+            if fs.manifest.kind in METHOD_JOINED_KINDS:
+                continue
+            keys = source.image_ids if fs.manifest.kind in IMAGE_KEYED_KINDS else source.ids
+            source.feature_rows[role] = fs.rows_for(list(keys))
+
+    # -- schedule --------------------------------------------------------------------------
+    def batches_per_epoch(self, global_batch: int) -> dict[str, int]:
+        return {kind: len(src) // global_batch for kind, src in self.sources.items()}
+
+    def schedule(self, epoch: int, global_batch: int) -> list[tuple[str, np.ndarray]]:
+        """Global batches of one epoch: (kind, row indices), identical on every rank."""
+        rng = np.random.default_rng([self.cfg.seed, epoch])
+        chunks = {}
+        for kind, src in self.sources.items():
+            order = rng.permutation(len(src))
+            n = len(src) // global_batch
+            if n == 0:
+                raise MmcseError(
+                    f"the {kind} corpus has {len(src)} sentences, fewer than one global batch "
+                    f"({global_batch}); lower --batch-size"
+                )
+            chunks[kind] = [order[i * global_batch : (i + 1) * global_batch] for i in range(n)]
+        return mix_batches(chunks.get(TEXT, []), chunks.get(CAPTION, []), self.cfg.mixing, rng)
+
+    # -- batches ---------------------------------------------------------------------------
+    def batch(self, kind: str, rows: np.ndarray, device: torch.device) -> Batch:
+        src = self.sources[kind]
+        width = int(src.lengths[rows].max())
+        ids = torch.from_numpy(src.input_ids[rows, :width].astype(np.int64))
+        mask = (torch.arange(width)[None, :] < torch.from_numpy(src.lengths[rows])[:, None]).long()
+        features = {
+            role: torch.from_numpy(np.ascontiguousarray(self.feature_sets[role].take(frows[rows])))
+            .to(device, non_blocking=True)
+            .float()
+            for role, frows in src.feature_rows.items()
+        }
+        return Batch(kind, rows, ids.to(device, non_blocking=True), mask.to(device), features)
+
+    def fingerprints(self) -> dict[str, dict[str, str]]:
+        """What a checkpoint records: every corpus and feature set it trained on."""
+        out = {
+            f"corpus:{k}": {
+                "path": str(getattr(self.cfg, f"{k}_corpus")),
+                "fingerprint": s.fingerprint,
+            }
+            for k, s in self.sources.items()
+        }
+        for role, fs in self.feature_sets.items():
+            out[f"feature:{role}"] = {"path": str(fs.path), "fingerprint": fs.fingerprint}
+        return out
+
+
+def mix_batches(
+    text: list[np.ndarray], caption: list[np.ndarray], mixing: str, rng: np.random.Generator
+) -> list[tuple[str, np.ndarray]]:
+    """Order text and caption batches.
+
+    ``interleave`` (MCSE's trainer): a caption batch before every ⌊N_text/N_caption⌋-th text
+    batch, leftovers at the end; ``proportional-random``: batch kinds shuffled, so each kind
+    appears in proportion to its size; ``text-only``/``caption-only``: one corpus.
+    """
+    if mixing == "text-only" or not caption:
+        return [(TEXT, b) for b in text]
+    if mixing == "caption-only" or not text:
+        return [(CAPTION, b) for b in caption]
+    if mixing == "proportional-random":
+        kinds = np.array([TEXT] * len(text) + [CAPTION] * len(caption))
+        rng.shuffle(kinds)
+        its = {TEXT: iter(text), CAPTION: iter(caption)}
+        return [(k, next(its[k])) for k in kinds]
+    every = max(1, len(text) // len(caption))
+    out: list[tuple[str, np.ndarray]] = []
+    cap = iter(caption)
+    used = 0
+    for i, b in enumerate(text):
+        if i % every == 0 and used < len(caption):
+            out.append((CAPTION, next(cap)))
+            used += 1
+        out.append((TEXT, b))
+    out.extend((CAPTION, b) for b in cap)
+    return out

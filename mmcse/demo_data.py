@@ -1,0 +1,204 @@
+"""The offline demo's world: drawn scenes whose captions really describe them.
+
+A scene is one or two coloured shapes (size, colour, shape; a spatial relation between two).
+Captions and corpus sentences say the same things with sampled synonyms ("crimson disc" for "red
+circle"), so text alone sees many surface forms while the drawn image is the same: exactly the
+signal visual grounding adds. A synthetic STS set (SentEval layout, gold = shared scene meaning)
+lets the real evaluator score the result.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+COLORS = {
+    "red": ((220, 30, 30), ["red", "crimson", "scarlet"]),
+    "green": ((30, 170, 60), ["green", "emerald", "grassy"]),
+    "blue": ((30, 60, 220), ["blue", "navy", "azure"]),
+    "yellow": ((235, 210, 30), ["yellow", "golden", "lemon"]),
+    "purple": ((140, 40, 170), ["purple", "violet", "lilac"]),
+}
+SHAPES = {
+    "circle": ["circle", "disc", "round shape"],
+    "square": ["square", "box", "block"],
+    "triangle": ["triangle", "wedge", "pyramid"],
+}
+SIZES = {"small": ["small", "tiny", "little"], "big": ["big", "large", "huge"]}
+RELATIONS = {
+    "left": ["to the left of", "left of", "on the left side of"],
+    "above": ["above", "over", "on top of"],
+}
+OPENERS = ["", "a picture of ", "there is ", "we see ", "an image showing "]
+
+
+@dataclass(frozen=True)
+class Thing:
+    size: str
+    color: str
+    shape: str
+
+
+@dataclass(frozen=True)
+class Scene:
+    things: tuple[Thing, ...]
+    relation: str | None = None
+
+    def attributes(self) -> list[str]:
+        attrs = [f"{i}:{a}" for i, t in enumerate(self.things) for a in (t.size, t.color, t.shape)]
+        return attrs + ([f"rel:{self.relation}"] if self.relation else [])
+
+
+def random_thing(rng: random.Random) -> Thing:
+    return Thing(rng.choice(list(SIZES)), rng.choice(list(COLORS)), rng.choice(list(SHAPES)))
+
+
+def random_scene(rng: random.Random) -> Scene:
+    if rng.random() < 0.4:
+        return Scene((random_thing(rng),))
+    return Scene((random_thing(rng), random_thing(rng)), rng.choice(list(RELATIONS)))
+
+
+def describe(scene: Scene, rng: random.Random) -> str:
+    """One caption of ``scene`` with sampled synonyms."""
+
+    def phrase(t: Thing) -> str:
+        words = [
+            rng.choice(SIZES[t.size]),
+            rng.choice(COLORS[t.color][1]),
+            rng.choice(SHAPES[t.shape]),
+        ]
+        return "a " + " ".join(words)
+
+    text = phrase(scene.things[0])
+    if scene.relation:
+        text += f" {rng.choice(RELATIONS[scene.relation])} {phrase(scene.things[1])}"
+    return rng.choice(OPENERS) + text
+
+
+def draw(scene: Scene, path: Path, size: int = 96) -> None:
+    """Render ``scene`` as a JPEG: shapes at positions the relation implies."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (size, size), (235, 235, 235))
+    pen = ImageDraw.Draw(img)
+    centres = [(size // 2, size // 2)]
+    if scene.relation == "left":
+        centres = [(size // 4, size // 2), (3 * size // 4, size // 2)]
+    elif scene.relation == "above":
+        centres = [(size // 2, size // 4), (size // 2, 3 * size // 4)]
+    for thing, (cx, cy) in zip(scene.things, centres, strict=False):
+        r = size // 5 if thing.size == "big" else size // 10
+        box = (cx - r, cy - r, cx + r, cy + r)
+        fill = COLORS[thing.color][0]
+        if thing.shape == "circle":
+            pen.ellipse(box, fill=fill)
+        elif thing.shape == "square":
+            pen.rectangle(box, fill=fill)
+        else:
+            pen.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=fill)
+    img.save(path, quality=92)
+
+
+def similarity(a: Scene, b: Scene) -> float:
+    """Gold relatedness on SentEval's 0–5 scale: Jaccard overlap of scene attributes × 5."""
+    sa, sb = set(a.attributes()), set(b.attributes())
+    return round(5.0 * len(sa & sb) / len(sa | sb), 2)
+
+
+def perturb(scene: Scene, rng: random.Random) -> Scene:
+    """A related scene: change 0–3 attributes, so gold scores spread over the scale."""
+    things = list(scene.things)
+    for _ in range(rng.randint(0, 3)):
+        i = rng.randrange(len(things))
+        field = rng.choice(["size", "color", "shape"])
+        choices = {"size": SIZES, "color": COLORS, "shape": SHAPES}[field]
+        values = {**things[i].__dict__, field: rng.choice(list(choices))}
+        things[i] = Thing(**values)
+    return Scene(tuple(things), scene.relation)
+
+
+def write_images(out: Path, n_images: int, rng: random.Random) -> Path:
+    """``n_images`` drawings + ``captions.jsonl`` (two captions each) for the ``local`` loader."""
+    img_dir = out / "images"
+    img_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(n_images):
+        scene = random_scene(rng)
+        name = f"scene{i:05d}.jpg"
+        draw(scene, img_dir / name)
+        lines += [json.dumps({"image": name, "caption": describe(scene, rng)}) for _ in range(2)]
+    captions = out / "captions.jsonl"
+    captions.write_text("\n".join(lines) + "\n")
+    return captions
+
+
+def write_text_corpus(path: Path, n: int, rng: random.Random) -> Path:
+    path.write_text("\n".join(describe(random_scene(rng), rng) for _ in range(n)) + "\n")
+    return path
+
+
+def sts_pairs(n: int, rng: random.Random) -> list[tuple[str, str, float]]:
+    out = []
+    for _ in range(n):
+        a = random_scene(rng)
+        b = perturb(a, rng) if rng.random() < 0.8 else random_scene(rng)
+        out.append((describe(a, rng), describe(b, rng), similarity(a, b)))
+    return out
+
+
+#: SentEval's subset names per STS year (the evaluator reads exactly these files)
+STS_SUBSETS = {
+    "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
+    "STS13": ["FNWN", "headlines", "OnWN"],
+    "STS14": ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"],
+    "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
+    "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
+}
+
+
+def write_senteval(root: Path, rng: random.Random, pairs_per_set: int = 150) -> Path:
+    """A SentEval-layout folder whose 7 STS tasks are synthetic scene pairs."""
+    sts = root / "downstream" / "STS"
+    for year, subsets in STS_SUBSETS.items():
+        d = sts / f"{year}-en-test"
+        d.mkdir(parents=True, exist_ok=True)
+        for sub in subsets:
+            pairs = sts_pairs(max(10, pairs_per_set // len(subsets)), rng)
+            (d / f"STS.input.{sub}.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in pairs))
+            (d / f"STS.gs.{sub}.txt").write_text("".join(f"{g}\n" for *_, g in pairs))
+    stsb = sts / "STSBenchmark"
+    stsb.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "dev", "test"):
+        rows = [
+            f"demo\tscenes\t2026\t{i:04d}\t{g}\t{a}\t{b}\n"
+            for i, (a, b, g) in enumerate(sts_pairs(pairs_per_set * 2, rng))
+        ]
+        (stsb / f"sts-{split}.csv").write_text("".join(rows))
+    sick = root / "downstream" / "SICK"
+    sick.mkdir(parents=True, exist_ok=True)
+    header = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+    for name in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
+        pairs = sts_pairs(pairs_per_set, rng)
+        body = "".join(
+            f"{i}\t{a}\t{b}\t{1 + 0.8 * g:.2f}\tNEUTRAL\n" for i, (a, b, g) in enumerate(pairs)
+        )
+        (sick / name).write_text(header + body)
+    return root
+
+
+def generate(out: Path, n_images: int = 600, n_text: int = 4000, seed: int = 0) -> dict[str, Path]:
+    """Write the whole demo world under ``out``; returns its paths."""
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    captions = write_images(out / "flat", n_images, rng)
+    text = write_text_corpus(out / "text.txt", n_text, rng)
+    senteval = write_senteval(out / "senteval", rng)
+    return {
+        "images": out / "flat" / "images",
+        "captions": captions,
+        "text": text,
+        "senteval": senteval,
+    }

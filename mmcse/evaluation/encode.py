@@ -1,0 +1,109 @@
+"""Batched sentence encoding for evaluation: many sentences in, one float32 matrix out.
+
+Speed comes from three things that change no number: every sentence is tokenised once, batches
+are built from length-sorted sentences (little padding), and the forward runs under
+``torch.inference_mode`` (bf16 autocast on CUDA; plain fp32 on CPU). Rows come back in the
+caller's order. The encoder's train/eval mode is restored afterwards, so the trainer can call
+this on its live model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from mmcse.pooling import needs_hidden_states, pool
+
+# tokenizers report "no limit" as a huge sentinel (int(1e30)); anything above this is not a limit
+_NO_LIMIT = 1_000_000
+
+
+def model_max_length(tokenizer, backbone: nn.Module) -> int:
+    """The longest input both the tokenizer and the position embeddings accept."""
+    limits = [
+        getattr(tokenizer, "model_max_length", None),
+        getattr(backbone.config, "max_position_embeddings", None),
+    ]
+    usable = [limit for limit in limits if limit is not None and limit < _NO_LIMIT]
+    return min(usable) if usable else 512
+
+
+def pad_batch(sequences: list[list[int]], pad_id: int, device: torch.device):
+    """Right-pad token ids into ``input_ids`` and ``attention_mask`` tensors on ``device``."""
+    width = max(len(ids) for ids in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def encode_sentences(
+    encoder: nn.Module,
+    tokenizer,
+    sentences: Sequence[str],
+    batch_size: int = 128,
+    max_length: int | None = None,
+    device: str | torch.device | None = None,
+    pooler: str | None = None,
+    progress: bool = False,
+) -> np.ndarray:
+    """Embed ``sentences`` into a ``[len(sentences), H]`` float32 array (rows in input order).
+
+    ``encoder`` is a :class:`mmcse.model.SentenceEncoder` (its ``pooler`` is the default) or a
+    bare HF ``AutoModel``; ``pooler`` overrides it with any name of :mod:`mmcse.pooling`.
+    ``device=None`` uses the device the encoder is on; a given device moves the encoder there.
+    Inputs longer than ``max_length`` tokens (default: what tokenizer and model allow) are
+    truncated.
+    """
+    backbone = getattr(encoder, "backbone", encoder)
+    pooler = pooler or getattr(encoder, "pooler", "cls_before_pooler")
+    if device is None:
+        device = next(backbone.parameters()).device
+    device = torch.device(device)
+    backbone.to(device)
+    if not sentences:
+        return np.zeros((0, backbone.config.hidden_size), dtype=np.float32)
+
+    limit = max_length or model_max_length(tokenizer, backbone)
+    token_ids = tokenizer(list(sentences), truncation=True, max_length=limit)["input_ids"]
+    # longest first: the first batch is the largest, so out-of-memory shows up at once
+    order = np.argsort([-len(ids) for ids in token_ids], kind="stable")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    chunks = []
+    was_training = backbone.training
+    backbone.eval()
+    try:
+        with torch.inference_mode(), _autocast(device):
+            starts = range(0, len(order), batch_size)
+            for start in tqdm(
+                starts, desc="encoding", unit="batch", disable=not progress, file=sys.stderr
+            ):
+                batch = [token_ids[i] for i in order[start : start + batch_size]]
+                input_ids, attention_mask = pad_batch(batch, pad_id, device)
+                outputs = backbone(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    output_hidden_states=needs_hidden_states(pooler),
+                    return_dict=True,
+                )
+                chunks.append(pool(outputs, attention_mask, pooler).float().cpu().numpy())
+    finally:
+        backbone.train(was_training)
+    vectors = np.empty((len(order), chunks[0].shape[1]), dtype=np.float32)
+    vectors[order] = np.concatenate(chunks)
+    return vectors

@@ -1,0 +1,67 @@
+"""Show and save :func:`mmcse.evaluation.sts.evaluate_sts` results.
+
+The terminal table has the columns of the papers' Table 1 (``STS12 ... STS-B SICK-R Avg.``); the
+JSON keeps SentEval's task names so results from other toolkits line up key by key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+#: SentEval task name -> the column title the papers print
+COLUMN_TITLES = {
+    "STS12": "STS12",
+    "STS13": "STS13",
+    "STS14": "STS14",
+    "STS15": "STS15",
+    "STS16": "STS16",
+    "STSBenchmark": "STS-B",
+    "SICKRelatedness": "SICK-R",
+}
+
+
+def format_table(results: dict) -> str:
+    """A plain-text table of the task numbers and their average, plus a one-line summary."""
+    tasks = [task for task in COLUMN_TITLES if task in results]
+    titles = [COLUMN_TITLES[task] for task in tasks] + ["Avg."]
+    values = [f"{results[task]:.2f}" for task in tasks] + [f"{results['avg']:.2f}"]
+    widths = [max(len(title), len(value)) for title, value in zip(titles, values, strict=True)]
+    border = "+" + "+".join("-" * (width + 2) for width in widths) + "+"
+
+    def row(cells: list[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    details = results["details"]
+    lines = [border, row(titles), border, row(values), border]
+    lines.append(
+        f"{details['mode']} | model {details['model']} | pooler {details['pooler']} | "
+        f"{details['sentences_encoded']} sentences | {details['seconds']:.1f} s"
+    )
+    if "align_uniform" in results:
+        au = results["align_uniform"]
+        lines.append(
+            f"alignment {au['alignment']:.4f} | uniformity {au['uniformity']:.4f} "
+            f"({au['positive_pairs']} STS-B pairs > 4.0, {au['sentences']} sentences)"
+        )
+    return "\n".join(lines)
+
+
+def _finite_or_none(value):
+    """JSON has no NaN: a correlation that is undefined (constant scores) becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(item) for item in value]
+    return value
+
+
+def write_report(results: dict, path: str | Path) -> Path:
+    """Write ``results`` as indented, strict JSON (parent folders created)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_finite_or_none(results), indent=2, allow_nan=False) + "\n")
+    return out

@@ -1,0 +1,388 @@
+"""The STS evaluation of SimCSE, MCSE, KDMCSE, DALR and MCSEO (their Table 1), on SentEval data.
+
+Data: a SentEval data folder, i.e. the one holding ``downstream/STS`` and ``downstream/SICK``
+(the folder itself or its ``downstream`` may be given). Without ``data_dir`` we use
+``$MMCSE_SHARED_DATA/senteval``, else ``../shared/data/senteval`` beside the project root.
+
+Protocol, matched to the code the papers ran:
+
+* STS12-STS16 -- facebookresearch/SentEval ``senteval/sts.py`` (``STSEval.loadFile``): subset
+  ``S`` of year ``YY`` is ``STS/STSYY-en-test/STS.input.S.txt`` (UTF-8, ``read().splitlines()``,
+  one tab between the two sentences) with gold scores line by line in ``STS.gs.S.txt``; pairs
+  whose gold line is empty are dropped (STS15/16 ship unscored pairs). Subsets are SentEval's
+  lists (:data:`STS_YEAR_SUBSETS`; STS13 has no SMT, which is LDC-licensed).
+* Sentences are whitespace-tokenised by SentEval (``str.split``) and re-joined with single
+  spaces by the batcher of princeton-nlp/SimCSE ``evaluation.py``; no further lowercasing or
+  cleaning (the SentEval files are already Moses-tokenised).
+* STS-B and SICK-R are evaluated without training, like STS12-16 (SimCSE's
+  ``SentEval/senteval/sts.py`` makes ``STSBenchmarkEval`` and ``SICKRelatednessEval`` subclasses
+  of ``STSEval``): each line ``strip()``-ed and split on tabs; ``sts-test.csv`` has the score in
+  column 4 and the sentences in 5 and 6 (0-based); ``SICK_test_annotated.txt`` has a header
+  line (and CRLF endings), sentences in columns 1 and 2, score in 3. ``mode="dev"`` uses
+  ``sts-dev.csv`` and ``SICK_trial.txt`` instead, as SimCSE's ``--mode dev``.
+* A pair's system score is the cosine of its two embeddings (``nan`` -> 0, as SentEval).
+* Each task's number is Spearman x 100 in the "all" setting: SimCSE's ``STSEval.run`` pools the
+  scored pairs of every subset into one list and ``evaluation.py`` reports
+  ``results[task]['all']['spearman']['all']`` (STS-B and SICK-R have a single subset).
+  SentEval's original aggregates -- ``wmean`` (per-subset Spearman weighted by pairs) and
+  ``mean`` -- and the per-subset numbers are kept in ``details``.
+* ``avg`` is the mean of the task numbers each rounded to two decimals, because SimCSE's
+  ``evaluation.py`` averages the values it prints with ``"%.2f"``.
+
+Spearman does not depend on pair order, so each distinct sentence across all tasks is encoded
+once, in length-sorted batches (:func:`mmcse.evaluation.encode.encode_sentences`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+
+from mmcse.errors import MmcseError
+from mmcse.evaluation.align_uniform import align_uniform
+from mmcse.evaluation.encode import encode_sentences
+from mmcse.pooling import POOLERS
+
+STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
+    "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
+    "STS13": ("FNWN", "headlines", "OnWN"),
+    "STS14": ("deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"),
+    "STS15": ("answers-forums", "answers-students", "belief", "headlines", "images"),
+    "STS16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
+}
+TASKS_BY_MODE: dict[str, tuple[str, ...]] = {
+    "test": (*STS_YEAR_SUBSETS, "STSBenchmark", "SICKRelatedness"),
+    "dev": ("STSBenchmark", "SICKRelatedness"),
+}
+STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
+SICK_FILES = {"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
+DEFAULT_POOLER = "cls_before_pooler"
+
+Embedder = Callable[[Sequence[str]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Subset:
+    """Scored sentence pairs of one file (an STS year's subset, or an STS-B/SICK split)."""
+
+    name: str
+    pairs: list[tuple[str, str]]
+    gold: np.ndarray  # float64 [len(pairs)]
+
+
+@dataclass(frozen=True)
+class StsTask:
+    name: str  # SentEval's task name, e.g. "STS12", "STSBenchmark"
+    subsets: list[Subset]
+
+    def sentences(self) -> Iterable[str]:
+        return (s for subset in self.subsets for pair in subset.pairs for s in pair)
+
+
+# ---- locating and reading SentEval files -------------------------------------------------------
+
+
+def default_data_dir() -> Path | None:
+    """``senteval`` inside the shared data folder, when that exists."""
+    project_root = Path(__file__).resolve().parents[2]
+    shared = os.environ.get("MMCSE_SHARED_DATA") or project_root.parent / "shared" / "data"
+    candidate = Path(shared) / "senteval"
+    return candidate if candidate.is_dir() else None
+
+
+def resolve_downstream(data_dir: str | Path | None) -> Path:
+    """The ``downstream`` folder of a SentEval data folder (or of the default one)."""
+    if data_dir is None:
+        data_dir = default_data_dir()
+        if data_dir is None:
+            raise MmcseError(
+                "no SentEval data found (looked for $MMCSE_SHARED_DATA/senteval and "
+                "../shared/data/senteval); pass --data DIR, the folder holding downstream/STS"
+            )
+    root = Path(data_dir)
+    for candidate in (root / "downstream", root):
+        if (candidate / "STS").is_dir():
+            return candidate
+    raise MmcseError(f"{root} is not a SentEval data folder: no downstream/STS inside it")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MmcseError(f"missing SentEval file {path}") from None
+    except UnicodeDecodeError as exc:
+        raise MmcseError(f"{path}: not UTF-8 (byte {exc.start})") from None
+
+
+def _score(text: str, path: Path, line_number: int) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise MmcseError(f"{path}:{line_number}: gold score {text!r} is not a number") from None
+
+
+def _join_tokens(sentence: str) -> str:
+    # SentEval splits on whitespace, SimCSE's batcher joins with ' '
+    return " ".join(sentence.split())
+
+
+def load_sts_subset(folder: Path, subset: str) -> Subset:
+    """One subset of an STS12-16 year; pairs with an empty gold line are skipped."""
+    input_path = folder / f"STS.input.{subset}.txt"
+    gold_path = folder / f"STS.gs.{subset}.txt"
+    lines = _read_text(input_path).splitlines()
+    gold_lines = _read_text(gold_path).splitlines()
+    if len(gold_lines) != len(lines):
+        raise MmcseError(
+            f"{gold_path}: {len(gold_lines)} gold lines for {len(lines)} pairs in {input_path.name}"
+        )
+    pairs, gold = [], []
+    for number, (line, gold_text) in enumerate(zip(lines, gold_lines, strict=True), start=1):
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise MmcseError(f"{input_path}:{number}: expected 2 tab-separated sentences")
+        if not gold_text.strip():  # unscored pair
+            continue
+        pairs.append((_join_tokens(columns[0]), _join_tokens(columns[1])))
+        gold.append(_score(gold_text, gold_path, number))
+    return Subset(subset, pairs, np.asarray(gold, dtype=np.float64))
+
+
+def load_tsv_pairs(
+    path: Path, name: str, sentence_columns: tuple[int, int], score_column: int, header: bool
+) -> Subset:
+    """A SentEval STS-B/SICK file: ``strip()`` each line, split on tabs, pick three columns."""
+    if not path.is_file():
+        raise MmcseError(f"missing SentEval file {path}")
+    needed = max(*sentence_columns, score_column) + 1
+    pairs, gold = [], []
+    with path.open(encoding="utf-8") as lines:
+        try:
+            for number, line in enumerate(lines, start=1):
+                if header and number == 1:
+                    continue
+                columns = line.strip().split("\t")
+                if len(columns) < needed:
+                    raise MmcseError(
+                        f"{path}:{number}: expected at least {needed} tab-separated columns"
+                    )
+                first, second = (_join_tokens(columns[i]) for i in sentence_columns)
+                pairs.append((first, second))
+                gold.append(_score(columns[score_column], path, number))
+        except UnicodeDecodeError as exc:
+            raise MmcseError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    return Subset(name, pairs, np.asarray(gold, dtype=np.float64))
+
+
+def load_stsbenchmark(downstream: Path, split: str) -> Subset:
+    path = downstream / "STS" / "STSBenchmark" / STSB_FILES[split]
+    return load_tsv_pairs(path, split, sentence_columns=(5, 6), score_column=4, header=False)
+
+
+def load_sick(downstream: Path, split: str) -> Subset:
+    path = downstream / "SICK" / SICK_FILES[split]
+    return load_tsv_pairs(path, split, sentence_columns=(1, 2), score_column=3, header=True)
+
+
+def load_task(downstream: Path, name: str, split: str = "test") -> StsTask:
+    """A SentEval task by name; ``split`` picks the STS-B/SICK file (STS12-16 are test only)."""
+    if name in STS_YEAR_SUBSETS:
+        folder = downstream / "STS" / f"{name}-en-test"
+        return StsTask(name, [load_sts_subset(folder, subset) for subset in STS_YEAR_SUBSETS[name]])
+    if name == "STSBenchmark":
+        return StsTask(name, [load_stsbenchmark(downstream, split)])
+    if name == "SICKRelatedness":
+        return StsTask(name, [load_sick(downstream, split)])
+    raise MmcseError(f"unknown STS task {name!r}")
+
+
+def load_tasks(data_dir: str | Path | None = None, mode: str = "test") -> list[StsTask]:
+    """The tasks of ``mode`` ("test": all seven; "dev": STS-B and SICK-R dev splits)."""
+    if mode not in TASKS_BY_MODE:
+        raise MmcseError(f"unknown mode {mode!r}; choose one of {', '.join(TASKS_BY_MODE)}")
+    downstream = resolve_downstream(data_dir)
+    return [load_task(downstream, name, split=mode) for name in TASKS_BY_MODE[mode]]
+
+
+# ---- scoring ---------------------------------------------------------------------------------
+
+
+def embed_unique(sentences: Iterable[str], embed: Embedder) -> tuple[np.ndarray, dict[str, int]]:
+    """Embed each distinct sentence once; returns the vectors and a sentence -> row map."""
+    unique = list(dict.fromkeys(sentences))
+    return embed(unique), {sentence: row for row, sentence in enumerate(unique)}
+
+
+def paired_cosine(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Row-wise cosine; ``nan`` (a zero vector) becomes 0 like SentEval's ``np.nan_to_num``."""
+    left = np.nan_to_num(left.astype(np.float64))
+    right = np.nan_to_num(right.astype(np.float64))
+    norms = np.linalg.norm(left, axis=1) * np.linalg.norm(right, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.nan_to_num((left * right).sum(axis=1) / norms)
+
+
+def spearman_x100(system: np.ndarray, gold: np.ndarray) -> float:
+    return float(spearmanr(system, gold).statistic) * 100.0
+
+
+def score_task(task: StsTask, vectors: np.ndarray, row: dict[str, int]) -> dict:
+    """'all' Spearman plus SentEval's per-subset, ``wmean`` and ``mean`` numbers (all x 100)."""
+    subsets, system_scores = {}, []
+    for subset in task.subsets:
+        left = vectors[[row[a] for a, _ in subset.pairs]]
+        right = vectors[[row[b] for _, b in subset.pairs]]
+        system_scores.append(paired_cosine(left, right))
+        subsets[subset.name] = {
+            "spearman": spearman_x100(system_scores[-1], subset.gold),
+            "pairs": len(subset.pairs),
+        }
+    per_subset = np.array([s["spearman"] for s in subsets.values()])
+    weights = np.array([s["pairs"] for s in subsets.values()])
+    return {
+        "all": spearman_x100(
+            np.concatenate(system_scores), np.concatenate([s.gold for s in task.subsets])
+        ),
+        "wmean": float(np.average(per_subset, weights=weights)),
+        "mean": float(per_subset.mean()),
+        "pairs": int(weights.sum()),
+        "subsets": subsets,
+    }
+
+
+def average_of_printed(scores: Iterable[float]) -> float:
+    values = [float(f"{score:.2f}") for score in scores]
+    return sum(values) / len(values)
+
+
+# ---- end to end --------------------------------------------------------------------------------
+
+
+def run_pooler(model_dir: str) -> str:
+    """The pooler a training run used (``mmcse_run.json``), else SimCSE's unsupervised default."""
+    from mmcse.model import RUN_INFO_FILE
+
+    info_path = Path(model_dir) / RUN_INFO_FILE
+    if info_path.is_file():
+        return json.loads(info_path.read_text()).get("pooler") or DEFAULT_POOLER
+    return DEFAULT_POOLER
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_encoder(path: str | Path, pooler: str | None, device: str | None):
+    """Encoder, tokenizer, pooler and resolved directory for a run directory or HF model."""
+    from mmcse.model import SentenceEncoder, load_tokenizer, resolve_model_dir
+
+    model_dir = resolve_model_dir(str(path))
+    pooler = pooler or run_pooler(model_dir)
+    try:
+        encoder = SentenceEncoder.from_pretrained(model_dir, pooler=pooler)
+        tokenizer = load_tokenizer(model_dir)
+    except OSError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MmcseError(f"cannot load model {path}: {first_line}") from None
+    return encoder.to(device or default_device()), tokenizer, pooler, model_dir
+
+
+def evaluate_sts(
+    encoder_or_path,
+    tokenizer=None,
+    data_dir: str | Path | None = None,
+    mode: str = "test",
+    pooler: str | None = None,
+    batch_size: int = 128,
+    device: str | None = None,
+    max_length: int | None = None,
+    with_align_uniform: bool = False,
+    progress: bool = False,
+) -> dict:
+    """Evaluate a run directory / HF model directory, or an in-memory encoder + tokenizer.
+
+    Returns ``{task: 'all' Spearman x 100, ..., "avg": ..., "details": {...}}`` with SentEval task
+    names (``STS12`` ... ``STS16``, ``STSBenchmark``, ``SICKRelatedness``; dev mode: the last
+    two); ``details`` holds per-subset Spearman, ``wmean``, ``mean``, pair counts, pooler, model
+    and seconds. ``with_align_uniform`` adds ``"align_uniform"`` (see
+    :mod:`mmcse.evaluation.align_uniform`). ``pooler=None`` keeps the run's (or the encoder's)
+    pooler; ``device=None`` keeps an in-memory encoder where it is.
+    """
+    started = time.perf_counter()
+    if pooler is not None and pooler not in POOLERS:
+        raise MmcseError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+    tasks = load_tasks(data_dir, mode)  # fail on bad data before loading a model
+    if isinstance(encoder_or_path, str | Path):
+        encoder, tokenizer, pooler, model_name = load_encoder(encoder_or_path, pooler, device)
+    elif tokenizer is None:
+        raise MmcseError("evaluate_sts needs a tokenizer with an in-memory encoder")
+    else:
+        encoder, model_name = encoder_or_path, type(encoder_or_path).__name__
+        pooler = pooler or getattr(encoder, "pooler", DEFAULT_POOLER)
+
+    extra_pairs = []
+    if with_align_uniform:
+        downstream = resolve_downstream(data_dir)
+        extra_pairs = [load_stsbenchmark(downstream, split) for split in STSB_FILES]
+    embed = functools.partial(
+        encode_sentences,
+        encoder,
+        tokenizer,
+        batch_size=batch_size,
+        max_length=max_length,
+        device=device,
+        pooler=pooler,
+        progress=progress,
+    )
+    sentences = [s for task in tasks for s in task.sentences()]
+    sentences += [s for subset in extra_pairs for pair in subset.pairs for s in pair]
+    vectors, row = embed_unique(sentences, embed)
+    scores = {task.name: score_task(task, vectors, row) for task in tasks}
+
+    results: dict = {name: scores[name]["all"] for name in scores}
+    results["avg"] = average_of_printed(results[name] for name in scores)
+    if extra_pairs:
+        pairs = [pair for subset in extra_pairs for pair in subset.pairs]
+        gold = np.concatenate([subset.gold for subset in extra_pairs])
+        results["align_uniform"] = {
+            **align_uniform(pairs, gold, vectors, row),
+            "stsb_splits": list(STSB_FILES),
+        }
+    results["details"] = {
+        "model": str(model_name),
+        "pooler": pooler,
+        "mode": mode,
+        "sentences_encoded": len(row),
+        "seconds": round(time.perf_counter() - started, 2),
+        "tasks": scores,
+    }
+    return results
+
+
+@functools.lru_cache(maxsize=4)
+def _stsb_dev(downstream: Path) -> tuple[StsTask, tuple[str, ...]]:
+    task = load_task(downstream, "STSBenchmark", split="dev")
+    return task, tuple(dict.fromkeys(task.sentences()))
+
+
+def dev_score(
+    encoder, tokenizer, data_dir: str | Path | None = None, batch_size: int = 128
+) -> float:
+    """STS-B dev Spearman x 100 of an in-memory encoder (the trainer's model-selection metric).
+
+    The dev pairs are read once per data folder and cached; the encoder stays on its device
+    and in its train/eval mode.
+    """
+    task, sentences = _stsb_dev(resolve_downstream(data_dir))
+    vectors = encode_sentences(encoder, tokenizer, sentences, batch_size=batch_size)
+    return score_task(task, vectors, {s: i for i, s in enumerate(sentences)})["all"]

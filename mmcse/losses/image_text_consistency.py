@@ -1,0 +1,104 @@
+"""DALR's cross-modal consistency task ℓ_cons: matched vs shuffled image–caption pairs.
+
+He et al., *DALR* (2025), §3.2, eq. 5; authors' code ``Hekang001/DALR``
+(``ConsistencySimilarityModule``, ``prepare_data``, ``CosineEmbeddingLoss(margin=0.2)``):
+
+    ℓ_cons = mean over 2B pairs of   1 − cos(a(s_i), b(v_i))            (matched, y = 1)
+                                      max(0, cos(a(s_i), b(v_π(i))) − m)   (mismatched, y = 0)
+
+``s_i`` is dropout view 1's [CLS], ``v`` the cached image feature (role ``image``), ``a``/``b`` the
+modality-specific aligners of the code (Linear D→D, BatchNorm, ReLU, Linear D→256, BatchNorm, ReLU
+— the paper only says "modality-specific MLPs"), m = 0.2. The loss trains only the student and
+the aligners; it is DALR's auxiliary task, and weighs 1 in ℓ_CML = ℓ_cons + ℓ_CMA (eq. 9).
+
+Mismatched pairs: the paper "shuffles images"; the code rolls the batch by 5 (no mismatch at all
+when B divides 5). mmcse draws a uniformly random *cyclic* permutation from ``torch.randperm``
+on the global RNG (deterministic under ``torch.manual_seed``; no private generator, so a resumed
+run that restores the RNG state resumes the same draws): every row gets another row's image, never
+its own. Captions of the *same* image in one batch can still form a "mismatched" pair; like the
+code, no image ids are consulted.
+
+Paper vs code: the code weighs ℓ_cons by 0.01 inside ℓ_CML (the method's ``consistency_weight``);
+the paper by 1 (the default). The code applies the aligners to the SimCSE pooler output of view 1;
+here to [CLS] (the pooler belongs to the SimCSE term).
+
+Inputs: ``view1`` ``[B, H]``, ``features[image_role]`` ``[B, D]`` (B ≥ 2: BatchNorm needs a batch).
+Returns ``{"consistency_loss": scalar}``. Local to each rank (pairs need no negatives).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmcse.losses.base import Loss, LossInputs
+from mmcse.registry import register_loss
+
+
+class AlignerHead(nn.Sequential):
+    """The code's aligner: two Linear + BatchNorm + ReLU blocks into the shared space."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__(
+            nn.Linear(in_dim, in_dim),
+            nn.BatchNorm1d(in_dim),
+            nn.ReLU(),
+            nn.Linear(in_dim, out_dim),
+            nn.BatchNorm1d(out_dim),
+            nn.ReLU(),
+        )
+
+
+def random_derangement(n: int, device: torch.device | None = None) -> Tensor:
+    """A uniformly random single-cycle permutation of ``range(n)`` (no fixed point for n ≥ 2)."""
+    cycle = torch.randperm(n).to(device)
+    mismatched = torch.empty_like(cycle)
+    mismatched[cycle] = cycle.roll(-1)  # each element of the cycle points to the next one
+    return mismatched
+
+
+@register_loss("image_text_consistency")
+class ImageTextConsistencyLoss(Loss):
+    requires = ("image",)
+    terms = ("consistency_loss",)
+
+    def __init__(
+        self,
+        hidden_size: int,
+        feature_dims: dict[str, int],
+        image_role: str = "image",
+        proj_dim: int = 256,
+        margin: float = 0.2,
+        **_: object,
+    ) -> None:
+        super().__init__()
+        self.image_role = image_role
+        self.requires = (image_role,)
+        self.margin = margin
+        self.text_aligner = AlignerHead(hidden_size, proj_dim)
+        self.image_aligner = AlignerHead(feature_dims[image_role], proj_dim)
+
+    @staticmethod
+    def compute_loss_from_embeddings(
+        text: Tensor, image: Tensor, shuffled_image: Tensor, margin: float = 0.2
+    ) -> Tensor:
+        """Cosine-embedding loss over (text, image) with y = 1 and (text, shuffled) with y = −1."""
+        targets = torch.cat([text.new_ones(len(text)), -text.new_ones(len(text))])
+        return F.cosine_embedding_loss(
+            torch.cat([text, text]).float(),
+            torch.cat([image, shuffled_image]).float(),
+            targets.float(),
+            margin=margin,
+        )
+
+    def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
+        image = inputs.feature(self.image_role)
+        image = image.to(self.image_aligner[0].weight.dtype)
+        mismatched = random_derangement(len(image), image.device)
+        # aligned separately, as the code does, so BatchNorm sees each set of pairs on its own
+        text = self.text_aligner(inputs.view1)
+        loss = self.compute_loss_from_embeddings(
+            text, self.image_aligner(image), self.image_aligner(image[mismatched]), self.margin
+        )
+        return {"consistency_loss": loss}

@@ -1,0 +1,84 @@
+"""DALR's ranking distillation ℓ_rank: ListMLE over each anchor's in-batch list, teacher-ranked.
+
+He et al., *DALR* (2025), §3.3, eq. 10; the ListMLE of Xia et al. (ICML 2008) as RankCSE
+(Liu et al., ACL 2023) uses it for sentence embeddings; authors' code ``Hekang001/DALR``
+(``ListMLE``, ``--distillation_loss listmle``):
+
+    ℓ_rank = −(1/N) Σ_i Σ_{r=1}^{N} log  exp(S_i[π_i(r)]) / Σ_{q=r}^{N} exp(S_i[π_i(q)])
+
+``S_i[j] = sim(s_i^z, s_j^{z'}) / τ`` is the student's score of candidate ``j`` for anchor ``i``
+(``s = MLP([CLS])``, this loss's own Linear H→H + Tanh head; τ = 0.05), and ``π_i`` sorts the
+candidates by the teachers' mixed similarity ``Σ_k w_k cos(t_i^k, t_j^k)`` (descending). The list
+is the whole batch, the anchor itself included (the teacher always ranks it first). Only the
+teacher's *order* matters, so its scale is irrelevant.
+
+Paper vs code: eq. 10 sums over anchors; the code (and mmcse) average. The code breaks ties
+between equal teacher scores by a random shuffle (``torch.randperm``); mmcse uses a stable sort
+(ties keep batch order), so the loss is a deterministic function of its inputs — ties only arise
+for duplicate sentences. In the code the student scores are the SimCSE term's logits (with its arc
+margin in that variant); here they come from this loss's own head. ``gamma_`` (1.0) is not a
+separate knob: the method's term weight scales the loss.
+
+Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[role]`` per teacher role.
+Returns ``{"rank_loss": scalar}``. Siblings: :mod:`intra_modal_alignment` (ℓ_IMA; teacher mixing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from mmcse.distributed import gather_across_ranks
+from mmcse.losses.base import Loss, LossInputs, cosine_matrix
+from mmcse.losses.info_nce import MLPHead
+from mmcse.losses.intra_modal_alignment import (
+    DEFAULT_TEXT_TEACHERS,
+    mixed_teacher_similarity,
+    normalize_teachers,
+)
+from mmcse.registry import register_loss
+
+
+def list_mle(student_scores: Tensor, teacher_scores: Tensor) -> Tensor:
+    """Mean over rows of the ListMLE negative log-likelihood of the teacher's ordering."""
+    order = teacher_scores.argsort(dim=-1, descending=True, stable=True)
+    ranked = student_scores.float().gather(-1, order)
+    # log Σ_{q ≥ r} exp(ranked_q): a reversed cumulative logsumexp
+    tail_lse = ranked.flip(-1).logcumsumexp(dim=-1).flip(-1)
+    return (tail_lse - ranked).sum(dim=-1).mean()
+
+
+@register_loss("list_mle_distillation")
+class ListMLEDistillationLoss(Loss):
+    requires = tuple(role for role, _ in DEFAULT_TEXT_TEACHERS)
+    terms = ("rank_loss",)
+
+    def __init__(
+        self,
+        hidden_size: int,
+        text_teachers: Sequence[Sequence[object]] = DEFAULT_TEXT_TEACHERS,
+        temperature: float = 0.05,
+        **_: object,
+    ) -> None:
+        super().__init__()
+        self.text_teachers = normalize_teachers(text_teachers)
+        self.requires = tuple(role for role, _ in self.text_teachers)
+        self.temperature = temperature
+        self.mlp = MLPHead(hidden_size, hidden_size)
+
+    @staticmethod
+    def compute_loss_from_embeddings(
+        h1: Tensor, h2: Tensor, teacher_similarity: Tensor, temperature: float = 0.05
+    ) -> Tensor:
+        """ListMLE of cos(h1_i, h2_j)/τ under the order of ``teacher_similarity`` ``[N, N]``."""
+        return list_mle(cosine_matrix(h1, h2) / temperature, teacher_similarity)
+
+    def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
+        h1 = gather_across_ranks(self.mlp(inputs.view1))
+        h2 = gather_across_ranks(self.mlp(inputs.view2))
+        with torch.no_grad():
+            teacher = mixed_teacher_similarity(inputs, self.text_teachers)
+        loss = self.compute_loss_from_embeddings(h1, h2, teacher, self.temperature)
+        return {"rank_loss": loss}

@@ -1,0 +1,112 @@
+"""MCSEO's object–phrase InfoNCE: each phrase against the objects of its own image–caption pair.
+
+Zhao, Miao & Tsuruoka, *Improving Multimodal Contrastive Learning of Sentence Embeddings with
+Object-Phrase Alignment* (MCSEO), eq. 7:
+
+    ℓ_i^obj-phra = − Σ_k  log  exp(sim(h_p^{i,k}, h_o^{i,k})/τ) / Σ_{j=1..K_i} exp(sim(h_p^{i,k}, h_o^{i,j})/τ)
+
+for image–caption pair ``i`` with ``K_i`` object–phrase pairs: phrase ``k``'s positive is its own
+object, its negatives the other objects *of the same pair* (never other pairs of the batch). The
+phrase embedding ``h_p`` is the mean of the student's last-layer token states over the phrase's
+tokens, taken from the same forward pass as the sentence (§3.3); ``h_o`` is the frozen teacher
+feature of the segmented object (ResNet-50, 2048-d; cached by Stage 1). Both go through a
+projection into a shared 256-d space (§4.1) and sim is cosine; τ = 0.05.
+
+Inputs (contract with :func:`mmcse.phrases.build_phrase_batch`, which builds them):
+    ``token_states``: ``([B, L, H], [B, L, H])`` last-layer states of the two dropout views.
+    ``extras['phrase_spans']``: ``[B, P, 2]`` long, token ``(start, end)`` (end exclusive) of
+        pair ``k`` of caption ``b``; ``-1`` where padded.
+    ``extras['phrase_mask']``: ``[B, P]`` bool, True for real pairs.
+    ``features['object']``: ``[B, P, D]`` the object feature paired with each phrase (zeros where
+        padded).
+Returns ``{"object_phrase_loss": scalar}``.
+
+Choices the paper leaves open (the authors' code is not public; this is a first implementation):
+    * Projection heads: one Linear + Tanh per side, as MCSE's heads (the paper says "MLP"); the
+      loss owns its own heads, not shared with the image–caption term.
+    * Dropout views: the term is applied to both views and summed, as the sibling
+      :mod:`image_text_info_nce` does (MCSE eq. 3); eq. 7 writes a single phrase embedding.
+    * Reduction: eq. 7 sums over the pair's phrases; eq. 8 adds it per pair, so the batch value
+      is the mean over the ``B`` pairs of the batch, pairs without the term counting zero.
+    * Pairs with fewer than two surviving pairs skip the term (§4.1; one object makes a
+      softmax over one candidate). Phrases truncated by ``max_length`` arrive already removed,
+      together with their object, so ``K_i`` counts surviving pairs only.
+Sibling of :mod:`image_text_info_nce` (batch-level caption→image InfoNCE); here negatives are
+in-pair, so nothing is gathered across ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmcse.losses.base import Loss, LossInputs, l2_normalize
+from mmcse.losses.info_nce import MLPHead
+from mmcse.registry import register_loss
+
+MIN_PAIRS = 2
+
+
+def mean_over_spans(token_states: Tensor, spans: Tensor) -> Tensor:
+    """``[B, P, H]`` mean of ``token_states`` ``[B, L, H]`` over each ``[start, end)`` of
+    ``spans`` ``[B, P, 2]`` (padded spans give zeros)."""
+    positions = torch.arange(token_states.shape[1], device=token_states.device)
+    inside = (positions >= spans[..., :1]) & (positions < spans[..., 1:])  # [B, P, L]
+    weights = inside.to(token_states.dtype)
+    counts = weights.sum(-1, keepdim=True).clamp_min(1)
+    return torch.bmm(weights, token_states) / counts
+
+
+@register_loss("object_phrase_info_nce")
+class ObjectPhraseInfoNCELoss(Loss):
+    requires = ("object",)
+    terms = ("object_phrase_loss",)
+    needs_token_states = True
+
+    def __init__(
+        self,
+        hidden_size: int,
+        feature_dims: dict[str, int],
+        feature_role: str = "object",
+        proj_dim: int = 256,
+        temperature: float = 0.05,
+        **_: object,
+    ) -> None:
+        super().__init__()
+        self.feature_role = feature_role
+        self.requires = (feature_role,)
+        self.temperature = temperature
+        self.phrase_head = MLPHead(hidden_size, proj_dim)
+        self.object_head = MLPHead(feature_dims[feature_role], proj_dim)
+
+    @staticmethod
+    def compute_loss_from_embeddings(
+        phrases: Tensor, objects: Tensor, mask: Tensor, temperature: float = 0.05
+    ) -> Tensor:
+        """Eq. 7 per pair, mean over the batch's pairs. ``phrases``/``objects``: ``[B, P, d]``
+        (already projected), ``mask``: ``[B, P]``."""
+        logits = torch.einsum("bpd,bqd->bpq", l2_normalize(phrases), l2_normalize(objects))
+        logits = (logits / temperature).float()
+        logits = logits.masked_fill(~mask[:, None, :], float("-inf"))  # only real objects
+        counts = mask.sum(-1)
+        use = mask & (counts >= MIN_PAIRS)[:, None]  # phrases that take part
+        if not use.any():
+            return (phrases.sum() + objects.sum()) * 0.0  # keeps the heads in the graph (DDP)
+        targets = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+        per_phrase = F.cross_entropy(logits[use], targets[use], reduction="sum")
+        return per_phrase / mask.shape[0]
+
+    def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
+        if inputs.token_states is None:
+            raise ValueError("object_phrase_info_nce needs the student's token states")
+        spans, mask = inputs.extras["phrase_spans"], inputs.extras["phrase_mask"]
+        objects = inputs.feature(self.feature_role)
+        o = self.object_head(objects.to(self.object_head[0].weight.dtype))
+        loss = sum(
+            self.compute_loss_from_embeddings(
+                self.phrase_head(mean_over_spans(states, spans)), o, mask, self.temperature
+            )
+            for states in inputs.token_states
+        )
+        return {"object_phrase_loss": loss}

@@ -1,0 +1,66 @@
+"""KDMCSE (Nguyen et al., NAACL 2024) as a composition of registered losses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mmcse.methods.base import Method, Term
+from mmcse.registry import register_method
+
+
+@register_method("kdmcse")
+@dataclass
+class KDMCSE(Method):
+    """KDMCSE: ℓ = ℓ^S_arc + λ·(ℓ^V_AdapACSE + ℓ^C_AdapACSE), CLIP ViT-L/14 as the frozen teacher.
+
+    * ℓ^S_arc (every batch): SimCSE's InfoNCE with angle ``θ − m1`` on the negatives
+      (:mod:`~mmcse.losses.arc_margin_info_nce`).
+    * ℓ^V, ℓ^C (caption batches): AdapACSE of both dropout views against the cached CLIP image
+      (role ``clip_image``) and CLIP caption (role ``clip_text``) features, margins ``(1 − s)·m2``
+      from the teacher's image–image / caption–caption cosines, optional false-negative filter
+      on the teacher's normalised image–text cosine
+      (:mod:`~mmcse.losses.adaptive_angular_margin`, one shared grounding head).
+
+    Defaults are the authors' released scripts (``scripts/run_wiki_{flickr,coco}.sh``):
+    λ = 0.01, m1 = m2 = 0.15, τ = τ_vl = 0.05, 256-d grounding space, filter off (no
+    ``--using_threshhold``); train them with batch 64, lr 3e-5, 3 epochs, and a caption corpus
+    holding *every* caption of each image (the code's dataset expands all captions per image).
+    ``false_negative_threshold`` switches the filter on; it is a normalised cosine, not the
+    code's raw-dot-product ``--score_base`` (see the loss docstring).
+    """
+
+    name: ClassVar[str] = "kdmcse"
+    caption_roles: ClassVar[tuple[str, ...]] = ("clip_image", "clip_text")
+    text_weight: float = 1.0
+    grounding_weight: float = 0.01
+    text_margin: float = 0.15
+    grounding_margin: float = 0.15
+    temperature: float = 0.05
+    grounding_temperature: float = 0.05
+    proj_dim: int = 256
+    false_negative_threshold: float | None = None
+
+    def terms(self) -> list[Term]:
+        text = Term(
+            "text",
+            "arc_margin_info_nce",
+            self.text_weight,
+            "all",
+            {"margin": self.text_margin, "temperature": self.temperature},
+        )
+        grounding = Term(
+            "grounding",
+            "adaptive_angular_margin",
+            self.grounding_weight,
+            "caption",
+            {
+                "image_role": "clip_image",
+                "text_role": "clip_text",
+                "margin": self.grounding_margin,
+                "temperature": self.grounding_temperature,
+                "proj_dim": self.proj_dim,
+                "false_negative_threshold": self.false_negative_threshold,
+            },
+        )
+        return [text, grounding]

@@ -1,0 +1,121 @@
+"""VisualCSE and AudioCSE: SimCSE plus a contrastive task on unpaired images or audio.
+
+Jian et al., *Non-Linguistic Supervision for Contrastive Learning of Sentence Embeddings*
+(NeurIPS 2022): ℒ = ℒ_text + ω·ℒ_image (eq. 1), optimised alternately (Algorithm 1) with one
+optimizer per task. The text part is SimCSE unchanged (these classes inherit its terms); the
+non-linguistic part is :class:`mmcse.nonling.step.NonLinguisticTask`, which the trainer steps
+before every text step (:meth:`auxiliary_task`). Its examples come from Stage 1
+(``mmcse extract-image-tensors`` / ``mmcse extract-audio``) and are passed as
+``--feature image_tensor=DIR`` or ``--feature audio_fbank=DIR``.
+
+Defaults are the BERT-base settings: batch 48, τ = 0.07, SupCon, image lr 1e-6 / audio lr 2e-7
+(Table C.1); ω is not in the paper — 0.05 (images) and 0.01 (audio) are the values of the
+authors' released BERT-base commands (their READMEs). RoBERTa-base: Table C.1 gives image lr
+5e-7 and audio 2e-7; the READMEs' commands use 1e-7 with ω = 0.2 (images) and ω = 0.02 (audio).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mmcse.errors import MmcseError
+from mmcse.methods.simcse import SimCSE
+from mmcse.nonling.step import AUDIO_KIND, IMAGE_KIND, NonLinguisticSettings, NonLinguisticTask
+from mmcse.registry import register_method
+
+
+class NonLinguisticMixin:
+    """The trainer hook shared by VisualCSE and AudioCSE."""
+
+    name: ClassVar[str]
+    #: the ``--feature`` role (= cache kind) holding the non-linguistic examples
+    nonlinguistic: ClassVar[str]
+
+    def nonlinguistic_settings(self) -> NonLinguisticSettings:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def auxiliary_task(self, encoder: Any, cfg: Any, device: Any) -> NonLinguisticTask | None:
+        settings = self.nonlinguistic_settings()
+        if settings.weight == 0:  # ablation: plain SimCSE
+            return None
+        path = cfg.features.get(self.nonlinguistic)
+        if not path:
+            raise MmcseError(
+                f"method {self.name!r} needs its examples: give --feature {self.nonlinguistic}=DIR"
+            )
+        return NonLinguisticTask(
+            encoder, self, path, device, seed=cfg.seed, precision=cfg.precision
+        )
+
+    def describe(self) -> str:
+        s = self.nonlinguistic_settings()
+        line = (
+            f"  {s.weight:g} × {s.modality} {s.objective} (own AdamW lr {s.lr:g}, batch "
+            f"{s.batch_size}, --feature {self.nonlinguistic}=DIR), stepped before each text step"
+        )
+        return "\n".join([super().describe(), line])
+
+
+@register_method("visualcse")
+@dataclass
+class VisualCSE(NonLinguisticMixin, SimCSE):
+    """SimCSE + SupCon/SimCLR on augmented views of unpaired labelled images (ViT patches)."""
+
+    name: ClassVar[str] = "visualcse"
+    nonlinguistic: ClassVar[str] = IMAGE_KIND
+    image_weight: float = 0.05
+    image_lr: float = 1e-6
+    image_batch_size: int = 48
+    image_temperature: float = 0.07
+    image_objective: str = "supcon"
+    image_weight_decay: float = 0.0
+    image_size: int = 224
+    vit_init: str = "auto"  # auto: in21k ViT of the student's width if any; random; or a dir/id
+
+    def __post_init__(self) -> None:
+        self.nonlinguistic_settings()  # validates the fields now, not at the first step
+
+    def nonlinguistic_settings(self) -> NonLinguisticSettings:
+        return NonLinguisticSettings(
+            kind=IMAGE_KIND,
+            weight=self.image_weight,
+            lr=self.image_lr,
+            batch_size=self.image_batch_size,
+            temperature=self.image_temperature,
+            objective=self.image_objective,
+            weight_decay=self.image_weight_decay,
+            image_size=self.image_size,
+            init=self.vit_init,
+        )
+
+
+@register_method("audiocse")
+@dataclass
+class AudioCSE(NonLinguisticMixin, SimCSE):
+    """SimCSE + SupCon/SimCLR on dropout views of unpaired labelled audio (log-mel patches)."""
+
+    name: ClassVar[str] = "audiocse"
+    nonlinguistic: ClassVar[str] = AUDIO_KIND
+    audio_weight: float = 0.01
+    audio_lr: float = 2e-7
+    audio_batch_size: int = 48
+    audio_temperature: float = 0.07
+    audio_objective: str = "supcon"
+    audio_weight_decay: float = 0.0
+    audio_patch_size: int = 24  # the paper's 211 tokens; SSAST's own patches are 16
+
+    def __post_init__(self) -> None:
+        self.nonlinguistic_settings()
+
+    def nonlinguistic_settings(self) -> NonLinguisticSettings:
+        return NonLinguisticSettings(
+            kind=AUDIO_KIND,
+            weight=self.audio_weight,
+            lr=self.audio_lr,
+            batch_size=self.audio_batch_size,
+            temperature=self.audio_temperature,
+            objective=self.audio_objective,
+            weight_decay=self.audio_weight_decay,
+            patch_size=self.audio_patch_size,
+        )

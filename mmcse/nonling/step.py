@@ -1,0 +1,292 @@
+"""The non-linguistic half of VisualCSE/AudioCSE's alternating optimisation (Algorithm 1).
+
+Jian et al. (NeurIPS 2022) train one sentence encoder on two unpaired contrastive tasks. Each
+training step first takes one image (audio) step — a batch of 48 cached examples, two views,
+patch embedding → the student's transformer layers → [CLS] → the task's own MLP → SupCon or
+SimCLR, scaled by ω, then *its own* AdamW step over all parameters (encoder included, at a much
+smaller lr: Table C.1) — and then the ordinary SimCSE text step. The trainer owns the text step
+and calls :meth:`NonLinguisticTask.step` before each one (the authors' code runs the image step
+first; Algorithm 1 lists it second — the order of two alternating steps only shifts by one).
+
+How tokens enter the encoder. The authors' code calls ``bert.encoder(patch_tokens)`` directly
+(:func:`encode_tokens` does the same): BERT's word/position/token-type embeddings and their
+LayerNorm are bypassed, the patch embedding supplies [CLS] and positions, and no attention mask
+is needed (every token is real). Calling the HF model with ``inputs_embeds`` instead would add
+BERT's position and token-type embeddings and renormalise, which is a different model.
+
+The image step follows the authors' trainer: AdamW (weight decay 0 in all released runs),
+gradient clipping at 1.0 over every parameter, and — when ``total_steps`` is known — their cosine
+decay of the image lr without warm-up; otherwise the lr is constant. Under several processes each
+rank samples its own batch and gradients are averaged across ranks before the update, so replicas
+stay identical (the authors' image step is single-process).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from mmcse import distributed as dist
+from mmcse.errors import MmcseError
+from mmcse.losses.base import LossInputs
+from mmcse.nonling.augment import ViewAugmentation, two_views
+from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
+from mmcse.registry import LOSSES
+
+IMAGE_KIND = "image_tensor"
+AUDIO_KIND = "audio_fbank"
+OBJECTIVES = ("supcon", "simclr")
+
+
+@dataclass(frozen=True)
+class NonLinguisticSettings:
+    """What a method tells the task (VisualCSE/AudioCSE fill it from their fields).
+
+    Attributes:
+        kind: the cache kind (and ``--feature`` role) of the examples: ``image_tensor`` or
+            ``audio_fbank``.
+        weight: ω in ℒ = ℒ_text + ω·ℒ_image (eq. 1); 0 disables the task.
+        lr, batch_size, temperature, objective, weight_decay, max_grad_norm: the image step's
+            optimisation (Table C.1; objective ``supcon`` or ``simclr``).
+        image_size: crop size of the image views (ViT's 224).
+        patch_size: audio patch size (the image patch size is ViT's 16).
+        init: image patch embedding init: ``auto``, ``random`` or a ViT dir / hub id.
+    """
+
+    kind: str
+    weight: float
+    lr: float
+    batch_size: int
+    temperature: float = 0.07
+    objective: str = "supcon"
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    image_size: int = 224
+    patch_size: int = 24
+    init: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kind not in (IMAGE_KIND, AUDIO_KIND):
+            raise ValueError(f"kind must be {IMAGE_KIND!r} or {AUDIO_KIND!r}, not {self.kind!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
+        if self.batch_size < 2:
+            raise ValueError("the non-linguistic batch size must be at least 2 (negatives)")
+
+    @property
+    def modality(self) -> str:
+        return "image" if self.kind == IMAGE_KIND else "audio"
+
+
+def class_of(item_id: str) -> str:
+    """Class of a cached example: its id's first path component (``n01440764/n01440764_10026``)."""
+    return item_id.split("/", 1)[0]
+
+
+def encode_tokens(backbone: nn.Module, tokens: Tensor) -> Tensor:
+    """[CLS] (last layer, position 0) of token embeddings run through the transformer layers
+    only, bypassing the text embedding layer, as the authors' ``bert.encoder(input_embeds)``."""
+    layers = getattr(backbone, "encoder", None)
+    if layers is None:
+        raise MmcseError(
+            f"{type(backbone).__name__} has no .encoder stack; VisualCSE/AudioCSE need a "
+            "BERT-like student (BERT, RoBERTa, MiniLM, ...)"
+        )
+    out = layers(tokens)
+    states = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return states[:, 0]
+
+
+class NonLinguisticTask:
+    """One image (or audio) contrastive step on the shared encoder; see the module docstring.
+
+    Its own modules (:attr:`heads`: the patch embedding and the loss with its MLP) train with it
+    and belong in the checkpoint (:meth:`state_dict`); they are not part of the sentence encoder.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        method_cfg: Any,
+        feature_set_path: str | Path,
+        device: torch.device | str,
+        *,
+        seed: int = 42,
+        total_steps: int | None = None,
+        precision: str = "auto",
+    ) -> None:
+        from mmcse.cache import FeatureSet
+
+        self.settings: NonLinguisticSettings = method_cfg.nonlinguistic_settings()
+        self.encoder = encoder
+        self.device = torch.device(device)
+        self.seed, self.total_steps, self.precision = seed, total_steps, precision
+        self.examples = FeatureSet.open(feature_set_path)
+        self._check_examples()
+        self.labels = self._labels()
+        hidden = encoder.backbone.config.hidden_size
+        loss = LOSSES.get(self.settings.objective)(hidden, temperature=self.settings.temperature)
+        self.heads = nn.ModuleDict({"patch_embed": self._patch_embedding(hidden), "loss": loss})
+        self.heads.to(self.device)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.steps_taken = 0
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _check_examples(self) -> None:
+        kind, shape = self.examples.manifest.kind, tuple(self.examples.shape)
+        where = self.examples.path
+        if kind != self.settings.kind:
+            raise MmcseError(
+                f"{where} holds {kind!r} rows; this method needs {self.settings.kind!r}"
+            )
+        if kind == IMAGE_KIND and (len(shape) != 3 or shape[0] != 3 or min(shape[1:]) < 1):
+            raise MmcseError(f"{where}: image rows must be [3, H, W], not {list(shape)}")
+        if kind == AUDIO_KIND and len(shape) != 2:
+            raise MmcseError(f"{where}: fbank rows must be [frames, mel bins], not {list(shape)}")
+        if len(self.examples) < self.settings.batch_size:
+            raise MmcseError(
+                f"{where} has {len(self.examples)} examples, fewer than one batch of "
+                f"{self.settings.batch_size}; lower the batch size"
+            )
+
+    def _labels(self) -> np.ndarray | None:
+        """Class index per row, from the ids (see :func:`class_of`); None when the set has no
+        classes (then only ``simclr`` is possible)."""
+        classes = self.examples.manifest.extra.get("classes")
+        if not classes:
+            if self.settings.objective == "supcon":
+                raise MmcseError(
+                    f"{self.examples.path} records no classes; use objective simclr for "
+                    "unlabelled examples"
+                )
+            return None
+        index = {name: i for i, name in enumerate(classes)}
+        names = [class_of(i) for i in self.examples.ids]
+        unknown = sorted(set(names) - set(index))
+        if unknown:
+            raise MmcseError(f"{self.examples.path}: ids of unlisted classes {unknown[:3]}")
+        return np.fromiter((index[n] for n in names), dtype=np.int64, count=len(names))
+
+    def _patch_embedding(self, hidden: int) -> nn.Module:
+        if self.settings.kind == IMAGE_KIND:
+            return ImagePatchEmbedding.create(hidden, self.settings.image_size, self.settings.init)
+        frames, bins = self.examples.shape
+        return AudioPatchEmbedding(hidden, frames, bins, self.settings.patch_size)
+
+    # -- public API ----------------------------------------------------------------------------
+    def parameters(self):
+        """The task's own parameters (patch embedding + MLP head), not the encoder's."""
+        return self.heads.parameters()
+
+    def make_optimizer(self, encoder: nn.Module) -> torch.optim.Optimizer:
+        """AdamW over the encoder and the task's modules at the task's lr (Table C.1)."""
+        params = [*encoder.parameters(), *self.heads.parameters()]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=self.settings.lr, weight_decay=self.settings.weight_decay
+        )
+        return self.optimizer
+
+    @property
+    def fingerprint(self) -> dict[str, str]:
+        """``{kind: fingerprint}`` of the examples, for the run's record."""
+        return {self.settings.kind: self.examples.fingerprint}
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self.heads.state_dict()
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.heads.load_state_dict(state)
+
+    def step(self, step_index: int | None = None) -> dict[str, float]:
+        """One optimizer step on a seeded batch; returns the logged terms (already × ω)."""
+        if self.settings.weight == 0:
+            return {}
+        index = self.steps_taken if step_index is None else step_index
+        self.steps_taken = index + 1
+        optimizer = self.optimizer or self.make_optimizer(self.encoder)
+        self._set_lr(optimizer, index)
+        self.encoder.train()
+        self.heads.train()
+        rows = self._batch_rows(index)
+        with self._autocast():
+            terms = self.heads["loss"](self._inputs(rows, index))
+        total = self.settings.weight * sum(terms.values())
+        if not torch.isfinite(total):
+            raise MmcseError(
+                f"the {self.settings.modality} loss became {total.item()}; lower its lr"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        average_gradients(params)
+        if self.settings.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        prefix = self.settings.modality
+        record = {
+            f"{prefix}_{k}": self.settings.weight * float(v.detach()) for k, v in terms.items()
+        }
+        record[f"{prefix}_lr"] = optimizer.param_groups[0]["lr"]
+        return record
+
+    # -- internals -----------------------------------------------------------------------------
+    def _batch_rows(self, index: int) -> np.ndarray:
+        """Rows of step ``index``: epoch-wise permutations seeded by (seed, rank, epoch), last
+        incomplete batch dropped, as the authors' shuffled, looping data loader."""
+        n, size = len(self.examples), self.settings.batch_size
+        per_epoch = n // size
+        epoch, position = divmod(index, per_epoch)
+        order = np.random.default_rng([self.seed, dist.rank(), epoch]).permutation(n)
+        return np.sort(order[position * size : (position + 1) * size])
+
+    def _inputs(self, rows: np.ndarray, index: int) -> LossInputs:
+        values = torch.from_numpy(self.examples.take(rows)).to(self.device, non_blocking=True)
+        if self.settings.kind == IMAGE_KIND:
+            seed = int(np.random.SeedSequence([self.seed, dist.rank(), index]).generate_state(1)[0])
+            spec = ViewAugmentation(size=self.settings.image_size)
+            first, second = two_views(values, seed, spec)
+            inputs = torch.cat([first, second])
+        else:  # audio: the same spectrogram twice; the two views differ by dropout only
+            inputs = torch.cat([values, values]).float()
+        cls = encode_tokens(self.encoder.backbone, self.heads["patch_embed"](inputs))
+        view1, view2 = cls.float().chunk(2)
+        extras = {}
+        if self.labels is not None:
+            extras["labels"] = torch.from_numpy(self.labels[rows]).to(self.device)
+        return LossInputs(
+            view1=view1, view2=view2, batch_kind=self.settings.modality, extras=extras
+        )
+
+    def _set_lr(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        scale = 1.0
+        if self.total_steps:
+            scale = 0.5 * (
+                1.0 + math.cos(math.pi * min(index, self.total_steps) / self.total_steps)
+            )
+        for group in optimizer.param_groups:
+            group["lr"] = self.settings.lr * scale
+
+    def _autocast(self):
+        use_bf16 = (
+            self.precision in ("auto", "bf16")
+            and self.device.type == "cuda"
+            and torch.cuda.is_bf16_supported()
+        )
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
+
+
+def average_gradients(params: list[Tensor]) -> None:
+    """Average ``.grad`` across ranks (no-op in one process) so replicas take the same step."""
+    if dist.world_size() == 1:
+        return
+    for p in params:
+        if p.grad is not None:
+            torch.distributed.all_reduce(p.grad)
+            p.grad.div_(dist.world_size())

@@ -1,0 +1,227 @@
+"""MCSEO's object–phrase pairs at training time: the objects table, and the per-batch collate.
+
+Stage 1 (``mmcse extract-objects``) writes two cache sets:
+
+* the **objects table** (``kind='objects'``): one row per object–phrase pair. Its ``features``
+  column holds the numeric part of the row (:data:`OBJECT_ROW`: the phrase's character span in
+  its caption, the box and the detector scores, float32) and its shards carry the text columns
+  :data:`OBJECT_TEXT_COLUMNS` beside it (image and caption id, the phrase as detected, the caption
+  text of the span, the mask as COCO RLE JSON, and the image path so objects can be re-encoded
+  without rerunning detection). Only *character* spans are stored: token spans
+  depend on the student's tokenizer and are computed here, at train time.
+* the **object feature set** (``kind='object'``, ids = object ids): one teacher embedding per
+  object. Its manifest's ``extra['objects_table']`` names the table (relative to the set), so a
+  re-encoding with another teacher points to the same table.
+
+:func:`build_phrase_batch` turns a batch of captions into the padded tensors the object–phrase
+loss reads (contract in :mod:`mmcse.losses.object_phrase`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mmcse.errors import MmcseError
+
+OBJECTS_KIND = "objects"
+OBJECT_KIND = "object"
+#: the numeric row of the objects table, in column order
+OBJECT_ROW = (
+    "char_start",
+    "char_end",
+    "x0",
+    "y0",
+    "x1",
+    "y1",
+    "grounding_score",
+    "mask_score",
+)
+OBJECT_TEXT_COLUMNS = ("image_id", "image_path", "caption_id", "phrase", "span_text", "mask_rle")
+
+
+@dataclass(frozen=True)
+class ObjectPhrase:
+    """One object–phrase pair as the collate needs it."""
+
+    object_id: str
+    char_start: int
+    char_end: int
+    span_text: str
+
+
+class ObjectsTable:
+    """The objects table, indexed by caption id (pairs in the order they were extracted)."""
+
+    def __init__(self, path: Path, manifest, columns: dict[str, np.ndarray]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.fingerprint = manifest.fingerprint
+        self.columns = columns
+        self._by_caption: dict[str, list[int]] = {}
+        for row, caption_id in enumerate(columns["caption_id"]):
+            self._by_caption.setdefault(caption_id, []).append(row)
+
+    @classmethod
+    def open(cls, path: str | Path) -> ObjectsTable:
+        from mmcse.cache.arrow import open_table
+        from mmcse.cache.manifest import Manifest
+
+        path = Path(path)
+        manifest = Manifest.read(path)
+        if manifest.kind != OBJECTS_KIND:
+            raise MmcseError(f"{path} is a {manifest.kind!r} set, not an objects table")
+        tables = [open_table(path / shard.file) for shard in manifest.shards]
+        names = ("id", *OBJECT_TEXT_COLUMNS)
+        columns = {
+            name: np.concatenate([t.column(name).to_numpy(zero_copy_only=False) for t in tables])
+            if tables
+            else np.array([], dtype=object)
+            for name in names
+        }
+        numeric = [
+            t.column("features").combine_chunks().flatten().to_numpy().reshape(-1, len(OBJECT_ROW))
+            for t in tables
+        ]
+        columns["row"] = np.concatenate(numeric) if numeric else np.zeros((0, len(OBJECT_ROW)))
+        return cls(path, manifest, columns)
+
+    def __len__(self) -> int:
+        return len(self.columns["id"])
+
+    def pairs_for(self, caption_id: str) -> list[ObjectPhrase]:
+        start, end = OBJECT_ROW.index("char_start"), OBJECT_ROW.index("char_end")
+        return [
+            ObjectPhrase(
+                str(self.columns["id"][r]),
+                int(self.columns["row"][r, start]),
+                int(self.columns["row"][r, end]),
+                str(self.columns["span_text"][r]),
+            )
+            for r in self._by_caption.get(str(caption_id), [])
+        ]
+
+    def mask(self, row: int) -> dict:
+        return json.loads(self.columns["mask_rle"][row])
+
+
+@lru_cache(maxsize=4)
+def open_objects_table(path: str, fingerprint: str) -> ObjectsTable:
+    """Cached :meth:`ObjectsTable.open` (keyed by fingerprint, so a rewritten table reloads)."""
+    table = ObjectsTable.open(path)
+    if table.fingerprint != fingerprint:
+        raise MmcseError(
+            f"objects table {path} changed since its object features were written "
+            f"(fingerprint {table.fingerprint[:12]}, expected {fingerprint[:12]}); re-run "
+            "`mmcse extract-objects --from-objects`"
+        )
+    return table
+
+
+def table_of(object_features_path: Path, extra: dict) -> ObjectsTable:
+    """The objects table an object feature set was encoded from (its manifest ``extra``)."""
+    try:
+        relative, fingerprint = extra["objects_table"], extra["objects_fingerprint"]
+    except KeyError:
+        raise MmcseError(
+            f"{object_features_path} does not name its objects table: not an "
+            "`mmcse extract-objects` object feature set"
+        ) from None
+    return open_objects_table(str((object_features_path / relative).resolve()), fingerprint)
+
+
+def char_span_to_tokens(offsets: Tensor, start: int, end: int) -> tuple[int, int] | None:
+    """Token ``(first, last + 1)`` covering characters ``[start, end)``, or ``None`` when the
+    span is not wholly inside the tokenised text (cut off by ``max_length``).
+
+    ``offsets`` is one sentence's ``[L, 2]`` offset mapping from a fast tokenizer; special and
+    padding tokens have empty offsets and are never part of a span. Works for WordPiece (BERT) and
+    byte-level BPE (RoBERTa, whose offsets exclude the leading space).
+    """
+    content = offsets[:, 1] > offsets[:, 0]
+    if not content.any() or end > int(offsets[content, 1].max()):
+        return None
+    hits = torch.nonzero(content & (offsets[:, 0] < end) & (offsets[:, 1] > start)).flatten()
+    if hits.numel() == 0:
+        return None
+    return int(hits[0]), int(hits[-1]) + 1
+
+
+class _GathersById(Protocol):
+    def gather(self, ids: list[str]) -> np.ndarray: ...
+
+
+@dataclass
+class PhraseBatch:
+    """Padded per-caption object–phrase pairs (see :mod:`mmcse.losses.object_phrase`)."""
+
+    spans: Tensor  # [B, P, 2] long, token (start, end), -1 where padded
+    mask: Tensor  # [B, P] bool
+    objects: Tensor  # [B, P, D] float32, zeros where padded
+
+    def to(self, device: torch.device) -> PhraseBatch:
+        return PhraseBatch(self.spans.to(device), self.mask.to(device), self.objects.to(device))
+
+
+def build_phrase_batch(
+    caption_ids: list[str],
+    texts: list[str],
+    offsets: Tensor,
+    objects: ObjectsTable,
+    object_features: _GathersById,
+) -> PhraseBatch:
+    """Collate the object–phrase pairs of a batch of captions.
+
+    Args:
+        caption_ids: the batch's caption ids (the ids the objects table was extracted under).
+        texts: the caption texts as tokenised; each stored span is checked against them, so a
+            corpus that differs from the extracted captions fails loudly instead of misaligning.
+        offsets: ``[B, L, 2]`` offset mapping of the batch, tokenised exactly as the student sees
+            it (same tokenizer, ``max_length``, truncation).
+        objects: the objects table; ``object_features``: the object feature set (``.gather``).
+
+    Pairs whose phrase was cut off by ``max_length`` are dropped with their object (MCSEO §4.1:
+    truncated phrases are excluded), so ``P`` is the most surviving pairs of any caption.
+    """
+    offsets = torch.as_tensor(offsets)
+    kept: list[list[tuple[int, int, str]]] = []
+    for b, (caption_id, text) in enumerate(zip(caption_ids, texts, strict=True)):
+        pairs = []
+        for pair in objects.pairs_for(caption_id):
+            if text[pair.char_start : pair.char_end] != pair.span_text:
+                raise MmcseError(
+                    f"caption {caption_id!r}: characters {pair.char_start}-{pair.char_end} are "
+                    f"{text[pair.char_start : pair.char_end]!r} in the corpus but "
+                    f"{pair.span_text!r} in {objects.path}; the corpus and the objects table "
+                    "were built from different captions"
+                )
+            span = char_span_to_tokens(offsets[b], pair.char_start, pair.char_end)
+            if span is not None:
+                pairs.append((*span, pair.object_id))
+        kept.append(pairs)
+    width = max((len(p) for p in kept), default=0)
+    spans = torch.full((len(kept), width, 2), -1, dtype=torch.long)
+    mask = torch.zeros(len(kept), width, dtype=torch.bool)
+    flat_ids = [object_id for pairs in kept for _, _, object_id in pairs]
+    gathered = np.asarray(object_features.gather(flat_ids)) if flat_ids else np.zeros((0, 1))
+    dim = gathered.shape[1] if flat_ids else _feature_dim(object_features)
+    features = torch.zeros(len(kept), width, dim, dtype=torch.float32)
+    row = 0
+    for b, pairs in enumerate(kept):
+        for p, (start, end, _) in enumerate(pairs):
+            spans[b, p] = torch.tensor([start, end])
+            mask[b, p] = True
+            features[b, p] = torch.from_numpy(np.asarray(gathered[row], dtype=np.float32))
+            row += 1
+    return PhraseBatch(spans, mask, features)
+
+
+def _feature_dim(object_features: object) -> int:
+    return int(getattr(object_features, "dim", 1))

@@ -1,0 +1,76 @@
+"""Any folder of images with a captions file: JSONL, CSV or TSV with ``image`` and ``caption``.
+
+``image`` is a file name relative to ``images``; an image may appear on several rows (one caption
+each, kept in file order). An optional ``split`` column restricts rows to ``--split``. Rows with a
+missing image name or empty caption are reported as unreadable and skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from mmcse.errors import MmcseError
+from pipeline.datasets.base import (
+    DatasetRecords,
+    DataSource,
+    ImageRecord,
+    RecordError,
+    image_stem,
+    register_dataset,
+    require_path,
+)
+
+NAME = "local"
+DELIMITERS = {".csv": ",", ".tsv": "\t"}
+
+
+@register_dataset(NAME)
+def load_local(source: DataSource, split: str) -> DatasetRecords:
+    images = require_path(source.images, "--images (the image folder)", NAME)
+    captions = require_path(source.captions, "--captions (JSONL, CSV or TSV)", NAME)
+    rows = _read_rows(captions)
+    by_image: dict[str, tuple[str, list[str]]] = {}
+    errors = []
+    for line_no, row in rows:
+        if row is not None and row.get("split") not in (None, "", split):
+            continue
+        name = (row or {}).get("image")
+        caption = (row or {}).get("caption")
+        if not isinstance(name, str) or not name or not isinstance(caption, str) or not caption:
+            errors.append(RecordError(f"line {line_no}", str(captions), "unreadable caption row"))
+            continue
+        stem = image_stem(Path(name).name)
+        stored_name, texts = by_image.setdefault(stem, (name, []))
+        if stored_name != name:
+            errors.append(RecordError(stem, str(captions), f"two files share the id: {name}"))
+            continue
+        texts.append(caption.strip())
+    records = [ImageRecord(i, images / name, tuple(c)) for i, (name, c) in by_image.items()]
+    return DatasetRecords(NAME, split, records, errors=errors, source=captions.name)
+
+
+def _read_rows(path: Path) -> list[tuple[int, dict | None]]:
+    """``(line number, row or None if unparsable)`` for every data line."""
+    if path.suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                rows.append((n, _json_row(line)))
+        return rows
+    if path.suffix not in DELIMITERS:
+        raise MmcseError(f"{path}: captions must be .jsonl, .csv or .tsv")
+    with path.open(encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f, delimiter=DELIMITERS[path.suffix])
+        if not {"image", "caption"} <= set(reader.fieldnames or ()):
+            raise MmcseError(f"{path}: needs 'image' and 'caption' columns")
+        return [(reader.line_num, row) for row in reader]
+
+
+def _json_row(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None

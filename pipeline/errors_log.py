@@ -1,0 +1,73 @@
+"""Bad inputs of an extraction run: per-shard sidecars, merged into ``errors.jsonl`` at finalize.
+
+Each shard's bad inputs are written (atomically) *before* the shard itself, so a shard on disk
+always has its sidecar and a resumed run keeps the errors of shards it skips. Rows are sorted, so
+the merged file is byte-identical however the run was interrupted or split across ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from pipeline.datasets.base import RecordError
+
+ERRORS_FILE = "errors.jsonl"
+SIDECAR_DIR = ".errors"
+LOADER_PART = "captions"  # rows the dataset loader could not read
+
+
+def sidecar_path(out: Path, part: str, shard: int | None = None) -> Path:
+    name = f"{part}.jsonl" if shard is None else f"{part}-shard-{shard:05d}.jsonl"
+    return out / SIDECAR_DIR / name
+
+
+def write_sidecar(path: Path, errors: Iterable[RecordError]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temp.write_text(_lines(errors), encoding="utf-8")
+    os.replace(temp, path)
+
+
+def read_sidecar(path: Path) -> list[RecordError]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [RecordError(r["id"], r["path"], r["reason"]) for r in rows]
+
+
+def read_parts(out: Path, part: str, num_shards: int) -> list[RecordError]:
+    """The errors of one feature set: every shard's sidecar."""
+    return [e for k in range(num_shards) for e in read_sidecar(sidecar_path(out, part, k))]
+
+
+def error_counts(errors: Iterable[RecordError]) -> dict:
+    """For the manifest extra: how many inputs were left out, and why."""
+    errors = list(errors)
+    return {"num_errors": len(errors), "errors_by_reason": dict(sorted(_reasons(errors).items()))}
+
+
+def merge_errors(out: Path) -> Path:
+    """Rewrite ``out/errors.jsonl`` from every sidecar (one JSON object per bad input)."""
+    rows = []
+    for sidecar in sorted((out / SIDECAR_DIR).glob("*.jsonl")):
+        part = sidecar.stem.split("-shard-")[0]
+        rows += [{"stage": part, **e.to_dict()} for e in read_sidecar(sidecar)]
+    target = out / ERRORS_FILE
+    temp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    temp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
+    os.replace(temp, target)
+    return target
+
+
+def _lines(errors: Iterable[RecordError]) -> str:
+    ordered = sorted(errors, key=lambda e: (e.id, e.path, e.reason))
+    return "".join(json.dumps(e.to_dict(), sort_keys=True) + "\n" for e in ordered)
+
+
+def _reasons(errors: list[RecordError]) -> Counter:
+    # "corrupt image: <PIL detail>" → "corrupt image": counts stay readable
+    return Counter(e.reason.split(":")[0] for e in errors)

@@ -1,0 +1,452 @@
+"""The Stage-1 engine: run a frozen teacher over images or sentences into sharded feature sets.
+
+Layout of one run under ``out`` (default ``cache/<dataset>/<split>/``)::
+
+    captions/ or sentences/   corpus table (id, text, image_id, source)
+    image-<teacher>/          image features, ids = image ids
+    text-<teacher>/           text features, ids = caption / sentence ids
+    errors.jsonl              every input left out (stage, id, path, reason)
+    .errors/                  per-shard error sidecars (merged into errors.jsonl at finalize)
+
+Determinism and resume. The work list is sorted by id and cut into fixed ``shard_size`` shards;
+batches never cross a shard and always start at the shard's first item, so a shard's rows do not
+depend on which shards ran before it. Finished shards (:meth:`FeatureSetWriter.has_shard`) are
+skipped on rerun, so a run killed at any moment and rerun ends byte-identical to an uninterrupted
+one. The inputs' id hash, shard size and batch size are part of the set's settings: a rerun with
+different inputs or sharding is refused instead of mixing shards.
+
+Scale-out. Rank ``r`` of ``W`` (``--rank/--world-size`` or torchrun's ``RANK``/``WORLD_SIZE``)
+takes shards ``k`` with ``k % W == r`` — no padding, no duplicates. Whichever rank finds every
+shard present when it is done finalizes (writes the manifest); rerunning the command with all
+shards present does the same.
+
+Bad inputs (undecodable images, unreadable caption rows) are logged and left out; the count is in
+``extra.num_errors`` of the manifest. With ``strict`` the first one stops the run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from mmcse.cache import Corpus, FeatureSet, FeatureSetWriter, Manifest, write_corpus
+from mmcse.cache.layout import MANIFEST_NAME, sha256_ids
+from mmcse.errors import CacheError, MmcseError
+from pipeline.datasets.base import (
+    DatasetRecords,
+    RecordError,
+    caption_id,
+    select_captions,
+)
+from pipeline.errors_log import (
+    LOADER_PART,
+    error_counts,
+    merge_errors,
+    read_parts,
+    read_sidecar,
+    sidecar_path,
+    write_sidecar,
+)
+from pipeline.images import (
+    CPU_DECODER,
+    DEFAULT_MAX_PIXELS,
+    GPU_DECODER,
+    DecodeDataset,
+    collate_decoded,
+    gpu_decode_batch,
+)
+
+DEFAULT_SHARD_SIZE = 4096
+DEFAULT_BATCH_SIZE = 256
+CAPTIONS_DIR = "captions"
+SENTENCES_DIR = "sentences"
+
+
+def default_workers() -> int:
+    return min(8, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run (not what to compute): sharding, batching, devices, failure policy."""
+
+    shard_size: int = DEFAULT_SHARD_SIZE
+    batch_size: int = DEFAULT_BATCH_SIZE
+    workers: int = field(default_factory=default_workers)
+    dtype: str = "float32"  # storage dtype of the features
+    strict: bool = False
+    rank: int = 0
+    world_size: int = 1
+    decode: str = "cpu"  # "cpu" (PIL in workers) or "gpu" (nvJPEG)
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    backend: str = "arrow"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.shard_size < 1 or self.batch_size < 1:
+            raise MmcseError("--shard-size and --batch-size must be positive")
+        if not 0 <= self.rank < self.world_size:
+            raise MmcseError(f"rank {self.rank} is outside world size {self.world_size}")
+        if self.decode not in ("cpu", "gpu"):
+            raise MmcseError(f"--decode must be cpu or gpu, got {self.decode!r}")
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit flags win; otherwise torchrun's ``RANK``/``WORLD_SIZE``; otherwise ``(0, 1)``."""
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    return rank, world_size
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Fixed shard boundaries over a sorted work list of ``num_items``."""
+
+    num_items: int
+    shard_size: int
+
+    @property
+    def num_shards(self) -> int:
+        return max(1, math.ceil(self.num_items / self.shard_size))
+
+    def rows(self, shard: int) -> range:
+        start = shard * self.shard_size
+        return range(start, min(start + self.shard_size, self.num_items))
+
+    def batches(self, shard: int, batch_size: int) -> list[range]:
+        rows = self.rows(shard)
+        return [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+
+    def shards_for_rank(self, rank: int, world_size: int) -> list[int]:
+        return [k for k in range(self.num_shards) if k % world_size == rank]
+
+
+@dataclass
+class FeatureJob:
+    """One feature set to produce: sorted unique ids, their inputs, the writer settings."""
+
+    part: str  # directory name under ``out``
+    ids: list[str]
+    inputs: list[Any]  # image paths or sentences, aligned with ids
+    settings: dict[str, Any]  # FeatureSetWriter keywords except path/backend
+
+
+@dataclass
+class ShardResult:
+    index: int
+    ids: list[str]
+    features: torch.Tensor
+    errors: list[RecordError]
+
+
+def strict_failure(error: RecordError) -> MmcseError:
+    return MmcseError(
+        f"{error.path}: {error.reason} (id {error.id}); --strict stops at the first bad input "
+        "(drop --strict to skip and log bad inputs in errors.jsonl)"
+    )
+
+
+# ---- images ----------------------------------------------------------------------------------
+
+
+def extract_images(
+    records: DatasetRecords,
+    teacher: Any,
+    teacher_name: str,
+    out: Path,
+    *,
+    caption_policy: str,
+    seed: int,
+    options: RunOptions,
+) -> dict[str, Manifest | None]:
+    """Corpus of captions + image features (+ caption features for CLIP-style teachers).
+
+    Returns the manifest of every set this call finished (``None`` for a set other ranks still
+    have to complete).
+    """
+    out = Path(out)
+    image_list = sorted(records.images, key=lambda r: r.image_id)
+    _refuse_duplicate_ids([r.image_id for r in image_list], "image")
+    log_loader_errors(out, records.errors, options)
+    corpus_extra = {"caption_policy": caption_policy, **_seed_extra(caption_policy, seed)}
+    corpus = _caption_rows(image_list, caption_policy, seed)
+    results: dict[str, Manifest | None] = {}
+    if options.rank == 0:
+        results[CAPTIONS_DIR] = ensure_corpus(
+            out / CAPTIONS_DIR, *corpus, records=records, extra=corpus_extra
+        )
+    image_job = FeatureJob(
+        part=f"image-{teacher_name}",
+        ids=[r.image_id for r in image_list],
+        inputs=[str(r.path) for r in image_list],
+        settings=_settings(records, teacher, "image", options, decode=_decoder_name(options)),
+    )
+    results[image_job.part] = run_job(out, image_job, teacher, options)
+    if hasattr(teacher, "encode_texts"):
+        text_job = _text_job(records, teacher, teacher_name, corpus[0], corpus[1], options)
+        text_job.settings["extra"].update(corpus_extra)
+        results[text_job.part] = run_job(out, text_job, teacher, options)
+    return results
+
+
+def _caption_rows(images, policy: str, seed: int) -> tuple[list, list, list]:
+    rows = [
+        (caption_id(r.image_id, k), text, r.image_id)
+        for r in images
+        for k, text in select_captions(r, policy, seed)
+    ]
+    rows.sort()
+    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+
+
+def _seed_extra(policy: str, seed: int) -> dict:
+    return {"caption_seed": seed} if policy == "random-one" else {}
+
+
+def _decoder_name(options: RunOptions) -> str:
+    return GPU_DECODER if options.decode == "gpu" else CPU_DECODER
+
+
+# ---- texts -----------------------------------------------------------------------------------
+
+
+def extract_texts(
+    records: DatasetRecords,
+    teacher: Any,
+    teacher_name: str,
+    out: Path,
+    *,
+    caption_policy: str,
+    seed: int,
+    options: RunOptions,
+) -> dict[str, Manifest | None]:
+    """A corpus table (sentences, or captions under ``caption_policy``) + its text features."""
+    out = Path(out)
+    log_loader_errors(out, records.errors, options)
+    if records.sentences:
+        part, extra = SENTENCES_DIR, {}
+        sentences = sorted(records.sentences, key=lambda s: s.id)
+        ids, texts, image_ids = [s.id for s in sentences], [s.text for s in sentences], None
+    else:
+        part, extra = (
+            CAPTIONS_DIR,
+            {"caption_policy": caption_policy, **_seed_extra(caption_policy, seed)},
+        )
+        images = sorted(records.images, key=lambda r: r.image_id)
+        ids, texts, image_ids = _caption_rows(images, caption_policy, seed)
+    results: dict[str, Manifest | None] = {}
+    if options.rank == 0:
+        results[part] = ensure_corpus(
+            out / part, ids, texts, image_ids, records=records, extra=extra
+        )
+    job = _text_job(records, teacher, teacher_name, ids, texts, options)
+    job.settings["extra"].update(extra)
+    results[job.part] = run_job(out, job, teacher, options)
+    return results
+
+
+def extract_corpus_texts(
+    corpus_path: Path, teacher: Any, teacher_name: str, out: Path, options: RunOptions
+) -> dict[str, Manifest | None]:
+    """Text features for an existing corpus table (e.g. the captions ``extract-images`` wrote)."""
+    corpus = Corpus.open(corpus_path)
+    ids = [str(i) for i in corpus.ids]
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    records = DatasetRecords(corpus.manifest.dataset, corpus.manifest.split)
+    texts = corpus.texts
+    job = _text_job(
+        records, teacher, teacher_name, [ids[i] for i in order], [texts[i] for i in order], options
+    )
+    job.settings["extra"]["corpus_fingerprint"] = corpus.fingerprint
+    return {job.part: run_job(Path(out), job, teacher, options)}
+
+
+def _text_job(records, teacher, teacher_name, ids, texts, options) -> FeatureJob:
+    _refuse_duplicate_ids(ids, "sentence")
+    return FeatureJob(
+        part=f"text-{teacher_name}",
+        ids=list(ids),
+        inputs=list(texts),
+        settings=_settings(records, teacher, "text", options),
+    )
+
+
+def text_batches(
+    job: FeatureJob, plan: ShardPlan, shards: Sequence[int], teacher: Any, options: RunOptions
+) -> Iterator[tuple[int, list[int], torch.Tensor, list[RecordError]]]:
+    """``(shard, rows, features, bad)`` per batch; sentences never fail (loaders drop blanks)."""
+    for shard in shards:
+        for rows in plan.batches(shard, options.batch_size):
+            yield shard, list(rows), teacher.encode_texts([job.inputs[i] for i in rows]), {}
+
+
+def image_batches(
+    job: FeatureJob, plan: ShardPlan, shards: Sequence[int], teacher: Any, options: RunOptions
+) -> Iterator[tuple[int, list[int], torch.Tensor, dict[int, RecordError]]]:
+    """``(shard, rows, features, bad)`` per batch: workers decode to uint8, the teacher's device
+    normalises and encodes. Batches are fixed slices of one shard (see the module docstring)."""
+    device = torch.device(getattr(teacher, "device", "cpu"))
+    if options.decode == "gpu" and device.type != "cuda":
+        raise MmcseError("--decode gpu needs a CUDA teacher device (use --decode cpu)")
+    dataset = DecodeDataset(job.inputs, teacher.preprocess, options.max_pixels, options.decode)
+    batch_rows = [list(rows) for k in shards for rows in plan.batches(k, options.batch_size)]
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=batch_rows,
+        num_workers=options.workers,
+        collate_fn=collate_decoded,
+        pin_memory=device.type == "cuda",
+    )
+    for rows, pixels, reasons in loader:
+        if options.decode == "gpu":
+            pixels, gpu_reasons = gpu_decode_batch(pixels, rows, dataset, device)
+            reasons = {**reasons, **gpu_reasons}
+        bad = {r: RecordError(job.ids[r], job.inputs[r], reason) for r, reason in reasons.items()}
+        if len(pixels):
+            features = teacher.encode_images(pixels.to(device, non_blocking=True))
+        else:
+            features = torch.empty(0, job.settings["dim"])
+        yield rows[0] // plan.shard_size, rows, features, bad
+
+
+# ---- the shared sharded loop -----------------------------------------------------------------
+
+
+def run_job(out: Path, job: FeatureJob, teacher: Any, options: RunOptions) -> Manifest | None:
+    """Compute this rank's missing shards of ``job``; finalize if every shard is then present."""
+    path = out / job.part
+    if (path / MANIFEST_NAME).exists():
+        return FeatureSet.open(path).manifest  # finished by an earlier run or another rank
+    settings = {
+        **job.settings,
+        "extra": {**job.settings["extra"], "inputs_sha256": sha256_ids(job.ids)},
+    }
+    writer = FeatureSetWriter(path, backend=options.backend, **settings)
+    plan = ShardPlan(len(job.ids), options.shard_size)
+    pending = [
+        k for k in plan.shards_for_rank(options.rank, options.world_size) if not writer.has_shard(k)
+    ]
+    total = sum(len(plan.rows(k)) for k in pending)
+    unit = "img" if job.settings["kind"] == "image" else "sent"
+    bar = tqdm(total=total, desc=job.part, unit=unit, disable=not options.progress or not total)
+    batches = (
+        image_batches(job, plan, pending, teacher, options)
+        if job.settings["kind"] == "image"
+        else text_batches(job, plan, pending, teacher, options)
+    )
+    with bar:
+        for result in _shards(job, plan, batches, options, bar):
+            write_sidecar(sidecar_path(out, job.part, result.index), result.errors)
+            writer.write_shard(result.index, result.ids, result.features)
+    if all(writer.has_shard(k) for k in range(plan.num_shards)):
+        return finalize_job(out, job.part, writer, plan.num_shards)
+    return None
+
+
+def _shards(job, plan, batches, options, bar) -> Iterator[ShardResult]:
+    """Group per-batch results into whole shards (batches arrive in shard order)."""
+    current: ShardResult | None = None
+    parts: list[torch.Tensor] = []
+    for shard, rows, features, bad in batches:
+        if bad and options.strict:
+            raise strict_failure(next(iter(bad.values())))
+        if current is None:
+            current, parts = ShardResult(shard, [], torch.empty(0), []), []
+        current.ids += [job.ids[i] for i in rows if i not in bad]
+        current.errors += list(bad.values())
+        parts.append(features.detach().float().cpu())
+        bar.update(len(rows))
+        if rows[-1] == plan.rows(shard)[-1]:
+            current.features = _concat(parts, job.settings["dim"])
+            yield current
+            current = None
+
+
+def _concat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    parts = [p for p in parts if len(p)]
+    return torch.cat(parts) if parts else torch.empty(0, dim)
+
+
+def finalize_job(out: Path, part: str, writer: FeatureSetWriter, num_shards: int) -> Manifest:
+    """Write the manifest (with error counts from every shard's sidecar) and ``errors.jsonl``."""
+    errors = read_parts(out, part, num_shards)
+    manifest = writer.finalize(extra=error_counts(errors), num_shards=num_shards)
+    merge_errors(out)
+    return manifest
+
+
+def _settings(records, teacher, kind: str, options: RunOptions, **extra) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "dim": int(teacher.dim),
+        "dtype": options.dtype,
+        "dataset": records.dataset,
+        "split": records.split,
+        "producer": teacher.producer(),
+        "normalized": bool(getattr(teacher, "normalized", False)),
+        "extra": {
+            "source": records.source,
+            "shard_size": options.shard_size,
+            "batch_size": options.batch_size,
+            **extra,
+        },
+    }
+
+
+# ---- corpus and loader errors ----------------------------------------------------------------
+
+
+def ensure_corpus(
+    path: Path,
+    ids: list[str],
+    texts: list[str],
+    image_ids: list[str] | None,
+    *,
+    records: DatasetRecords,
+    extra: dict,
+) -> Manifest:
+    """Write the corpus table, or check that the one already there holds the same rows."""
+    sources = [records.dataset] * len(ids)
+    if (path / MANIFEST_NAME).exists():
+        existing = Corpus.open(path)
+        if [str(i) for i in existing.ids] != ids or existing.texts != texts:
+            raise CacheError(
+                f"{path} holds a different corpus (other caption policy, seed or inputs?); "
+                "remove it or choose another --out"
+            )
+        return existing.manifest
+    return write_corpus(
+        path,
+        ids,
+        texts,
+        image_ids,
+        sources,
+        dataset=records.dataset,
+        split=records.split,
+        producer={"loader": records.dataset, "source": records.source},
+        extra=extra,
+    )
+
+
+def log_loader_errors(out: Path, errors: list[RecordError], options: RunOptions) -> None:
+    """Rows the loader could not read: fatal with ``strict``, else logged once (by rank 0)."""
+    if errors and options.strict:
+        raise strict_failure(errors[0])
+    if options.rank == 0:
+        path = sidecar_path(out, LOADER_PART)
+        if read_sidecar(path) != sorted(errors, key=lambda e: (e.id, e.path, e.reason)):
+            write_sidecar(path, errors)
+
+
+def _refuse_duplicate_ids(ids: list[str], what: str) -> None:
+    unique, counts = np.unique(np.asarray(ids, dtype=str), return_counts=True)
+    if len(unique) != len(ids):
+        raise MmcseError(f"duplicate {what} ids in the dataset: {list(unique[counts > 1][:5])}")

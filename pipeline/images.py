@@ -1,0 +1,218 @@
+"""Worker-side image decoding: file → ``uint8 [3, crop, crop]`` (resize short side, centre crop).
+
+Runs in DataLoader workers, so it stays on the CPU and returns ``uint8`` (4× cheaper to pin and
+copy than float); the teacher normalises on its own device.
+
+Policy for awkward inputs (valid images are kept, only undecodable ones are errors):
+
+* CMYK, grayscale, palette and alpha images are converted to RGB with PIL's ``convert("RGB")`` and
+  kept. Alpha is dropped, not composited — the same as torchvision/open_clip preprocessing, so
+  features match what the teachers saw in training.
+* Truncated or corrupt files, zero-byte files, non-images and missing files raise
+  :class:`BadImageError` with a short reason.
+* Huge images: PIL's own decompression-bomb check is replaced by ``max_pixels`` on the size that
+  will actually be decoded. JPEGs are decoded in draft mode (the DCT decodes at 1/2, 1/4 or 1/8
+  scale while still covering the resize target), so a 20,000-px JPEG costs about as much as a
+  2,500-px one and is kept. Formats that cannot be downscaled while decoding (PNG, ...) are refused
+  when their full size exceeds ``max_pixels``.
+* EXIF orientation is not applied (as in torchvision/open_clip preprocessing).
+
+Draft decoding is a small deviation from a full decode + resize (a different, block-wise
+downscale); ``extra.decode`` in the manifest records which decoder produced a feature set.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import functional as tvf
+
+from pipeline.teachers.base import ImagePreprocess
+
+#: PIL's own warning threshold (≈ 89.5 Mpx, a 9,459² image), applied to the size decoded
+DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+#: recorded in the manifest extra as the decoder of a feature set
+CPU_DECODER = "pil-draft"
+
+
+class BadImageError(Exception):
+    """An image that cannot be decoded; ``reason`` is short and stable (goes into errors.jsonl)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def decode_image(
+    path: str | Path, preprocess: ImagePreprocess, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> torch.Tensor:
+    """Decode, convert to RGB, resize the short side to ``preprocess.resize``, centre-crop."""
+    image = open_rgb(path, preprocess.resize, max_pixels)
+    interpolation = InterpolationMode[preprocess.interpolation.upper()]
+    image = tvf.resize(image, preprocess.resize, interpolation=interpolation)
+    image = tvf.center_crop(image, preprocess.crop)
+    return tvf.pil_to_tensor(image)
+
+
+def open_rgb(
+    path: str | Path, short_side: int, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> Image.Image:
+    """The fully loaded RGB image, decoded no larger than needed for ``short_side`` (JPEG draft)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadImageError("missing file")
+    if path.stat().st_size == 0:
+        raise BadImageError("empty file")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # palette-transparency and bomb warnings: handled here
+            return _load_rgb(path, short_side, max_pixels)
+    except BadImageError:
+        raise
+    except UnidentifiedImageError:
+        raise BadImageError("not a readable image") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise BadImageError(f"corrupt image: {_first_line(exc)}") from None
+
+
+def _load_rgb(path: Path, short_side: int, max_pixels: int) -> Image.Image:
+    previous_limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # our own limit below applies to the decoded (draft) size
+    try:
+        with Image.open(path) as image:
+            if image.format == "JPEG":
+                image.draft("RGB", _draft_size(image.size, short_side))
+            width, height = image.size
+            if width * height > max_pixels:
+                raise BadImageError(
+                    f"image too large: {width}x{height} = {width * height / 1e6:.1f} Mpx > "
+                    f"{max_pixels / 1e6:.1f} Mpx limit (only JPEG can be downscaled while decoding)"
+                )
+            image.load()
+            return image.convert("RGB")
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous_limit
+
+
+def _draft_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:
+    """The smallest size draft may decode to: short side still ≥ the resize target."""
+    width, height = size
+    scale = short_side / min(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# ---- DataLoader side -------------------------------------------------------------------------
+
+#: recorded in the manifest extra for sets decoded with ``--decode gpu``
+GPU_DECODER = "nvjpeg"
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+class DecodeDataset(torch.utils.data.Dataset):
+    """Row ``i`` → ``(i, pixels or None, reason or None)``: bad images come back as data, so one
+    broken file never kills a worker.
+
+    With ``decode="gpu"`` a JPEG within ``max_pixels`` is returned as its raw bytes (1-D uint8)
+    for nvJPEG on the main process; everything else is decoded here as usual.
+    """
+
+    def __init__(
+        self, paths: list[str], preprocess: ImagePreprocess, max_pixels: int, decode: str = "cpu"
+    ) -> None:
+        self.paths = paths
+        self.preprocess = preprocess
+        self.max_pixels = max_pixels
+        self.decode = decode
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, row: int) -> tuple[int, torch.Tensor | None, str | None]:
+        try:
+            if self.decode == "gpu" and self._is_small_jpeg(self.paths[row]):
+                return (
+                    row,
+                    torch.frombuffer(
+                        bytearray(Path(self.paths[row]).read_bytes()), dtype=torch.uint8
+                    ),
+                    None,
+                )
+            return row, decode_image(self.paths[row], self.preprocess, self.max_pixels), None
+        except BadImageError as exc:
+            return row, None, exc.reason
+
+    def decode_on_cpu(self, row: int) -> torch.Tensor:
+        return decode_image(self.paths[row], self.preprocess, self.max_pixels)
+
+    def _is_small_jpeg(self, path: str) -> bool:
+        try:
+            with open(path, "rb") as f:
+                if f.read(3) != _JPEG_MAGIC:
+                    return False
+            with Image.open(path) as image:  # header only
+                return image.width * image.height <= self.max_pixels
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+            return False  # let the CPU path produce the precise error
+
+
+def collate_decoded(items: list[tuple[int, torch.Tensor | None, str | None]]):
+    """``(rows, decoded, reasons)``: ``decoded`` is a stacked uint8 batch of the good rows (CPU
+    decode) or a list of ``(row, tensor)`` when raw JPEG bytes are among them (GPU decode)."""
+    rows = [row for row, _, _ in items]
+    reasons = {row: reason for row, _, reason in items if reason is not None}
+    good = [(row, pixels) for row, pixels, _ in items if pixels is not None]
+    if any(pixels.dim() == 1 for _, pixels in good):
+        return rows, good, reasons
+    if not good:
+        return rows, torch.empty(0, dtype=torch.uint8), reasons
+    return rows, torch.stack([pixels for _, pixels in good]), reasons
+
+
+def gpu_decode_batch(
+    decoded, rows: list[int], dataset: DecodeDataset, device: torch.device
+) -> tuple[torch.Tensor, dict[int, str]]:
+    """nvJPEG-decode the raw JPEGs of a batch on ``device``, resize + crop there, and stack with
+    the rows the workers already decoded. A JPEG nvJPEG rejects is retried on the CPU decoder,
+    so only files no decoder can read are reported."""
+    if isinstance(decoded, torch.Tensor):
+        return decoded.to(device, non_blocking=True), {}
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    ready: dict[int, torch.Tensor] = {}
+    reasons: dict[int, str] = {}
+    raw = [(row, data) for row, data in decoded if data.dim() == 1]
+    ready.update({row: px.to(device, non_blocking=True) for row, px in decoded if px.dim() == 3})
+    try:
+        images = decode_jpeg([d for _, d in raw], mode=ImageReadMode.RGB, device=device)
+        ready.update(
+            {
+                row: _crop_on_device(img, dataset.preprocess)
+                for (row, _), img in zip(raw, images, strict=True)
+            }
+        )
+    except RuntimeError:  # one bad file fails the whole batch call: retry one by one
+        for row, _ in raw:
+            try:
+                ready[row] = dataset.decode_on_cpu(row).to(device)
+            except BadImageError as exc:
+                reasons[row] = exc.reason
+    order = [row for row in rows if row in ready]
+    pixels = (
+        torch.stack([ready[row] for row in order]) if order else torch.empty(0, dtype=torch.uint8)
+    )
+    return pixels, reasons
+
+
+def _crop_on_device(image: torch.Tensor, preprocess: ImagePreprocess) -> torch.Tensor:
+    interpolation = InterpolationMode[preprocess.interpolation.upper()]
+    image = tvf.resize(image, preprocess.resize, interpolation=interpolation, antialias=True)
+    return tvf.center_crop(image, preprocess.crop)

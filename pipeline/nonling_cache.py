@@ -1,0 +1,281 @@
+"""Stage 1 for VisualCSE/AudioCSE: cache unpaired images as uint8 tensors and audio as fbanks.
+
+Training then decodes nothing: a step gathers rows of a memory-mapped feature set.
+
+* ``image_tensor`` sets: rows ``[3, S, S]`` uint8 (S = 256 by default: short side resized to S,
+  bilinear with antialiasing, centre crop), from any class-per-folder tree (an ImageNet train
+  dir or a class subset of it, optionally the exact file list the authors released, or a random
+  ``classes × per_class`` subset as the paper's 60 × 500) or CIFAR-10/100 python pickle batches
+  (32 px, enlarged like the paper's App. F).
+* ``audio_fbank`` sets: rows ``[1024, 128]`` (float16 by default) Kaldi log-mel filterbanks of
+  the mean-removed waveform, SSAST's preprocessing (:mod:`mmcse.nonling.fbank`), from WAV files
+  in a class-per-folder tree (e.g. LibriSpeech converted to WAV, class = speaker).
+
+Labels: every id is ``<class>/<name>`` and the manifest's ``extra["classes"]`` lists the class
+names (sorted); the trainer derives labels from the ids (:func:`mmcse.nonling.class_of`), so
+labels are joined by id like every other cached value and need no second table.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from mmcse.cache import FeatureSetWriter, Manifest
+from mmcse.errors import MmcseError
+from mmcse.nonling.fbank import FbankConfig, read_wav, ssast_fbank
+from mmcse.nonling.step import AUDIO_KIND, IMAGE_KIND, class_of
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+AUDIO_SUFFIXES = {".wav"}
+PRODUCER = "mmcse.pipeline.nonling_cache"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One item to cache: ``id`` is ``<class>/<name>``; ``source`` a file or decoded pixels."""
+
+    id: str
+    source: Path | np.ndarray
+
+
+# -- listing -----------------------------------------------------------------------------------
+def class_folder(
+    root: str | Path,
+    suffixes: set[str],
+    max_classes: int | None = None,
+    per_class: int | None = None,
+    seed: int = 0,
+) -> list[Example]:
+    """Files under ``root/<class>/**`` with one of ``suffixes``; optionally a seeded random
+    subset of ``max_classes`` classes and ``per_class`` files each (sorted, reproducible)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise MmcseError(f"{root}: no such folder (expected one sub-folder per class)")
+    rng = np.random.default_rng(seed)
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if max_classes is not None and max_classes < len(classes):
+        classes = sorted(rng.choice(classes, size=max_classes, replace=False).tolist())
+    examples = []
+    for name in classes:
+        files = sorted(
+            p for p in (root / name).rglob("*") if p.suffix.lower() in suffixes and p.is_file()
+        )
+        if per_class is not None and per_class < len(files):
+            files = sorted(rng.choice(np.array(files, dtype=object), per_class, replace=False))
+        examples += [Example(_id_of(root, f), f) for f in files]
+    if not examples:
+        kinds = ", ".join(sorted(suffixes))
+        raise MmcseError(f"{root}: no {kinds} files in class sub-folders")
+    return examples
+
+
+def listed_files(root: str | Path, list_file: str | Path) -> list[Example]:
+    """The files a list names (one path per line; its last two parts are ``class/file``, as in
+    the authors' ``sampled-Imagenet.txt``), resolved under ``root``."""
+    root = Path(root)
+    lines = [line.strip() for line in Path(list_file).read_text().splitlines() if line.strip()]
+    paths = [root.joinpath(*Path(line).parts[-2:]) for line in lines]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise MmcseError(f"{len(missing)} listed files are missing under {root}, e.g. {missing[0]}")
+    return [Example(_id_of(root, p), p) for p in paths]
+
+
+def cifar_batches(root: str | Path, split: str = "train") -> list[Example]:
+    """CIFAR-10 (``data_batch_*`` / ``test_batch``) or CIFAR-100 (``train`` / ``test``) python
+    pickles in ``root``; ids are ``<label name>/<file>-<index>``."""
+    root = Path(root)
+    if (root / "batches.meta").exists():
+        names = _unpickle(root / "batches.meta")[b"label_names"]
+        files = sorted(root.glob("data_batch_*")) if split == "train" else [root / "test_batch"]
+        label_key = b"labels"
+    elif (root / "meta").exists():
+        names = _unpickle(root / "meta")[b"fine_label_names"]
+        files, label_key = [root / split], b"fine_labels"
+    else:
+        raise MmcseError(f"{root}: not a CIFAR python folder (no batches.meta or meta)")
+    names = [n.decode() for n in names]
+    examples = []
+    for file in files:
+        if not file.is_file():
+            raise MmcseError(f"{file}: missing CIFAR batch for split {split!r}")
+        batch = _unpickle(file)
+        pixels = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        for i, (image, label) in enumerate(zip(pixels, batch[label_key], strict=True)):
+            examples.append(
+                Example(f"{names[label]}/{file.name}-{i:05d}", image.transpose(1, 2, 0))
+            )
+    return examples
+
+
+# -- decoding ----------------------------------------------------------------------------------
+def resize_center_crop(image: Any, size: int) -> np.ndarray:
+    """A PIL image or HWC uint8 array → ``[3, size, size]`` uint8 (short side to ``size``)."""
+    from PIL import Image
+
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
+    image = image.convert("RGB")
+    scale = size / min(image.size)
+    width, height = max(size, round(image.width * scale)), max(size, round(image.height * scale))
+    image = image.resize((width, height), Image.Resampling.BILINEAR)
+    left, top = (width - size) // 2, (height - size) // 2
+    image = image.crop((left, top, left + size, top + size))
+    return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1).copy()
+
+
+def image_row(example: Example, size: int) -> np.ndarray:
+    if isinstance(example.source, np.ndarray):
+        return resize_center_crop(example.source, size)
+    from PIL import Image
+
+    with Image.open(example.source) as image:
+        return resize_center_crop(image, size)
+
+
+def fbank_row(example: Example, cfg: FbankConfig, dtype: str = "float32") -> np.ndarray:
+    waveform, rate = read_wav(example.source)
+    return ssast_fbank(waveform, rate, cfg).numpy().astype(dtype)
+
+
+# -- writing -----------------------------------------------------------------------------------
+def write_image_tensors(
+    examples: Sequence[Example],
+    out: str | Path,
+    *,
+    dataset: str,
+    split: str = "train",
+    size: int = 256,
+    shard_rows: int = 1024,
+    workers: int = 2,
+) -> Manifest:
+    """Cache ``examples`` as an ``image_tensor`` set of ``[3, size, size]`` uint8 rows."""
+    writer = FeatureSetWriter(
+        out,
+        kind=IMAGE_KIND,
+        dim=3 * size * size,
+        dtype="uint8",
+        dataset=dataset,
+        split=split,
+        shape=[3, size, size],
+        producer={
+            "teacher": PRODUCER,
+            "preprocessing": {
+                "resize_short_side": size,
+                "center_crop": size,
+                "resample": "bilinear",
+            },
+        },
+        extra=_class_extra(examples),
+    )
+    return _write(writer, examples, partial(image_row, size=size), shard_rows, workers, "images")
+
+
+def write_audio_fbanks(
+    examples: Sequence[Example],
+    out: str | Path,
+    *,
+    dataset: str,
+    split: str = "train",
+    cfg: FbankConfig = FbankConfig(),
+    dtype: str = "float16",
+    shard_rows: int = 256,
+    workers: int = 2,
+) -> Manifest:
+    """Cache ``examples`` (WAV files) as an ``audio_fbank`` set of ``[frames, bins]`` rows."""
+    shape = [cfg.target_frames, cfg.num_mel_bins]
+    writer = FeatureSetWriter(
+        out,
+        kind=AUDIO_KIND,
+        dim=math.prod(shape),
+        dtype=dtype,
+        dataset=dataset,
+        split=split,
+        shape=shape,
+        producer={
+            "teacher": PRODUCER,
+            "preprocessing": {"fbank": "kaldi (SSAST)", "dither": 0.0, **cfg.to_dict()},
+        },
+        extra=_class_extra(examples),
+    )
+    row = partial(fbank_row, cfg=cfg, dtype=dtype)
+    return _write(writer, examples, row, shard_rows, workers, "audio")
+
+
+class _Rows(torch.utils.data.Dataset):
+    """Decodes one example per item in DataLoader workers; failures come back as messages."""
+
+    def __init__(self, examples: Sequence[Example], make_row: Callable[[Example], np.ndarray]):
+        self.examples, self.make_row = examples, make_row
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> tuple[int, np.ndarray | None, str]:
+        try:
+            return i, self.make_row(self.examples[i]), ""
+        except (OSError, ValueError, MmcseError) as exc:  # unreadable file: skip, count, report
+            return i, None, f"{self.examples[i].id}: {exc}"
+
+
+def _write(writer, examples, make_row, shard_rows, workers, what) -> Manifest:
+    """Shard ``k`` holds examples ``k*shard_rows …``; finished shards are skipped on rerun."""
+    if shard_rows < 1:
+        raise MmcseError("--shard-rows must be positive")
+    num_shards = math.ceil(len(examples) / shard_rows)
+    errors: list[str] = []
+    bar = tqdm(total=len(examples), desc=f"cache {what}", unit=what[:5])
+    for k in range(num_shards):
+        part = examples[k * shard_rows : (k + 1) * shard_rows]
+        if writer.has_shard(k):
+            bar.update(len(part))
+            continue
+        loader = torch.utils.data.DataLoader(
+            _Rows(part, make_row), batch_size=None, num_workers=workers, collate_fn=_identity
+        )
+        ids, rows = [], []
+        for i, row, error in loader:
+            bar.update(1)
+            if row is None:
+                errors.append(error)
+                continue
+            ids.append(part[i].id)
+            rows.append(row)
+        if not rows:
+            raise MmcseError(f"no readable {what} in shard {k}; first error: {errors[-1]}")
+        writer.write_shard(k, ids, np.stack(rows))
+    bar.close()
+    if errors:
+        tqdm.write(f"skipped {len(errors)} unreadable {what}, e.g. {errors[0]}")
+    return writer.finalize(extra={"examples_listed": len(examples)}, num_shards=num_shards)
+
+
+def _class_extra(examples: Sequence[Example]) -> dict[str, Any]:
+    classes = sorted({class_of(e.id) for e in examples})
+    return {"classes": classes, "label_from": "id prefix before the first '/'"}
+
+
+def _id_of(root: Path, path: Path) -> str:
+    relative = path.relative_to(root).with_suffix("")
+    if len(relative.parts) < 2:
+        raise MmcseError(f"{path}: files must sit in a class sub-folder of {root}")
+    return relative.as_posix()
+
+
+def _unpickle(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return pickle.load(f, encoding="bytes")
+
+
+def _identity(x):
+    return x

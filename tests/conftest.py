@@ -1,0 +1,92 @@
+"""Shared fixtures: tiny models built from configs and small cached worlds (no network)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("MMCSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+WORDS = [
+    "a",
+    "the",
+    "man",
+    "woman",
+    "dog",
+    "cat",
+    "red",
+    "blue",
+    "small",
+    "big",
+    "runs",
+    "sits",
+    "on",
+    "in",
+    "park",
+    "street",
+    "with",
+    "ball",
+    "car",
+]
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from mmcse.tiny import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), texts=WORDS)
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory) -> dict[str, str]:
+    """A text corpus (.txt), a caption corpus table and an image feature set keyed by image id."""
+    from mmcse.cache import write_corpus, write_feature_set
+
+    root = tmp_path_factory.mktemp("world")
+    text = root / "wiki.txt"
+    text.write_text("\n".join(sentences(96, seed=1)) + "\n")
+    captions = sentences(64, seed=2)
+    image_ids = [f"img{i // 2}" for i in range(len(captions))]  # two captions per image
+    write_corpus(
+        root / "captions",
+        [f"{im}#{i % 2}" for i, im in enumerate(image_ids)],
+        captions,
+        image_ids=image_ids,
+        dataset="tiny",
+        split="train",
+    )
+    rng = np.random.default_rng(0)
+    uniq = sorted(set(image_ids))
+    write_feature_set(
+        root / "image-feats",
+        uniq,
+        rng.standard_normal((len(uniq), 16)).astype(np.float16),
+        kind="image",
+        dim=16,
+        dtype="float16",
+        dataset="tiny",
+        split="train",
+        producer={"teacher": "random"},
+    )
+    return {
+        "text": str(text),
+        "captions": str(root / "captions"),
+        "image": str(root / "image-feats"),
+    }

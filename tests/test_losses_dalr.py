@@ -1,0 +1,196 @@
+"""DALR's losses against loop re-computations, its SimCSE reduction, and its role bookkeeping."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mmcse.methods  # noqa: F401  (registers every loss and method)
+from mmcse.losses.base import LossInputs
+from mmcse.losses.cross_modal_alignment import CrossModalAlignmentLoss
+from mmcse.losses.global_local_info_nce import GlobalLocalInfoNCELoss
+from mmcse.losses.image_text_consistency import ImageTextConsistencyLoss, random_derangement
+from mmcse.losses.info_nce import SimCSELoss
+from mmcse.losses.intra_modal_alignment import IntraModalAlignmentLoss, mixed_teacher_similarity
+from mmcse.losses.list_mle_distillation import ListMLEDistillationLoss
+from mmcse.methods import build_method
+from mmcse.registry import LOSSES
+
+H, B, D = 16, 6, 10
+TEACHERS = (("teacher_a", 0.33), ("teacher_b", 0.67))
+
+
+def cos(a, b):
+    a, b = a.detach().tolist(), b.detach().tolist()
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+def softmax(values):
+    top = max(values)
+    exps = [math.exp(v - top) for v in values]
+    return [e / sum(exps) for e in exps]
+
+
+def kl(p, q):
+    return sum(pi * math.log(pi / qi) for pi, qi in zip(p, q, strict=True))
+
+
+def teacher_sim_loop(features, i, j):
+    return sum(w * cos(features[r][i], features[r][j]) for r, w in TEACHERS)
+
+
+@pytest.fixture
+def inputs():
+    torch.manual_seed(0)
+    features = {
+        "teacher_a": torch.randn(B, 8),
+        "teacher_b": torch.randn(B, 12),  # teachers of different widths mix by similarity
+        "image": torch.randn(B, D),
+    }
+    view1 = torch.randn(B, H, requires_grad=True)
+    view2 = torch.randn(B, H, requires_grad=True)
+    return LossInputs(view1, view2, features=features, batch_kind="caption")
+
+
+def test_mixed_teacher_similarity_matches_loop(inputs):
+    got = mixed_teacher_similarity(inputs, TEACHERS)
+    for i in range(B):
+        for j in range(B):
+            assert got[i, j].item() == pytest.approx(
+                teacher_sim_loop(inputs.features, i, j), abs=1e-5
+            )
+
+
+def test_list_mle_matches_loop(inputs):
+    loss = ListMLEDistillationLoss(H, text_teachers=TEACHERS, temperature=0.1)
+    got = loss(inputs)["rank_loss"].item()
+    h1, h2 = loss.mlp(inputs.view1), loss.mlp(inputs.view2)
+    total = 0.0
+    for i in range(B):
+        ranking = sorted(range(B), key=lambda j: -teacher_sim_loop(inputs.features, i, j))
+        scores = [cos(h1[i], h2[j]) / 0.1 for j in ranking]
+        for r in range(B):
+            total -= scores[r] - math.log(sum(math.exp(s) for s in scores[r:]))
+    assert got == pytest.approx(total / B, rel=1e-5)
+
+
+def test_intra_modal_kl_matches_loop(inputs):
+    loss = IntraModalAlignmentLoss(H, TEACHERS, temperature=0.2, teacher_temperature=0.5)
+    got = loss(inputs)["ima_loss"].item()
+    h1, h2 = loss.mlp(inputs.view1), loss.mlp(inputs.view2)
+    expected = 0.0
+    for i in range(B):
+        q = softmax([teacher_sim_loop(inputs.features, i, j) / 0.5 for j in range(B)])
+        p = softmax([cos(h1[i], h2[j]) / 0.2 for j in range(B)])
+        expected += kl(q, p)
+    assert got == pytest.approx(expected / B, rel=1e-5)
+
+
+def test_cross_modal_alignment_matches_loop(inputs):
+    loss = CrossModalAlignmentLoss(
+        H, {"image": D}, text_teachers=TEACHERS, temperature=0.2, teacher_temperature=0.5
+    )
+    got = loss(inputs)["cma_loss"].item()
+    text, image = loss.text_head(inputs.view1), loss.image_head(inputs.features["image"])
+    raw_image = inputs.features["image"]
+    text_side = image_side = 0.0
+    for i in range(B):  # text anchor i: a distribution over images, target the text teachers
+        q = softmax([teacher_sim_loop(inputs.features, i, j) / 0.5 for j in range(B)])
+        text_side += kl(q, softmax([cos(text[i], image[j]) / 0.2 for j in range(B)]))
+    for j in range(B):  # image anchor j: a distribution over captions, target the image teacher
+        q = softmax([cos(raw_image[j], raw_image[k]) / 0.5 for k in range(B)])
+        image_side += kl(q, softmax([cos(text[i], image[j]) / 0.2 for i in range(B)]))
+    assert got == pytest.approx((text_side + image_side) / (2 * B), rel=1e-5)
+
+
+def test_consistency_matches_loop(inputs):
+    loss = ImageTextConsistencyLoss(H, {"image": D}, margin=0.2)
+    torch.manual_seed(7)
+    got = loss(inputs)["consistency_loss"].item()
+    torch.manual_seed(7)
+    shuffled = random_derangement(B).tolist()
+    text = loss.text_aligner(inputs.view1)
+    image = loss.image_aligner(inputs.features["image"])
+    other = loss.image_aligner(inputs.features["image"][shuffled])
+    pairs = [1 - cos(text[i], image[i]) for i in range(B)]
+    pairs += [max(0.0, cos(text[i], other[i]) - 0.2) for i in range(B)]
+    assert got == pytest.approx(sum(pairs) / (2 * B), rel=1e-5)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_derangement_is_a_seeded_permutation_without_fixed_points(n):
+    torch.manual_seed(3)
+    first = random_derangement(n).tolist()
+    torch.manual_seed(3)
+    assert random_derangement(n).tolist() == first
+    assert sorted(first) == list(range(n))
+    assert all(first[i] != i for i in range(n))
+
+
+def test_global_local_matches_loop():
+    torch.manual_seed(0)
+    tokens = torch.randn(B, 4, D)
+    tokens[1, 2:] = 0  # padding
+    tokens[3, 3:] = 0
+    inputs = LossInputs(
+        torch.randn(B, H), torch.randn(B, H), features={"text_teacher_tokens": tokens}
+    )
+    loss = GlobalLocalInfoNCELoss(H, {"text_teacher_tokens": D}, temperature=0.1)
+    got = loss(inputs)["global_local_loss"].item()
+    g = loss.head(inputs.view1)
+    valid = [[t for t in range(4) if tokens[j, t].abs().sum() > 0] for j in range(B)]
+    total = 0.0
+    for i in range(B):
+        negatives = [
+            math.exp(cos(g[i], tokens[j, t]) / 0.1) for j in range(B) if j != i for t in valid[j]
+        ]
+        per_token = []
+        for t in valid[i]:
+            positive = math.exp(cos(g[i], tokens[i, t]) / 0.1)
+            per_token.append(-math.log(positive / (positive + sum(negatives))))
+        total += sum(per_token) / len(per_token)
+    assert got == pytest.approx(total / B, rel=1e-5)
+
+
+def test_dalr_without_alignment_terms_is_simcse(inputs):
+    method = build_method("dalr", cross_modal_weight=0, intra_modal_weight=0, image_text_weight=0)
+    (term,) = method.active_terms()
+    student = LOSSES.get(term.loss)(hidden_size=H, feature_dims={}, **term.options)
+    reference = SimCSELoss(H)
+    student.load_state_dict(reference.state_dict())
+    got = sum(term.weight * v for v in student(inputs).values())
+    assert got.item() == pytest.approx(reference(inputs)["simcse_loss"].item(), rel=1e-6)
+    assert method.text_roles == () and method.caption_roles == ()
+
+
+def test_gradients_reach_views_and_heads(inputs):
+    losses = [
+        ListMLEDistillationLoss(H, TEACHERS),
+        IntraModalAlignmentLoss(H, TEACHERS),
+        CrossModalAlignmentLoss(H, {"image": D}, text_teachers=TEACHERS),
+        ImageTextConsistencyLoss(H, {"image": D}),
+    ]
+    sum(sum(loss(inputs).values()) for loss in losses).backward()
+    assert inputs.view1.grad.abs().sum() > 0 and inputs.view2.grad.abs().sum() > 0
+    for loss in losses:
+        assert all(p.grad is not None for p in loss.parameters()), type(loss).__name__
+
+
+def test_roles_follow_the_switches():
+    default = build_method("dalr")
+    teachers = ("text_teacher_diffcse", "text_teacher_simcse")
+    assert default.text_roles == teachers
+    assert set(default.caption_roles) == {"image", *teachers}
+    caption_only = build_method("dalr", teachers_on="caption", global_local_weight=1.0)
+    assert caption_only.text_roles == ()
+    assert "text_teacher_tokens" in caption_only.caption_roles
+    swapped = build_method("dalr", text_teachers=[["text_teacher_rankcse", 1.0]])
+    assert swapped.text_roles == ("text_teacher_rankcse",)
+
+
+def test_bad_switch_is_refused():
+    with pytest.raises(ValueError, match="text_objective"):
+        build_method("dalr", text_objective="arcface")
