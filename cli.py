@@ -129,6 +129,26 @@ def bench_train_cmd(
 
 
 @app.command()
+def demo(
+    out: str = Opt("runs/demo", help="where the generated world, cache and runs go"),
+    steps: int = Opt(300, help="training steps per method"),
+    device: str = Opt("auto", help="auto|cpu|cuda"),
+) -> None:
+    """Offline end-to-end demo: drawn images → Stage 1 → SimCSE vs MCSE → STS table."""
+    import time
+    from pathlib import Path
+
+    from mmcse.demo import run_demo
+    from mmcse.evaluation import format_rows
+
+    started = time.perf_counter()
+    results = run_demo(Path(out), steps=steps, device=device)
+    typer.echo("\nSimCSE vs MCSE on the demo's synthetic grounded STS tasks (Spearman x 100):")
+    typer.echo(format_rows({name: r for name, r in results.items()}))
+    typer.echo(f"runs in {out}/simcse and {out}/mcse ({time.perf_counter() - started:.0f} s)")
+
+
+@app.command()
 def methods() -> None:
     """List registered methods and their loss terms."""
     from mmcse.methods import build_method
@@ -564,7 +584,221 @@ def bench_extract_cmd(
 
 # ---- extract-objects / bench objects (MCSEO) -------------------------------------------------
 
+
+@app.command("extract-objects")
+def extract_objects_cmd(
+    dataset: str = Opt(None, help="Registered dataset (flickr30k, coco, local)."),
+    split: str = Opt("train", help="Split to extract."),
+    images: str = Opt(None, help="Image root folder."),
+    captions: str = Opt(None, help="Caption file or folder (see the dataset loader)."),
+    split_file: str = Opt(None, help="List of image files/ids in the split."),
+    detector: str = Opt("florence2-sam2", help="florence2-sam2 | boxes-file PATH (JSONL)."),
+    boxes_file: str = Opt(None, "--boxes-file", help="JSONL of image_id, caption, phrase, box."),
+    masks: str = Opt("sam2", help="sam2 | box (with --detector boxes-file)."),
+    florence: str = Opt("florence-community/Florence-2-large", help="Florence-2 id or dir."),
+    sam2: str = Opt("facebook/sam2.1-hiera-large", help="SAM2 id or dir (smaller: -base-plus, …)."),
+    num_beams: int = Opt(3, help="Florence-2 beams (Grounded-SAM-2 uses 3)."),
+    max_new_tokens: int = Opt(256, help="Florence-2 generation budget."),
+    from_objects: str = Opt(None, help="Re-encode an objects table dir (no detection)."),
+    teacher: str = Opt("resnet50", help="Registered image teacher for the objects."),
+    weights: str = _WEIGHTS,
+    teacher_size: str = _SIZE,
+    device: str = _DEVICE,
+    compute_dtype: str = _COMPUTE,
+    background: str = Opt("mean", help="Fill of the cut-out's transparent area: mean|black|white."),
+    out: str = Opt(None, help="Output folder (default cache/<dataset>/<split>)."),
+    caption_policy: str = Opt("longest", help="longest (MCSEO) | all | random-one."),
+    seed: int = Opt(0, help="Seed of the random-one caption draw."),
+    shard_size: int = Opt(1024, help="Captions per shard (fixed boundaries; resume unit)."),
+    batch_size: int = Opt(8, help="Images per Florence-2/SAM2 call."),
+    dtype: str = _DTYPE,
+    strict: bool = _STRICT,
+    rank: int = _RANK,
+    world_size: int = _WORLD,
+    backend: str = _BACKEND,
+) -> None:
+    """MCSEO object–phrase pairs: objects table + object features (ids = object ids)."""
+    from pathlib import Path
+
+    from pipeline.objects.extract import ObjectSettings, extract_objects, reencode_objects
+
+    options = _run_options(
+        shard_size, batch_size, 0, dtype, strict, rank, world_size, "cpu", 89_478_485, backend
+    )
+    if from_objects:
+        model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
+        target = _path(out) or Path(from_objects).parent
+        results = reencode_objects(
+            Path(from_objects), model, teacher, target, background=background, options=options
+        )
+        _report(results)
+        return
+    if dataset is None:
+        raise MmcseError("give --dataset (or --from-objects DIR to re-encode existing objects)")
+    from pipeline.datasets import load_dataset
+
+    settings = ObjectSettings(background, masks, caption_policy, seed)
+    records = load_dataset(dataset, _source(images, captions, split_file), split)
+    model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
+    found, segmenter = _object_detector(
+        detector, boxes_file, masks, florence, sam2, num_beams, max_new_tokens, model.device
+    )
+    target = _path(out) or Path("cache") / dataset / split
+    results = extract_objects(
+        records, found, segmenter, model, teacher, target, settings=settings, options=options
+    )
+    _report(results)
+    table = results.get("objects")
+    if table is not None:
+        typer.echo(f"object–phrase pairs per caption: {table.extra.get('pairs_per_caption')}")
+
+
+def _object_detector(detector, boxes_file, masks, florence, sam2, num_beams, tokens, device):
+    from pipeline.objects.extract import BoxesFile
+    from pipeline.objects.florence import Florence2Grounder
+    from pipeline.objects.sam2 import Sam2Segmenter
+
+    if detector == "boxes-file":
+        if not boxes_file:
+            raise MmcseError("--detector boxes-file needs --boxes-file PATH")
+        found = BoxesFile(boxes_file)
+    elif detector == "florence2-sam2":
+        if masks != "sam2":
+            raise MmcseError("--masks box only goes with --detector boxes-file")
+        found = Florence2Grounder(florence, device, num_beams, tokens)
+    else:
+        raise MmcseError(f"--detector must be florence2-sam2 or boxes-file, not {detector!r}")
+    return found, Sam2Segmenter(sam2, device) if masks == "sam2" else None
+
+
+@bench_app.command("objects")
+def bench_objects_cmd(
+    size: str = Opt("tiny", help="real (Florence-2-large, SAM2.1-L, real teacher) | tiny."),
+    device: str = Opt("cpu", help="cpu | cuda | cuda:N."),
+    images: int = Opt(4, help="Images timed per stage."),
+    batch_size: int = Opt(4, help="Images per call."),
+    new_tokens: int = Opt(64, help="Florence-2 tokens generated per image (fixed)."),
+    teacher: str = Opt("resnet50", help="Image teacher encoding the objects."),
+) -> None:
+    """Images/s of Florence-2 grounding, SAM2 masks and object encoding (random weights)."""
+    from pipeline.objects.bench import bench_objects
+
+    for result in bench_objects(size, device, images, batch_size, new_tokens, teacher):
+        typer.echo(f"{result.stage:32s} {result.images_per_s:10.2f} images/s  ({result.detail})")
+
+
 # ---- recipes / ablate --------------------------------------------------------------------------
+
+_CACHE_ROOT = Opt("cache", "--cache-root", help="Stage-1 cache root (layout: mmcse.recipes)")
+_SEEDS = Opt(None, help="comma-separated seeds [default: the recipe's, e.g. 0,1,2,3,4]")
+_MODEL = Opt(None, help="student override: local HF dir or hub id")
+_MAX_STEPS = Opt(None, help="stop each run after N steps (smoke runs)")
+_SET = Opt(None, "--set", help="TrainConfig override KEY=VALUE (repeatable)")
+
+
+def _recipe_seeds(recipe, seeds: str | None) -> tuple[int, ...]:
+    if not seeds:
+        return recipe.seeds
+    try:
+        return tuple(int(s) for s in seeds.split(","))
+    except ValueError:
+        raise MmcseError(f"--seeds expects comma-separated integers, got {seeds!r}") from None
+
+
+def _set_overrides(items: list[str] | None) -> dict:
+    from mmcse.config import parse_pairs, parse_value
+
+    return {k: parse_value(v) for k, v in parse_pairs(items, "--set").items()}
+
+
+@recipes_app.command("list")
+def recipes_list() -> None:
+    """Every recipe, its data setting and the published STS avg it should reproduce."""
+    from mmcse.recipes import RECIPES
+
+    for name in RECIPES.names():
+        recipe = RECIPES.get(name)
+        published = recipe.published[0] if recipe.published else None
+        avg = f"{published.mean['avg']:.2f}  {published.source}" if published else "-"
+        typer.echo(f"{name:<34} {recipe.method:<10} {avg}")
+
+
+@recipes_app.command("show")
+def recipes_show(
+    name: str = typer.Argument(..., help="recipe name (mmcse recipes list)"),
+    cache_root: str = _CACHE_ROOT,
+) -> None:
+    """A recipe's settings, the cache sets it reads and its published numbers."""
+    from mmcse.evaluation.compare import markdown_table, published_row
+    from mmcse.recipes import get_recipe
+
+    recipe = get_recipe(name)
+    typer.echo(recipe.describe(cache_root))
+    if recipe.published:
+        rows = [published_row(p, p.label) for p in recipe.published]
+        typer.echo("\n" + markdown_table(rows, extra_columns=("source",)))
+
+
+@recipes_app.command("run")
+def recipes_run(
+    name: str = typer.Argument(..., help="recipe name (mmcse recipes list)"),
+    cache_root: str = _CACHE_ROOT,
+    seeds: str = _SEEDS,
+    model: str = _MODEL,
+    max_steps: int = _MAX_STEPS,
+    output_dir: str = Opt(None, help="run directory [default: runs/<name>]; seeds in seed<k>/"),
+    set_: list[str] = _SET,
+) -> None:
+    """Train a recipe over seeds and print it next to the published numbers."""
+    from mmcse.recipes import get_recipe, run_recipe
+
+    recipe = get_recipe(name)
+    out = output_dir or f"runs/{name}"
+    runs, table = run_recipe(
+        recipe,
+        cache_root=cache_root,
+        seeds=_recipe_seeds(recipe, seeds),
+        output_dir=out,
+        model=model,
+        max_steps=max_steps,
+        overrides=_set_overrides(set_),
+    )
+    typer.echo(table)
+    typer.echo(f"results: {out}/results.json")
+
+
+@app.command()
+def ablate(
+    recipe: str = Opt(..., "--recipe", help="recipe name (mmcse recipes list)"),
+    drop: str = Opt(..., help="terms to zero: a,b+c gives rows 'w/o a' and 'w/o b & c'"),
+    cache_root: str = _CACHE_ROOT,
+    seeds: str = _SEEDS,
+    model: str = _MODEL,
+    max_steps: int = _MAX_STEPS,
+    output_dir: str = Opt(None, help="run directories [default: runs/ablate/<recipe>]"),
+    out: str = Opt(None, help="markdown table [default: <output-dir>/ablation.md; + .json]"),
+    set_: list[str] = _SET,
+) -> None:
+    """Rerun a recipe with loss terms switched off; mean ± std and Welch p-values per row."""
+    from mmcse.ablate import ablate as run_ablation
+    from mmcse.ablate import parse_drops, write_ablation
+    from mmcse.recipes import get_recipe
+
+    chosen = get_recipe(recipe)
+    runs_dir = output_dir or f"runs/ablate/{recipe}"
+    result = run_ablation(
+        chosen,
+        parse_drops(drop),
+        cache_root=cache_root,
+        seeds=_recipe_seeds(chosen, seeds),
+        output_dir=runs_dir,
+        model=model,
+        max_steps=max_steps,
+        overrides=_set_overrides(set_),
+    )
+    md, js = write_ablation(result, out or f"{runs_dir}/ablation.md")
+    typer.echo(result.markdown())
+    typer.echo(f"wrote {md} and {js}")
 
 
 def main() -> None:

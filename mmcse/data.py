@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from mmcse.cache import Corpus, FeatureSet
 from mmcse.config import TrainConfig
-from mmcse.errors import MmcseError
+from mmcse.errors import MissingIdsError, MmcseError
 from mmcse.methods.base import Method
 
 TEXT, CAPTION = "text", "caption"
@@ -41,6 +41,7 @@ class Source:
     lengths: np.ndarray  # [N] int32
     fingerprint: str
     feature_rows: dict[str, np.ndarray] = field(default_factory=dict)
+    feature_sets: dict[str, FeatureSet] = field(default_factory=dict)  # the set each role joins
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -144,27 +145,41 @@ class TrainData:
         return tuple(dict.fromkeys((*self.method.text_roles, *extra)))
 
     def _open_feature_sets(self) -> dict[str, FeatureSet]:
+        """Open every role's set(s); ``DIR1,DIR2`` gives one role a set per corpus."""
         needed = {r for kind in self.sources for r in self.roles_for(kind)}
         missing = sorted(needed - set(self.cfg.features))
         if missing:
             flags = " ".join(f"--feature {r}=DIR" for r in missing)
             raise MmcseError(f"method {self.method.name!r} needs cached features: give {flags}")
-        sets = {}
+        self.role_sets: dict[str, list[FeatureSet]] = {}
         for role in sorted(needed):
-            fs = FeatureSet.open(self.cfg.features[role])
+            sets = [FeatureSet.open(d) for d in self.cfg.features[role].split(",") if d]
+            if len({(fs.manifest.kind, fs.shape) for fs in sets}) > 1:
+                raise MmcseError(f"the sets given for role {role!r} differ in kind or shape")
             expected = self.cfg.expect_fingerprints.get(role)
-            if expected:
-                fs.require_fingerprint(expected)
-            sets[role] = fs
-        return sets
+            if expected and len(sets) == 1:
+                sets[0].require_fingerprint(expected)
+            self.role_sets[role] = sets
+        return {role: sets[0] for role, sets in self.role_sets.items()}
 
     def _join_features(self, source: Source) -> None:
         for role in self.roles_for(source.kind):
-            fs = self.feature_sets[role]
-            if fs.manifest.kind in METHOD_JOINED_KINDS:
+            if self.feature_sets[role].manifest.kind in METHOD_JOINED_KINDS:
                 continue
-            keys = source.image_ids if fs.manifest.kind in IMAGE_KEYED_KINDS else source.ids
-            source.feature_rows[role] = fs.rows_for(list(keys))
+            keyed_by_image = self.feature_sets[role].manifest.kind in IMAGE_KEYED_KINDS
+            keys = list(source.image_ids if keyed_by_image else source.ids)
+            fs, rows = self._first_set_with(role, keys)
+            source.feature_sets[role], source.feature_rows[role] = fs, rows
+
+    def _first_set_with(self, role: str, keys: list[str]) -> tuple[FeatureSet, np.ndarray]:
+        """The first of the role's sets that holds every key (errors name the first set's gap)."""
+        first_error = None
+        for fs in self.role_sets[role]:
+            try:
+                return fs, fs.rows_for(keys)
+            except MissingIdsError as exc:
+                first_error = first_error or exc
+        raise first_error
 
     # -- schedule --------------------------------------------------------------------------
     def batches_per_epoch(self, global_batch: int) -> dict[str, int]:
@@ -192,7 +207,7 @@ class TrainData:
         ids = torch.from_numpy(src.input_ids[rows, :width].astype(np.int64))
         mask = (torch.arange(width)[None, :] < torch.from_numpy(src.lengths[rows])[:, None]).long()
         features = {
-            role: torch.from_numpy(np.ascontiguousarray(self.feature_sets[role].take(frows[rows])))
+            role: torch.from_numpy(np.ascontiguousarray(src.feature_sets[role].take(frows[rows])))
             .to(device, non_blocking=True)
             .float()
             for role, frows in src.feature_rows.items()
@@ -208,8 +223,10 @@ class TrainData:
             }
             for k, s in self.sources.items()
         }
-        for role, fs in self.feature_sets.items():
-            out[f"feature:{role}"] = {"path": str(fs.path), "fingerprint": fs.fingerprint}
+        for role, sets in self.role_sets.items():
+            for i, fs in enumerate(sets):
+                key = f"feature:{role}" + (f"[{i}]" if len(sets) > 1 else "")
+                out[key] = {"path": str(fs.path), "fingerprint": fs.fingerprint}
         return out
 
 

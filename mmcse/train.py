@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -167,12 +168,20 @@ class Run:
     def fit(self) -> RunResult:
         cfg = self.cfg
         global_batch, total = self.plan()
+        if self.aux is not None:
+            self.aux.total_steps = total  # the auxiliary task's own lr schedule spans the run
         optimizer = torch.optim.AdamW(
             self.student.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
         )
         scheduler = linear_schedule(optimizer, cfg.warmup_steps, total)
         self._prepare_output()
-        bar = tqdm(total=total, desc=f"train {cfg.method}", unit="step", disable=not dist.is_main())
+        bar = tqdm(
+            total=total,
+            desc=f"train {cfg.method}",
+            unit="step",
+            disable=not dist.is_main(),
+            mininterval=0.2 if sys.stderr.isatty() else 30,  # logs get a line every 30 s
+        )
         step, t0, log = 0, time.perf_counter(), self.out / "metrics.jsonl"
         for epoch in range(cfg.epochs):
             for kind, global_rows in self.data.schedule(epoch, global_batch):
@@ -249,18 +258,24 @@ class Run:
             "pooler": self.cfg.pooler,
             "fingerprints": self.data.fingerprints(),
         }
-        self.encoder.save_checkpoint(self.out / name, self.tokenizer, self.student.losses, info)
+        heads = nn.ModuleDict({"losses": self.student.losses})
+        if self.aux is not None:  # e.g. VisualCSE's patch embedding and image head
+            heads["aux"] = self.aux.heads
+            info["fingerprints"].update(
+                {f"feature:{k}": {"fingerprint": v} for k, v in self.aux.fingerprint.items()}
+            )
+        self.encoder.save_checkpoint(self.out / name, self.tokenizer, heads, info)
 
     def _finish(self, steps: int) -> RunResult:
         test = None
         if dist.is_main() and self.cfg.final_eval and self.eval_dir is not None:
-            from mmcse.evaluation import evaluate_sts, print_table
+            from mmcse.evaluation import evaluate_sts, format_rows, write_report
 
-            test = evaluate_sts(
-                str(self.out / BEST_DIR), data_dir=self.eval_dir, device=self.device
-            )
-            (self.out / "results.json").write_text(json.dumps(test, indent=2) + "\n")
-            print_table({f"{self.cfg.method} (best step {self.best_step})": test})
+            best = str(self.out / BEST_DIR)
+            test = evaluate_sts(best, data_dir=self.eval_dir, device=str(self.device))
+            write_report(test, self.out / "results.json")
+            label = f"{self.cfg.method} (best step {self.best_step}, dev {self._dev_text()})"
+            tqdm.write(format_rows({label: test}))
         return RunResult(self.out, self.best_dev, self.best_step, test, steps)
 
 

@@ -126,3 +126,43 @@ def test_two_gloo_ranks_equal_one_double_batch(tiny_model, tiny_world, tmp_path)
     assert got[0]["loss"] == pytest.approx(want[0]["loss"], rel=1e-5)
     # Adam's update does not depend on DDP's gradient averaging, so later steps agree too
     assert got[-1]["loss"] == pytest.approx(want[-1]["loss"], rel=1e-3)
+
+
+def test_a_role_can_join_one_set_per_corpus(tiny_model, tiny_world, tmp_path):
+    """DALR's text teachers on every batch: Stage 1 caches them per corpus; each corpus joins
+    the set holding its ids, and a sentence id found in neither is refused."""
+    from mmcse.cache import Corpus, write_feature_set
+    from mmcse.data import read_corpus
+
+    text_ids = list(read_corpus(tiny_world["text"])[0])
+    caption_ids = list(Corpus.open(tiny_world["captions"]).ids)
+    rng = np.random.default_rng(1)
+    features = {"image": tiny_world["image"]}
+    for role in ("text_teacher_simcse", "text_teacher_diffcse"):
+        dirs = []
+        for name, ids in (("wiki", text_ids), ("captions", caption_ids)):
+            d = tmp_path / f"{role}-{name}"
+            values = rng.standard_normal((len(ids), 12)).astype(np.float16)
+            write_feature_set(
+                d,
+                ids,
+                values,
+                kind="text",
+                dim=12,
+                dtype="float16",
+                dataset=name,
+                split="train",
+                producer={"teacher": role},
+            )
+            dirs.append(str(d))
+        features[role] = ",".join(dirs)
+    cfg = config(tiny_model, tiny_world, tmp_path / "dalr", method="dalr", features=features)
+    rows = metrics(train(cfg).output_dir)
+    assert any("rank_loss" in r for r in rows if r["kind"] == "text")
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    only_captions = {
+        **features,
+        "text_teacher_simcse": features["text_teacher_simcse"].split(",")[1],
+    }
+    with pytest.raises(MmcseError, match="not in"):
+        train(config(tiny_model, tiny_world, tmp_path / "x", method="dalr", features=only_captions))

@@ -22,19 +22,32 @@ COLUMN_TITLES = {
 }
 
 
-def format_table(results: dict) -> str:
-    """A plain-text table of the task numbers and their average, plus a one-line summary."""
-    tasks = [task for task in COLUMN_TITLES if task in results]
-    titles = [COLUMN_TITLES[task] for task in tasks] + ["Avg."]
-    values = [f"{results[task]:.2f}" for task in tasks] + [f"{results['avg']:.2f}"]
-    widths = [max(len(title), len(value)) for title, value in zip(titles, values, strict=True)]
+def _render(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A bordered plain-text table, cells right-aligned."""
+    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
     border = "+" + "+".join("-" * (width + 2) for width in widths) + "+"
 
-    def row(cells: list[str]) -> str:
+    def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
+    return [border, line(header), border, *(line(r) for r in rows), border]
+
+
+def _task_columns(results: dict) -> tuple[list[str], list[str]]:
+    tasks = [task for task in COLUMN_TITLES if task in results]
+    titles = [COLUMN_TITLES[task] for task in tasks] + ["Avg."]
+    return tasks, titles
+
+
+def _values(results: dict, tasks: list[str]) -> list[str]:
+    return [f"{results[task]:.2f}" for task in tasks] + [f"{results['avg']:.2f}"]
+
+
+def format_table(results: dict) -> str:
+    """One run: the Table-1 columns and their average, plus a one-line summary."""
+    tasks, titles = _task_columns(results)
+    lines = _render(titles, [_values(results, tasks)])
     details = results["details"]
-    lines = [border, row(titles), border, row(values), border]
     lines.append(
         f"{details['mode']} | model {details['model']} | pooler {details['pooler']} | "
         f"{details['sentences_encoded']} sentences | {details['seconds']:.1f} s"
@@ -46,6 +59,18 @@ def format_table(results: dict) -> str:
             f"({au['positive_pairs']} STS-B pairs > 4.0, {au['sentences']} sentences)"
         )
     return "\n".join(lines)
+
+
+def format_rows(rows: dict[str, dict]) -> str:
+    """Several labelled runs (same mode) as rows of one table, label first."""
+    tasks, titles = _task_columns(next(iter(rows.values())))
+    width = max(len("Model"), *(len(label) for label in rows))  # labels read left-aligned
+    body = [[label.ljust(width), *_values(results, tasks)] for label, results in rows.items()]
+    return "\n".join(_render(["Model".ljust(width), *titles], body))
+
+
+def print_table(rows: dict[str, dict]) -> None:
+    print(format_rows(rows))
 
 
 def _finite_or_none(value):

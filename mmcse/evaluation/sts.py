@@ -327,13 +327,15 @@ def evaluate_sts(
     elif tokenizer is None:
         raise MmcseError("evaluate_sts needs a tokenizer with an in-memory encoder")
     else:
-        encoder, model_name = encoder_or_path, type(encoder_or_path).__name__
+        encoder = encoder_or_path
+        model_name = getattr(getattr(encoder, "backbone", encoder).config, "name_or_path", "")
         pooler = pooler or getattr(encoder, "pooler", DEFAULT_POOLER)
 
-    extra_pairs = []
+    # alignment/uniformity use the full STS-B; its sentences join the one encoding pass
+    full_stsb = []
     if with_align_uniform:
         downstream = resolve_downstream(data_dir)
-        extra_pairs = [load_stsbenchmark(downstream, split) for split in STSB_FILES]
+        full_stsb = [load_stsbenchmark(downstream, split) for split in STSB_FILES]
     embed = functools.partial(
         encode_sentences,
         encoder,
@@ -345,15 +347,15 @@ def evaluate_sts(
         progress=progress,
     )
     sentences = [s for task in tasks for s in task.sentences()]
-    sentences += [s for subset in extra_pairs for pair in subset.pairs for s in pair]
+    sentences += [s for subset in full_stsb for pair in subset.pairs for s in pair]
     vectors, row = embed_unique(sentences, embed)
     scores = {task.name: score_task(task, vectors, row) for task in tasks}
 
     results: dict = {name: scores[name]["all"] for name in scores}
     results["avg"] = average_of_printed(results[name] for name in scores)
-    if extra_pairs:
-        pairs = [pair for subset in extra_pairs for pair in subset.pairs]
-        gold = np.concatenate([subset.gold for subset in extra_pairs])
+    if full_stsb:
+        pairs = [pair for subset in full_stsb for pair in subset.pairs]
+        gold = np.concatenate([subset.gold for subset in full_stsb])
         results["align_uniform"] = {
             **align_uniform(pairs, gold, vectors, row),
             "stsb_splits": list(STSB_FILES),

@@ -115,10 +115,9 @@ class Sam2Segmenter:
         return results  # type: ignore[return-value]
 
 
-def build_sam2(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a randomly initialised SAM2 (``tiny`` or ``large`` = Hiera-L shapes) with its
-    processor to ``out_dir``."""
-    from transformers import Sam2Config, Sam2ImageProcessor, Sam2Model, Sam2Processor
+def sam2_config(size: str = "tiny"):
+    """A ``Sam2Config`` of ``tiny`` (tests) or ``large`` (SAM2.1 Hiera-L) shapes."""
+    from transformers import Sam2Config
 
     if size not in ("tiny", "large"):
         raise ValueError(f"size must be 'tiny' or 'large', not {size!r}")
@@ -126,21 +125,29 @@ def build_sam2(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
     backbone, channels = (
         (TINY_BACKBONE, TINY_CHANNELS) if size == "tiny" else (LARGE_BACKBONE, LARGE_CHANNELS)
     )
-    feature_sizes = [[image_size // s] * 2 for s in (4, 8, 16)]
     hidden = 32 if size == "tiny" else 256
     tiny_decoder = dict(
         mlp_dim=64, num_hidden_layers=1, num_attention_heads=2, iou_head_hidden_dim=16
     )
-    config = Sam2Config(
+    return Sam2Config(
         vision_config=dict(
             backbone_config=dict(model_type="sam2_hiera_det_model", **backbone),
             backbone_channel_list=channels,
-            backbone_feature_sizes=feature_sizes,
+            backbone_feature_sizes=[[image_size // s] * 2 for s in (4, 8, 16)],
             fpn_hidden_size=hidden,
         ),
         prompt_encoder_config=dict(hidden_size=hidden, image_size=image_size, patch_size=16),
         mask_decoder_config=dict(hidden_size=hidden, **(tiny_decoder if size == "tiny" else {})),
     )
+
+
+def build_sam2(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+    """Write a randomly initialised SAM2 (:func:`sam2_config` shapes) with its processor to
+    ``out_dir``, loadable like a hub checkpoint."""
+    from transformers import Sam2ImageProcessor, Sam2Model, Sam2Processor
+
+    config = sam2_config(size)
+    image_size = config.prompt_encoder_config.image_size
     torch.manual_seed(seed)
     out = Path(out_dir)
     Sam2Model(config).save_pretrained(out)
