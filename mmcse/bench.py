@@ -1,18 +1,31 @@
 """``mmcse bench train``: step time of every registered method next to SimCSE, in one run.
 
 Every method trains through the real :class:`mmcse.train.Run` (cache gather, both dropout views,
-every active term, AdamW) on synthetic corpora and synthetic feature sets written through the
-real cache writer, on caption batches (where every term is active: the worst case for the
-multimodal methods). Rounds alternate between methods so drift (thermal, other load) hits all
-alike; the reported step time is the median. Random init: speed does not depend on weights.
+every active term, its per-batch extras, its auxiliary step, AdamW) on caption batches (where
+every term is active: the worst case for the multimodal methods). The synthetic fixtures go
+through the real Stage-1 writers at the dims the papers' teachers have:
+
+* plain vector roles (image, CLIP, text-teacher features): random rows written by the cache
+  writer, keyed like their kind (:data:`ROLE_KIND`), so the trainer's id join is exercised;
+* MCSEO's ``object`` role: a boxes file (~4 phrases per caption) run through
+  :func:`pipeline.objects.extract.extract_objects` with a one-block-per-stage ResNet-50-shaped
+  random teacher (2048-d like ResNet-50, at 32-px crops so generation stays fast);
+* VisualCSE/AudioCSE's examples: ``image_tensor`` / ``audio_fbank`` sets from the
+  :mod:`pipeline.nonling_cache` writers (random pixels, noise WAVs), so their ratios include the
+  second, non-linguistic pass they take by design.
+
+Rounds alternate between methods so drift (thermal, other load) hits all alike; the reported
+step time is the median. Random init: speed does not depend on weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import tempfile
 import time
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +33,58 @@ import torch
 
 from mmcse.cache import write_corpus, write_feature_set
 from mmcse.config import TrainConfig
-from mmcse.methods import build_method
+from mmcse.errors import MmcseError
+from mmcse.methods import Method, build_method
 from mmcse.registry import METHODS
 from mmcse.tiny import SIZES, SPECIAL_TOKENS, build_tiny_bert
 
-#: feature dims of the roles methods read, at the sizes the papers' teachers have
-ROLE_DIMS = {"image": 2048, "clip_image": 768, "clip_text": 768}
-DEFAULT_ROLE_DIM = 768
+#: cache kind of each role the methods read: it decides the join key (image sets join on the
+#: caption's image id, text sets on the sentence id) and which writer builds the set
+ROLE_KIND = {
+    "image": "image",
+    "clip_image": "image",
+    "clip_text": "text",
+    "object": "object",
+    "image_tensor": "image_tensor",
+    "audio_fbank": "audio_fbank",
+}
+#: DALR's text teachers are named by the user; every ``text_teacher*`` role is text-keyed
+TEXT_TEACHER_PREFIX = "text_teacher"
+#: feature dims at the sizes of the papers' teachers (ResNet-50, CLIP ViT-L/14, BERT-base)
+ROLE_DIMS = {"image": 2048, "clip_image": 768, "clip_text": 768, "object": 2048}
+TEXT_TEACHER_DIM = 768
+#: where a method's paper uses another teacher for a shared role name (DALR: CLIP ViT-B/32)
+METHOD_ROLE_DIMS = {"dalr": {"image": 512}}
+#: settings that only avoid the network (speed does not depend on weights)
+METHOD_ARGS = {"visualcse": {"vit_init": "random"}}
+CAPTIONS_PER_IMAGE = 4  # several captions per image, so an image-keyed join is not the identity
+PHRASES_PER_CAPTION = 4
+NONLING_EXAMPLES = 48  # one batch of the papers' 48
+NONLING_CLASSES = 8
+AUDIO_RATE = 16000
 #: dense bf16 peak FLOP/s per GPU model, for MFU
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def role_kind(role: str) -> str:
+    if role.startswith(TEXT_TEACHER_PREFIX):
+        return "text"
+    if role not in ROLE_KIND:
+        raise MmcseError(f"bench: no synthetic feature set for role {role!r}; add it to ROLE_KIND")
+    return ROLE_KIND[role]
+
+
+def role_dim(method: str, role: str) -> int:
+    if role.startswith(TEXT_TEACHER_PREFIX):
+        return TEXT_TEACHER_DIM
+    return METHOD_ROLE_DIMS.get(method, {}).get(role, ROLE_DIMS.get(role, 0))
+
+
+def roles_of(method: Method) -> set[str]:
+    """Every feature role a method instance reads, its auxiliary task's examples included."""
+    roles = set(method.caption_roles) | set(method.text_roles)
+    nonlinguistic = getattr(method, "nonlinguistic", None)
+    return roles | {nonlinguistic} if nonlinguistic else roles
 
 
 @dataclasses.dataclass
@@ -36,59 +92,181 @@ class BenchWorld:
     root: Path
     model: Path
     captions: Path
-    features: dict[str, str]
+    #: (role, dim) → feature set dir (dim 0 for sets whose shape is fixed by their writer)
+    features: dict[tuple[str, int], str]
 
 
-def synthetic_world(root: Path, size: str, seq_len: int, rows: int, roles: set[str]) -> BenchWorld:
-    """A student, a caption corpus of exactly ``seq_len`` tokens, and features for ``roles``."""
+@dataclasses.dataclass
+class Captions:
+    ids: list[str]
+    texts: list[str]
+    image_ids: list[str]
+    images: dict[str, Path]  # image id → file (for the object extraction)
+
+
+def synthetic_world(root: Path, size: str, seq_len: int, rows: int, needs: set) -> BenchWorld:
+    """A student, a caption corpus of exactly ``seq_len`` tokens, and the ``(role, dim)`` sets."""
     vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(30522 - len(SPECIAL_TOKENS))]
     model = build_tiny_bert(root / "model", size=size, vocab=vocab, max_position_embeddings=512)
     rng = np.random.default_rng(0)
-    words = rng.integers(0, len(vocab) - len(SPECIAL_TOKENS), size=(rows, seq_len - 2))
-    texts = [" ".join(f"w{i}" for i in row) for row in words]
-    ids = [f"c{i}" for i in range(rows)]
-    image_ids = [f"img{i}" for i in range(rows)]
-    write_corpus(root / "captions", ids, texts, image_ids=image_ids, dataset="bench", split="train")
+    captions = write_captions(root, rng, rows, seq_len, len(vocab) - len(SPECIAL_TOKENS))
     features = {}
-    for role in sorted(roles):
-        dim = ROLE_DIMS.get(role, DEFAULT_ROLE_DIM)
-        keyed_by_image = role in ROLE_DIMS and role != "clip_text"
-        values = rng.standard_normal((rows, dim), dtype=np.float32).astype(np.float16)
-        write_feature_set(
-            root / role,
-            image_ids if keyed_by_image else ids,
-            values,
-            kind="image" if keyed_by_image else "text",
-            dim=dim,
-            dtype="float16",
-            dataset="bench",
-            split="train",
-            producer={"teacher": "random-bench"},
-        )
-        features[role] = str(root / role)
+    for role, dim in sorted(needs):
+        features[role, dim] = str(write_role(root, role, dim, captions, rng))
     return BenchWorld(root, model, root / "captions", features)
 
 
-def method_roles(names: list[str]) -> set[str]:
-    roles: set[str] = set()
-    for name in names:
-        m = build_method(name)
-        roles |= set(m.caption_roles) | set(m.text_roles)
-    return roles
+def write_captions(root: Path, rng, rows: int, seq_len: int, num_words: int) -> Captions:
+    """Captions of ``seq_len - 2`` distinct words (so phrases match once), ids sorted as the
+    Stage-1 extraction orders them, and one random image file per ``CAPTIONS_PER_IMAGE``."""
+    from PIL import Image
+
+    from pipeline.datasets.base import caption_id
+
+    (root / "images").mkdir()
+    ids, texts, image_ids, images = [], [], [], {}
+    for n in range(-(-rows // CAPTIONS_PER_IMAGE)):
+        image_id = f"img{n:06d}"
+        images[image_id] = root / "images" / f"{image_id}.png"
+        pixels = rng.integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(images[image_id])
+        for k in range(CAPTIONS_PER_IMAGE):
+            words = rng.choice(num_words, size=seq_len - 2, replace=False)
+            ids.append(caption_id(image_id, k))
+            texts.append(" ".join(f"w{i}" for i in words))
+            image_ids.append(image_id)
+    write_corpus(root / "captions", ids, texts, image_ids=image_ids, dataset="bench", split="train")
+    return Captions(ids, texts, image_ids, images)
 
 
-def make_run(world: BenchWorld, method: str, batch: int, device: str, precision: str):
+def write_role(root: Path, role: str, dim: int, captions: Captions, rng) -> Path:
+    kind = role_kind(role)
+    if kind == "object":
+        return write_objects(root, captions)
+    if kind in ("image_tensor", "audio_fbank"):
+        return write_nonlinguistic(root, kind, rng)
+    ids = sorted(set(captions.image_ids)) if kind == "image" else captions.ids
+    out = root / f"{role}-{dim}"
+    values = rng.standard_normal((len(ids), dim), dtype=np.float32).astype(np.float16)
+    write_feature_set(
+        out,
+        ids,
+        values,
+        kind=kind,
+        dim=dim,
+        dtype="float16",
+        dataset="bench",
+        split="train",
+        producer={"teacher": "random-bench"},
+    )
+    return out
+
+
+def write_objects(root: Path, captions: Captions) -> Path:
+    """MCSEO's objects table and 2048-d object features, through the real extraction."""
+    from pipeline.datasets.base import DatasetRecords, ImageRecord
+    from pipeline.extract import RunOptions
+    from pipeline.objects.extract import BoxesFile, ObjectSettings, extract_objects
+
+    boxes = root / "boxes.jsonl"
+    with boxes.open("w", encoding="utf-8") as f:
+        for text, image_id in zip(captions.texts, captions.image_ids, strict=True):
+            words = text.split()
+            for p in range(PHRASES_PER_CAPTION):  # spread over the caption, boxes inside 64 px
+                phrase = words[p * len(words) // PHRASES_PER_CAPTION]
+                box = [4 * p, 4 * p, 32 + 4 * p, 40 + 4 * p]
+                row = {"image_id": image_id, "caption": text, "phrase": phrase, "box": box}
+                f.write(json.dumps(row) + "\n")
+    by_image: dict[str, list[str]] = {}
+    for text, image_id in zip(captions.texts, captions.image_ids, strict=True):
+        by_image.setdefault(image_id, []).append(text)
+    records = DatasetRecords(
+        "bench",
+        "train",
+        [ImageRecord(i, captions.images[i], tuple(t)) for i, t in by_image.items()],
+    )
+    extract_objects(
+        records,
+        BoxesFile(boxes),
+        None,
+        resnet50_shaped_teacher(),
+        "resnet50",
+        root,  # its captions corpus is checked against the bench's (same ids and texts)
+        settings=ObjectSettings(masks="box", caption_policy="all"),
+        options=RunOptions(shard_size=4096, batch_size=256, workers=0, progress=False),
+    )
+    return root / "object-resnet50"
+
+
+def resnet50_shaped_teacher():
+    """Random one-Bottleneck-per-stage ResNet: ResNet-50's 2048-d output at a fraction of the
+    cost (the object term's step time depends on the dim, not on the teacher)."""
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    from pipeline.teachers.resnet import TINY_PREPROCESS, ResNetTeacher
+    from pipeline.teachers.runtime import WeightsInfo, seeded
+
+    with seeded(0):
+        net = ResNet(Bottleneck, [1, 1, 1, 1])
+    dim = net.fc.in_features
+    net.fc = torch.nn.Identity()
+    weights = WeightsInfo("random", "resnet-bottleneck-1111", "random", 0)
+    return ResNetTeacher("resnet50", dim, net, weights, size="tiny", preprocess=TINY_PREPROCESS)
+
+
+def write_nonlinguistic(root: Path, kind: str, rng) -> Path:
+    """VisualCSE's uint8 image tensors or AudioCSE's fbanks, at the writers' real row shapes."""
+    from pipeline import nonling_cache as nc
+
+    out = root / kind
+    if kind == "image_tensor":
+        examples = [
+            nc.Example(f"c{i % NONLING_CLASSES}/x{i}", rng.integers(0, 256, (64, 64, 3), np.uint8))
+            for i in range(NONLING_EXAMPLES)
+        ]
+        nc.write_image_tensors(examples, out, dataset="bench", workers=0)
+        return out
+    examples = []
+    for i in range(NONLING_EXAMPLES):
+        path = root / "wavs" / f"c{i % NONLING_CLASSES}" / f"x{i}.wav"
+        write_noise_wav(path, rng)
+        examples.append(nc.Example(f"c{i % NONLING_CLASSES}/x{i}", path))
+    nc.write_audio_fbanks(examples, out, dataset="bench", workers=0)
+    return out
+
+
+def write_noise_wav(path: Path, rng, seconds: float = 0.25) -> None:
+    """Short noise: the fbank writer pads every row to its fixed ``[1024, 128]`` shape."""
+    samples = rng.integers(-8000, 8000, size=int(seconds * AUDIO_RATE), dtype=np.int16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(AUDIO_RATE)
+        f.writeframes(samples.astype("<i2").tobytes())
+
+
+def method_needs(name: str) -> set[tuple[str, int]]:
+    """The ``(role, dim)`` feature sets a method trains on."""
+    return {(role, role_dim(name, role)) for role in roles_of(build_method(name, **args_of(name)))}
+
+
+def args_of(name: str) -> dict:
+    return METHOD_ARGS.get(name, {})
+
+
+def make_run(world: BenchWorld, method: str, batch: int, seq_len: int, device: str, precision):
     from mmcse.train import Run
 
-    m = build_method(method)
-    roles = set(m.caption_roles) | set(m.text_roles)
     cfg = TrainConfig(
         model=str(world.model),
         method=method,
+        method_args=args_of(method),
         caption_corpus=str(world.captions),
-        features={r: world.features[r] for r in roles},
+        features={role: world.features[role, dim] for role, dim in method_needs(method)},
         mixing="caption-only",
         batch_size=batch,
+        max_seq_length=seq_len,
         eval_data="",
         final_eval=False,
         device=device,
@@ -131,8 +309,9 @@ def bench_train(
     names = ["simcse", *[n for n in names if n != "simcse"]]
     dev = torch.device(device)
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
-        world = synthetic_world(Path(tmp), size, seq_len, batch * 8, method_roles(names))
-        states = {n: make_run(world, n, batch, device, precision) for n in names}
+        needs = set().union(*(method_needs(n) for n in names))
+        world = synthetic_world(Path(tmp), size, seq_len, batch * 8, needs)
+        states = {n: make_run(world, n, batch, seq_len, device, precision) for n in names}
         for n in names:
             time_steps(states[n], 0, warmup, dev)
         times: dict[str, list[float]] = {n: [] for n in names}

