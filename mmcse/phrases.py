@@ -170,25 +170,14 @@ class PhraseBatch:
         return PhraseBatch(self.spans.to(device), self.mask.to(device), self.objects.to(device))
 
 
-def build_phrase_batch(
-    caption_ids: list[str],
-    texts: list[str],
-    offsets: Tensor,
-    objects: ObjectsTable,
-    object_features: _GathersById,
-) -> PhraseBatch:
-    """Collate the object–phrase pairs of a batch of captions.
+def phrase_pairs(
+    caption_ids: list[str], texts: list[str], offsets: Tensor, objects: ObjectsTable
+) -> list[list[tuple[int, int, str]]]:
+    """Per caption, its surviving ``(token_start, token_end, object_id)`` pairs.
 
-    Args:
-        caption_ids: the batch's caption ids (the ids the objects table was extracted under).
-        texts: the caption texts as tokenised; each stored span is checked against them, so a
-            corpus that differs from the extracted captions fails loudly instead of misaligning.
-        offsets: ``[B, L, 2]`` offset mapping of the batch, tokenised exactly as the student sees
-            it (same tokenizer, ``max_length``, truncation).
-        objects: the objects table; ``object_features``: the object feature set (``.gather``).
-
-    Pairs whose phrase was cut off by ``max_length`` are dropped with their object (MCSEO §4.1:
-    truncated phrases are excluded), so ``P`` is the most surviving pairs of any caption.
+    Each stored span is checked against ``texts``, so a corpus that differs from the extracted
+    captions fails loudly instead of misaligning. Pairs whose phrase was cut off by
+    ``max_length`` are dropped with their object (MCSEO §4.1: truncated phrases are excluded).
     """
     offsets = torch.as_tensor(offsets)
     kept: list[list[tuple[int, int, str]]] = []
@@ -206,6 +195,29 @@ def build_phrase_batch(
             if span is not None:
                 pairs.append((*span, pair.object_id))
         kept.append(pairs)
+    return kept
+
+
+def build_phrase_batch(
+    caption_ids: list[str],
+    texts: list[str],
+    offsets: Tensor,
+    objects: ObjectsTable,
+    object_features: _GathersById,
+) -> PhraseBatch:
+    """Collate the object–phrase pairs of a batch of captions.
+
+    Args:
+        caption_ids: the batch's caption ids (the ids the objects table was extracted under).
+        texts: the caption texts as tokenised (checked against the table's spans).
+        offsets: ``[B, L, 2]`` offset mapping of the batch, tokenised exactly as the student sees
+            it (same tokenizer, ``max_length``, truncation).
+        objects: the objects table; ``object_features``: the object feature set (``.gather``).
+
+    ``P`` is the most surviving pairs of any caption. The trainer uses :class:`PhraseIndex`,
+    which does this once per corpus instead of once per batch.
+    """
+    kept = phrase_pairs(caption_ids, texts, offsets, objects)
     width = max((len(p) for p in kept), default=0)
     spans = torch.full((len(kept), width, 2), -1, dtype=torch.long)
     mask = torch.zeros(len(kept), width, dtype=torch.bool)
@@ -221,6 +233,55 @@ def build_phrase_batch(
             features[b, p] = torch.from_numpy(np.asarray(gathered[row], dtype=np.float32))
             row += 1
     return PhraseBatch(spans, mask, features)
+
+
+@dataclass
+class PhraseIndex:
+    """Every caption's phrase token spans and object rows, computed once per corpus, so a
+    training step only slices arrays and gathers object features (no tokenising, no loops)."""
+
+    spans: np.ndarray  # [N, P, 2] int64, -1 where padded
+    object_rows: np.ndarray  # [N, P] int64 rows of the object feature set, -1 where padded
+    object_features: object  # a FeatureSet (``.rows_for``, ``.take``, ``.dim``)
+
+    @classmethod
+    def build(cls, caption_ids, texts, tokenizer, max_length, objects, object_features, chunk=4096):
+        pairs: list[list[tuple[int, int, str]]] = []
+        for i in range(0, len(texts), chunk):
+            encoded = tokenizer(
+                texts[i : i + chunk],
+                max_length=max_length,
+                truncation=True,
+                padding=True,
+                return_offsets_mapping=True,
+                return_tensors="pt",
+            )
+            ids = caption_ids[i : i + chunk]
+            pairs += phrase_pairs(ids, texts[i : i + chunk], encoded["offset_mapping"], objects)
+        width = max((len(p) for p in pairs), default=0)
+        spans = np.full((len(pairs), width, 2), -1, dtype=np.int64)
+        object_rows = np.full((len(pairs), width), -1, dtype=np.int64)
+        flat = [object_id for caption in pairs for *_, object_id in caption]
+        rows = iter(object_features.rows_for(flat) if flat else [])
+        for b, caption in enumerate(pairs):
+            for p, (start, end, _) in enumerate(caption):
+                spans[b, p] = (start, end)
+                object_rows[b, p] = next(rows)
+        return cls(spans, object_rows, object_features)
+
+    def batch(self, rows: np.ndarray) -> PhraseBatch:
+        object_rows = self.object_rows[rows]
+        mask = object_rows >= 0
+        width = int(mask.sum(1).max()) if len(rows) else 0  # pairs are packed to the left
+        object_rows, mask = object_rows[:, :width], mask[:, :width]
+        features = np.zeros((*mask.shape, int(self.object_features.dim)), dtype=np.float32)
+        if mask.any():
+            features[mask] = self.object_features.take(object_rows[mask])
+        return PhraseBatch(
+            torch.from_numpy(self.spans[rows][:, :width].copy()),
+            torch.from_numpy(mask),
+            torch.from_numpy(features),
+        )
 
 
 def _feature_dim(object_features: object) -> int:

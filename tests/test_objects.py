@@ -410,7 +410,13 @@ def test_train_mcseo_from_extracted_objects(boxes_run, coco_records, teacher, ti
     out, _, _ = boxes_run
     images = tmp_path / "images"
     extract_images(
-        coco_records, teacher, "resnet50", images, caption_policy="longest", seed=0, options=options()
+        coco_records,
+        teacher,
+        "resnet50",
+        images,
+        caption_policy="longest",
+        seed=0,
+        options=options(),
     )
     cfg = TrainConfig(
         model=str(tiny_model),
@@ -432,3 +438,34 @@ def test_train_mcseo_from_extracted_objects(boxes_run, coco_records, teacher, ti
     assert len(rows) == 3
     assert all(np.isfinite(r["object_phrase_loss"]) and r["object_phrase_loss"] > 0 for r in rows)
     assert all("image_text_loss" in r for r in rows)
+
+
+def test_phrase_index_slices_equal_the_per_batch_collate(boxes_run, tiny_model):
+    """The trainer's once-per-corpus index gives exactly what collating each batch gives."""
+    from transformers import AutoTokenizer
+
+    from mmcse.cache import Corpus, FeatureSet
+    from mmcse.phrases import PhraseIndex, build_phrase_batch, table_of
+
+    out, _, _ = boxes_run
+    corpus = Corpus.open(out / "captions")
+    features = FeatureSet.open(out / "object-resnet50")
+    table = table_of(features.path, features.manifest.extra)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    ids, texts = [str(i) for i in corpus.ids], list(corpus.texts)
+    index = PhraseIndex.build(ids, texts, tokenizer, 32, table, features)
+    rows = np.array([3, 1])
+    enc = tokenizer(
+        [texts[r] for r in rows],
+        max_length=32,
+        truncation=True,
+        padding=True,
+        return_offsets_mapping=True,
+        return_tensors="pt",
+    )
+    want = build_phrase_batch(
+        [ids[r] for r in rows], [texts[r] for r in rows], enc["offset_mapping"], table, features
+    )
+    got = index.batch(rows)
+    assert torch.equal(got.spans, want.spans) and torch.equal(got.mask, want.mask)
+    assert torch.allclose(got.objects, want.objects)

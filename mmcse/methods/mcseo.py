@@ -99,31 +99,31 @@ class MCSEO(MCSE):
     def batch_extras(self, data: Any, batch: Any) -> dict[str, Any]:
         """Phrase token spans and paired object features of a caption batch.
 
-        Tokenises the batch's captions again with offsets (same tokenizer and ``max_length`` as
-        the cached ``input_ids``, so tokens line up) and puts the ``[B, P, D]`` object features
-        into ``batch.features['object']``, where the loss reads its teacher roles.
+        Spans come from the student tokenizer's offsets (same ``max_length`` as the cached
+        ``input_ids``, so tokens line up), computed once per corpus (:class:`PhraseIndex`). The
+        ``[B, P, D]`` object features go into ``batch.features['object']``, where the loss reads
+        its teacher roles.
         """
-        from mmcse.phrases import build_phrase_batch, table_of
-
         if batch.kind != "caption" or self.object_phrase_weight == 0:
             return {}
-        source = data.sources[batch.kind]
-        object_set = data.feature_sets["object"]
-        texts = [source.texts[r] for r in batch.rows]
-        encoded = data.tokenizer(
-            texts,
-            max_length=data.cfg.max_seq_length,
-            truncation=True,
-            padding=True,
-            return_offsets_mapping=True,
-            return_tensors="pt",
-        )
-        phrases = build_phrase_batch(
-            [str(i) for i in source.ids[batch.rows]],
-            texts,
-            encoded["offset_mapping"],
-            table_of(object_set.path, object_set.manifest.extra),
-            object_set,
-        ).to(batch.input_ids.device)
+        phrases = self._phrase_index(data).batch(batch.rows).to(batch.input_ids.device)
         batch.features["object"] = phrases.objects
         return {"phrase_spans": phrases.spans, "phrase_mask": phrases.mask}
+
+    def _phrase_index(self, data: Any):
+        from mmcse.phrases import PhraseIndex, table_of
+
+        source = data.sources["caption"]
+        cached = self.__dict__.get("_phrases")
+        if cached is None or cached[0] is not source:
+            object_set = data.feature_sets["object"]
+            index = PhraseIndex.build(
+                [str(i) for i in source.ids],
+                list(source.texts),
+                data.tokenizer,
+                data.cfg.max_seq_length,
+                table_of(object_set.path, object_set.manifest.extra),
+                object_set,
+            )
+            self.__dict__["_phrases"] = cached = (source, index)
+        return cached[1]
