@@ -48,6 +48,9 @@ def build_tiny_bert(
     import torch
     from transformers import BertConfig, BertModel, BertTokenizer
 
+    from mmcse.model import quiet_transformers
+
+    quiet_transformers()
     if vocab is None:
         vocab = word_vocab(texts or ["a the of and , ."])
     out = Path(out_dir)

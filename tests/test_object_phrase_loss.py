@@ -198,9 +198,8 @@ def test_build_phrase_batch_refuses_a_different_caption(tokenizers):
         build_phrase_batch(["0#0"], [other], encoded["offset_mapping"], table, FakeFeatures())
 
 
-def test_mcseo_method_composition_and_published_numbers():
+def test_mcseo_method_composition():
     from mmcse.methods import build_method
-    from mmcse.methods.mcseo import PUBLISHED
 
     method = build_method("mcseo")
     weights = {t.name: (t.weight, t.on) for t in method.terms()}
@@ -210,6 +209,3 @@ def test_mcseo_method_composition_and_published_numbers():
         "object_phrase": (0.005, "caption"),
     }
     assert set(method.caption_roles) == {"image", "object"}
-    for entry in PUBLISHED.values():
-        scores = [v for k, v in entry["sts"].items() if k != "avg"]
-        assert round(sum(scores) / len(scores), 1) == pytest.approx(entry["sts"]["avg"], abs=0.051)

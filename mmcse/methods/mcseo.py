@@ -13,63 +13,6 @@ from mmcse.methods.base import Term
 from mmcse.methods.simcse import MCSE
 from mmcse.registry import register_method
 
-#: Table 1 of the paper (Spearman × 100, SentEval "all" setting); settings the paper states.
-#: Learning rate and epochs are not given ("we follow MCSE").
-PUBLISHED: dict[str, dict[str, Any]] = {
-    "mcseo-bert-wiki-flickr": {
-        "method": "mcseo",
-        "model": "bert-base-uncased",
-        "text_corpus": "wiki1m",
-        "caption_corpus": "flickr30k",
-        "settings": {
-            "batch_size": 64,
-            "max_seq_length": 32,
-            "image_text_weight": 0.01,
-            "object_phrase_weight": 0.005,
-            "caption_policy": "longest",
-            "image_teacher": "resnet50",
-            "eval_steps": 125,
-        },
-        "source": "MCSEO (Zhao et al., 2025) Table 1",
-        "sts": {
-            "STS12": 70.8,
-            "STS13": 82.6,
-            "STS14": 75.9,
-            "STS15": 84.9,
-            "STS16": 79.6,
-            "STSBenchmark": 80.8,
-            "SICKRelatedness": 73.4,
-            "avg": 78.3,
-        },
-    },
-    "mcseo-roberta-wiki-flickr": {
-        "method": "mcseo",
-        "model": "roberta-base",
-        "text_corpus": "wiki1m",
-        "caption_corpus": "flickr30k",
-        "settings": {
-            "batch_size": 64,
-            "max_seq_length": 32,
-            "image_text_weight": 0.01,
-            "object_phrase_weight": 0.005,
-            "caption_policy": "longest",
-            "image_teacher": "resnet50",
-            "eval_steps": 125,
-        },
-        "source": "MCSEO (Zhao et al., 2025) Table 1",
-        "sts": {
-            "STS12": 74.1,
-            "STS13": 82.8,
-            "STS14": 76.7,
-            "STS15": 83.6,
-            "STS16": 80.3,
-            "STSBenchmark": 83.3,
-            "SICKRelatedness": 72.0,
-            "avg": 79.0,
-        },
-    },
-}
-
 
 @register_method("mcseo")
 @dataclass
