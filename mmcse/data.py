@@ -183,20 +183,22 @@ class TrainData:
 
     # -- schedule --------------------------------------------------------------------------
     def batches_per_epoch(self, global_batch: int) -> dict[str, int]:
-        return {kind: len(src) // global_batch for kind, src in self.sources.items()}
+        """Full global batches per corpus (the last partial batch is dropped)."""
+        counts = {kind: len(src) // global_batch for kind, src in self.sources.items()}
+        for kind, n in counts.items():
+            if n == 0:
+                raise MmcseError(
+                    f"the {kind} corpus has {len(self.sources[kind])} sentences, fewer than one "
+                    f"global batch ({global_batch}); lower --batch-size"
+                )
+        return counts
 
     def schedule(self, epoch: int, global_batch: int) -> list[tuple[str, np.ndarray]]:
         """Global batches of one epoch: (kind, row indices), identical on every rank."""
         rng = np.random.default_rng([self.cfg.seed, epoch])
         chunks = {}
-        for kind, src in self.sources.items():
-            order = rng.permutation(len(src))
-            n = len(src) // global_batch
-            if n == 0:
-                raise MmcseError(
-                    f"the {kind} corpus has {len(src)} sentences, fewer than one global batch "
-                    f"({global_batch}); lower --batch-size"
-                )
+        for kind, n in self.batches_per_epoch(global_batch).items():
+            order = rng.permutation(len(self.sources[kind]))
             chunks[kind] = [order[i * global_batch : (i + 1) * global_batch] for i in range(n)]
         return mix_batches(chunks.get(TEXT, []), chunks.get(CAPTION, []), self.cfg.mixing, rng)
 

@@ -159,7 +159,7 @@ class Run:
     def plan(self) -> tuple[int, int]:
         """(global batch, total optimizer steps)."""
         global_batch = self.cfg.batch_size * dist.world_size()
-        per_epoch = len(self.data.schedule(0, global_batch))
+        per_epoch = sum(self.data.batches_per_epoch(global_batch).values())  # = len(schedule)
         total = per_epoch * self.cfg.epochs
         if self.cfg.max_steps > 0:
             total = min(total, self.cfg.max_steps)
