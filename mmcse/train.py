@@ -39,10 +39,14 @@ class Student(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.terms = method.active_terms()
+        shared_heads: dict = {}  # heads several terms name (mmcse.losses.heads)
         self.losses = nn.ModuleDict(
             {
                 t.name: LOSSES.get(t.loss)(
-                    hidden_size=encoder.hidden_size, feature_dims=feature_dims, **t.options
+                    hidden_size=encoder.hidden_size,
+                    feature_dims=feature_dims,
+                    shared_heads=shared_heads,
+                    **t.options,
                 )
                 for t in self.terms
             }
@@ -208,7 +212,7 @@ class Run:
         return self._finish(step)
 
     def _step(self, kind: str, rows: np.ndarray, optimizer, scheduler) -> dict:
-        record = self.aux.step() if self.aux is not None else {}  # Algorithm 1: aux, then text
+        record = self.aux.step() if self.aux is not None else {}  # aux, then text: the released trainers.py order (Algorithm 1 lists text first)
         self.model.train()
         batch = self.data.batch(kind, rows, self.device)
         extras = self.method.batch_extras(self.data, batch)

@@ -42,7 +42,9 @@ def test_simcse_matches_loop(views):
 def test_mcse_term_sums_views(views):
     torch.manual_seed(1)
     image = torch.randn(5, 12)
-    loss = ImageTextInfoNCELoss(hidden_size=8, feature_dims={"image": 12}, proj_dim=4)
+    loss = ImageTextInfoNCELoss(
+        hidden_size=8, feature_dims={"image": 12}, proj_dim=4, views="sum"
+    )
     v = loss.image_head(image).tolist()
     expected = sum(loop_info_nce(loss.text_head(x).tolist(), v, 0.05) for x in views)
     got = loss(LossInputs(*views, features={"image": image}, batch_kind="caption"))

@@ -148,7 +148,7 @@ def test_gradients_reach_views_and_heads(views):
 # --- every registered method: each term builds and returns finite declared terms -------------
 
 VARIANTS = [(name, {}) for name in METHODS.names()] + [
-    ("kdmcse", {"false_negative_threshold": 0.2}),
+    ("kdmcse", {"false_negative_filter": True, "false_negative_threshold": 0.2}),
     ("dalr", {"text_objective": "arc_margin", "image_objective": "adapacse"}),
     ("dalr", {"teachers_on": "caption", "global_local_weight": 1.0, "consistency_weight": 0.01}),
 ]

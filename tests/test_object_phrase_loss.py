@@ -70,7 +70,9 @@ def test_mean_over_spans_matches_loop():
 
 def test_forward_uses_both_views_and_needs_token_states():
     torch.manual_seed(2)
-    loss = ObjectPhraseInfoNCELoss(hidden_size=6, feature_dims={"object": 10}, proj_dim=4)
+    loss = ObjectPhraseInfoNCELoss(
+        hidden_size=6, feature_dims={"object": 10}, proj_dim=4, views="sum"
+    )
     assert loss.needs_token_states
     states = (torch.randn(2, 5, 6), torch.randn(2, 5, 6))
     spans = torch.tensor([[[1, 2], [2, 4]], [[1, 3], [3, 4]]])

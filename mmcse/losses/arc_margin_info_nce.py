@@ -20,6 +20,10 @@ With ``margin = 0`` this is exactly :class:`~mmcse.losses.info_nce.SimCSELoss` (
 passed through untouched, so even the gradients match). DALR's ``arc_margin`` text objective
 (its code's ``ArcSimilarity`` on the SimCSE term, m = 0.18) is this loss too.
 
+The MLP head is BERT-initialised (``head_init="bert"``: it is the code's ``pooler`` inside
+``BertForCL``, set by ``init_weights()``); ``student_head`` names a head shared with other terms
+(DALR's released code reuses this pooler for ℓ_rank, ℓ_IMA, ℓ_CMA, ℓ_cons; :mod:`heads`).
+
 Inputs: ``view1``, ``view2`` ``[B, H]``. Returns ``{"arc_margin_loss": scalar}``.
 Siblings: :mod:`adaptive_angular_margin` (the same margin, scaled per pair by a teacher) uses
 :func:`angular_margin_logits`.
@@ -33,7 +37,7 @@ from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
 from mmcse.losses.base import Loss, LossInputs, cosine_matrix
-from mmcse.losses.info_nce import MLPHead
+from mmcse.losses.heads import resolve_head
 from mmcse.registry import register_loss
 
 
@@ -59,12 +63,19 @@ class ArcMarginInfoNCELoss(Loss):
     terms = ("arc_margin_loss",)
 
     def __init__(
-        self, hidden_size: int, margin: float = 0.15, temperature: float = 0.05, **_: object
+        self,
+        hidden_size: int,
+        margin: float = 0.15,
+        temperature: float = 0.05,
+        head_init: str = "bert",
+        student_head: str | None = None,
+        shared_heads: dict | None = None,
+        **_: object,
     ) -> None:
         super().__init__()
         self.margin = margin
         self.temperature = temperature
-        self.mlp = MLPHead(hidden_size, hidden_size)
+        self.mlp = resolve_head(shared_heads, student_head, hidden_size, hidden_size, head_init)
 
     @staticmethod
     def compute_loss_from_embeddings(

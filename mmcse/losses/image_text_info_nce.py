@@ -7,8 +7,18 @@ Zhang et al., *MCSE: Multimodal Contrastive Learning of Sentence Embeddings* (NA
 with ``s^z = g_φ1(f_θ(x, z))`` the sentence ([CLS]) of dropout view ``z`` through a text head and
 ``v = g_φ2(f^v(y))`` the frozen image feature (cached by Stage 1: ResNet-50 2048-d, or CLIP)
 through an image head. Both heads are single Linear + Tanh layers into a 256-d space and both
-outputs are L2-normalised (App. A); τ' = 0.05. The sum over the two views is kept as a sum, as in
-eq. 3 (MCSE's code adds the two cross-entropies).
+outputs are L2-normalised (App. A); τ' = 0.05.
+
+Views (``views``): eq. 3 *sums* the two dropout views; MCSE's released ``src/model.py``
+(``MCSE.compute_loss``: ``inter_loss = (loss_fct(cos_sim_p0, …) + loss_fct(cos_sim_p1, …)) / 2``)
+*averages* them, and λ of Tables 3/4 was tuned with that mean. Default ``"mean"`` (the code);
+``"sum"`` is eq. 3 as printed (twice the code's value, i.e. λ doubled); ``"first"`` uses view 1
+alone (DALR's eq. 4 writes a single ``s^z``).
+
+Heads: both are PyTorch-default-initialised, as MCSE's ``grounding`` and ``ResNetVisnModel``
+``MLPLayer`` s (built outside ``BertForCL``, so ``init_weights`` never touches them).
+``student_head``/``image_head`` name heads shared with other terms of the method
+(:mod:`mmcse.losses.heads`; DALR's paper variant shares ``s^z`` and ``h^v`` with ℓ_CMA).
 
 Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[feature_role]`` ``[B, D]``.
 Returns ``{"image_text_loss": scalar}``. Sibling of :mod:`info_nce` (same :func:`info_nce` core).
@@ -20,8 +30,12 @@ from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
 from mmcse.losses.base import Loss, LossInputs, l2_normalize
-from mmcse.losses.info_nce import MLPHead, info_nce
+from mmcse.losses.heads import resolve_head
+from mmcse.losses.info_nce import info_nce
 from mmcse.registry import register_loss
+
+#: how the two dropout views' InfoNCE terms combine (see the module docstring)
+VIEW_REDUCTIONS = ("mean", "sum", "first")
 
 
 @register_loss("image_text_info_nce")
@@ -36,27 +50,40 @@ class ImageTextInfoNCELoss(Loss):
         feature_role: str = "image",
         proj_dim: int = 256,
         temperature: float = 0.05,
+        views: str = "mean",
+        student_head: str | None = None,
+        image_head: str | None = None,
+        shared_heads: dict | None = None,
         **_: object,
     ) -> None:
         super().__init__()
+        if views not in VIEW_REDUCTIONS:
+            raise ValueError(f"views must be one of {VIEW_REDUCTIONS}, not {views!r}")
         self.feature_role = feature_role
         self.requires = (feature_role,)
         self.temperature = temperature
-        self.text_head = MLPHead(hidden_size, proj_dim)
-        self.image_head = MLPHead(feature_dims[feature_role], proj_dim)
+        self.views = views
+        self.text_head = resolve_head(shared_heads, student_head, hidden_size, proj_dim)
+        self.image_head = resolve_head(
+            shared_heads, image_head, feature_dims[feature_role], self.text_head[0].out_features
+        )
 
     @staticmethod
     def compute_loss_from_embeddings(
-        text_views: list[Tensor], images: Tensor, temperature: float = 0.05
+        text_views: list[Tensor], images: Tensor, temperature: float = 0.05, views: str = "mean"
     ) -> Tensor:
-        """Σ over views of InfoNCE(text_view → images); inputs already projected."""
+        """InfoNCE(text_view → images) per view, then their mean, sum or the first alone;
+        inputs already projected."""
         images = gather_across_ranks(l2_normalize(images))
-        return sum(
-            info_nce(gather_across_ranks(l2_normalize(s)), images, temperature) for s in text_views
-        )
+        if views == "first":
+            text_views = text_views[:1]
+        losses = [info_nce(gather_across_ranks(l2_normalize(s)), images, temperature) for s in text_views]
+        total = sum(losses)
+        return total / len(losses) if views == "mean" else total
 
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
         image = inputs.feature(self.feature_role)
         v = self.image_head(image.to(self.image_head[0].weight.dtype))
         views = [self.text_head(inputs.view1), self.text_head(inputs.view2)]
-        return {"image_text_loss": self.compute_loss_from_embeddings(views, v, self.temperature)}
+        loss = self.compute_loss_from_embeddings(views, v, self.temperature, self.views)
+        return {"image_text_loss": loss}

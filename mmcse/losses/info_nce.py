@@ -7,7 +7,9 @@ MCSE (Zhang et al., NAACL 2022) eq. 1 uses it unchanged as ℓ^S:
 
 where ``h = MLP([CLS])`` of dropout view 1, ``h⁺`` the same for view 2 and the sum runs over the
 batch (gathered across ranks, so N GPUs act as one N-times-larger batch). τ = 0.05. The MLP
-(Linear H→H + Tanh) is used in training only: the sentence embedding is [CLS] before it.
+(Linear H→H + Tanh) is used in training only: the sentence embedding is [CLS] before it. It is
+initialised like BERT (normal(0, 0.02) weights, zero bias; ``head_init="bert"``), as SimCSE's and
+MCSE's ``cl_init`` do; ``head_init="torch"`` keeps PyTorch's default Linear init.
 
 Inputs: ``view1``, ``view2`` of shape ``[B, H]``. Returns ``{"simcse_loss": scalar}``.
 Siblings: :mod:`image_text_info_nce` (MCSE's text→image term) reuses :func:`info_nce`.
@@ -31,21 +33,39 @@ def info_nce(queries: Tensor, keys: Tensor, temperature: float, offset: int = 0)
     return F.cross_entropy(logits.float(), targets)
 
 
-class MLPHead(nn.Sequential):
-    """One Linear + Tanh, the projection head SimCSE and MCSE put on [CLS]."""
+HEAD_INITS = ("bert", "torch")
 
-    def __init__(self, in_dim: int, out_dim: int) -> None:
+
+class MLPHead(nn.Sequential):
+    """One Linear + Tanh, the projection head SimCSE and MCSE put on [CLS].
+
+    ``init="bert"``: weights normal(0, 0.02), bias zero — BERT's ``_init_weights``, which the
+    released code applies to every head built inside its ``BertForCL``/``RobertaForCL``
+    (SimCSE's and MCSE's ``cl_init`` → ``init_weights()``: the [CLS] ``mlp``/``pooler``,
+    VisualCSE's ``image_mlp``). ``init="torch"``: PyTorch's default Linear init (Kaiming-uniform),
+    what the released code's heads *outside* the BERT module get (MCSE's ``grounding`` and
+    image ``MLPLayer``, KDMCSE/DALR's grounding heads).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, init: str = "torch") -> None:
         super().__init__(nn.Linear(in_dim, out_dim), nn.Tanh())
+        if init not in HEAD_INITS:
+            raise ValueError(f"head init must be one of {HEAD_INITS}, not {init!r}")
+        if init == "bert":
+            nn.init.normal_(self[0].weight, mean=0.0, std=0.02)
+            nn.init.zeros_(self[0].bias)
 
 
 @register_loss("simcse")
 class SimCSELoss(Loss):
     terms = ("simcse_loss",)
 
-    def __init__(self, hidden_size: int, temperature: float = 0.05, **_: object) -> None:
+    def __init__(
+        self, hidden_size: int, temperature: float = 0.05, head_init: str = "bert", **_: object
+    ) -> None:
         super().__init__()
         self.temperature = temperature
-        self.mlp = MLPHead(hidden_size, hidden_size)
+        self.mlp = MLPHead(hidden_size, hidden_size, head_init)
 
     @staticmethod
     def compute_loss_from_embeddings(h1: Tensor, h2: Tensor, temperature: float = 0.05) -> Tensor:

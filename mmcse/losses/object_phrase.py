@@ -24,8 +24,11 @@ Returns ``{"object_phrase_loss": scalar}``.
 Choices the paper leaves open (the authors' code is not public; this is a first implementation):
     * Projection heads: one Linear + Tanh per side, as MCSE's heads (the paper says "MLP"); the
       loss owns its own heads, not shared with the image–caption term.
-    * Dropout views: the term is applied to both views and summed, as the sibling
-      :mod:`image_text_info_nce` does (MCSE eq. 3); eq. 7 writes a single phrase embedding.
+    * Dropout views (``views``): eq. 7 writes a single phrase embedding. The term is applied to
+      both views and *averaged* by default (``"mean"``), the way MCSE's released ``model.py``
+      combines the views of its image–caption term (which MCSEO builds on), so β = 0.005 acts
+      on the scale of one view's eq. 7; ``"sum"`` adds them (2× eq. 7, the reading of MCSE's
+      printed eq. 3); ``"first"`` uses view 1 alone (eq. 7 literally).
     * Reduction: eq. 7 sums over the pair's phrases; eq. 8 adds it per pair, so the batch value
       is the mean over the ``B`` pairs of the batch, pairs without the term counting zero.
     * Pairs with fewer than two surviving pairs skip the term (§4.1; one object makes a
@@ -42,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmcse.losses.base import Loss, LossInputs, l2_normalize
+from mmcse.losses.image_text_info_nce import VIEW_REDUCTIONS
 from mmcse.losses.info_nce import MLPHead
 from mmcse.registry import register_loss
 
@@ -71,9 +75,13 @@ class ObjectPhraseInfoNCELoss(Loss):
         feature_role: str = "object",
         proj_dim: int = 256,
         temperature: float = 0.05,
+        views: str = "mean",
         **_: object,
     ) -> None:
         super().__init__()
+        if views not in VIEW_REDUCTIONS:
+            raise ValueError(f"views must be one of {VIEW_REDUCTIONS}, not {views!r}")
+        self.views = views
         self.feature_role = feature_role
         self.requires = (feature_role,)
         self.temperature = temperature
@@ -103,10 +111,12 @@ class ObjectPhraseInfoNCELoss(Loss):
         spans, mask = inputs.extras["phrase_spans"], inputs.extras["phrase_mask"]
         objects = inputs.feature(self.feature_role)
         o = self.object_head(objects.to(self.object_head[0].weight.dtype))
-        loss = sum(
+        views = inputs.token_states[:1] if self.views == "first" else inputs.token_states
+        losses = [
             self.compute_loss_from_embeddings(
                 self.phrase_head(mean_over_spans(states, spans)), o, mask, self.temperature
             )
-            for states in inputs.token_states
-        )
+            for states in views
+        ]
+        loss = sum(losses) / len(losses) if self.views == "mean" else sum(losses)
         return {"object_phrase_loss": loss}

@@ -34,10 +34,13 @@ from mmcse.registry import register_loss
 class SimCLRLoss(Loss):
     terms = ("simclr_loss",)
 
-    def __init__(self, hidden_size: int, temperature: float = 0.07, **_: object) -> None:
+    def __init__(
+        self, hidden_size: int, temperature: float = 0.07, head_init: str = "bert", **_: object
+    ) -> None:
         super().__init__()
         self.temperature = temperature
-        self.mlp = MLPHead(hidden_size, hidden_size)
+        # BERT init: the authors' image_mlp is built in cl_init, before init_weights()
+        self.mlp = MLPHead(hidden_size, hidden_size, head_init)
 
     @staticmethod
     def compute_loss_from_embeddings(f1: Tensor, f2: Tensor, temperature: float = 0.07) -> Tensor:

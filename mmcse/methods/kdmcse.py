@@ -26,8 +26,15 @@ class KDMCSE(Method):
     λ = 0.01, m1 = m2 = 0.15, τ = τ_vl = 0.05, 256-d grounding space, filter off (no
     ``--using_threshhold``); train them with batch 64, lr 3e-5, 3 epochs, and a caption corpus
     holding *every* caption of each image (the code's dataset expands all captions per image).
-    ``false_negative_threshold`` switches the filter on; it is a normalised cosine, not the
-    code's raw-dot-product ``--score_base`` (see the loss docstring).
+    False-negative filter: part of the paper's method, but the released scripts never pass
+    ``--using_threshhold``, so ``false_negative_filter=False`` by default (the code behind the
+    published numbers). ``false_negative_filter=True`` switches it on with
+    ``false_negative_threshold`` (default 0.8 = the scripts' ``SCORE_BASE``). mmcse thresholds
+    the *normalised* CLIP image–text cosine; the code thresholds the raw dot product of its
+    released feature JSONs, whose norms are undocumented (see
+    :mod:`~mmcse.losses.adaptive_angular_margin`) — so treat the threshold as a setting to
+    tune, not as the code's. ``head_init``: the ℓ^S [CLS] head's init (``"bert"``, as the code's
+    ``BertForCL.pooler``; the grounding heads keep PyTorch's default, as the code's).
     """
 
     name: ClassVar[str] = "kdmcse"
@@ -39,7 +46,9 @@ class KDMCSE(Method):
     temperature: float = 0.05
     grounding_temperature: float = 0.05
     proj_dim: int = 256
-    false_negative_threshold: float | None = None
+    false_negative_filter: bool = False
+    false_negative_threshold: float = 0.8
+    head_init: str = "bert"
 
     def terms(self) -> list[Term]:
         text = Term(
@@ -47,7 +56,11 @@ class KDMCSE(Method):
             "arc_margin_info_nce",
             self.text_weight,
             "all",
-            {"margin": self.text_margin, "temperature": self.temperature},
+            {
+                "margin": self.text_margin,
+                "temperature": self.temperature,
+                "head_init": self.head_init,
+            },
         )
         grounding = Term(
             "grounding",
@@ -60,7 +73,9 @@ class KDMCSE(Method):
                 "margin": self.grounding_margin,
                 "temperature": self.grounding_temperature,
                 "proj_dim": self.proj_dim,
-                "false_negative_threshold": self.false_negative_threshold,
+                "false_negative_threshold": (
+                    self.false_negative_threshold if self.false_negative_filter else None
+                ),
             },
         )
         return [text, grounding]

@@ -22,6 +22,10 @@ class MCSEO(MCSE):
     Needs two caption feature roles: ``image`` (whole images) and ``object`` (an object feature
     set from ``mmcse extract-objects``, which names its objects table). Both grounded terms apply
     to caption batches only.
+
+    ``views`` (inherited from MCSE) applies to both grounded terms: ``"mean"`` (default) averages
+    the two dropout views — MCSE's released ``model.py`` for α, and the same reading for β —
+    ``"sum"`` adds them (MCSE's eq. 3 as printed; α and β effectively doubled against eqs. 7–8).
     """
 
     name: ClassVar[str] = "mcseo"
@@ -35,7 +39,11 @@ class MCSEO(MCSE):
             "object_phrase_info_nce",
             self.object_phrase_weight,
             "caption",
-            {"temperature": self.object_temperature, "proj_dim": self.proj_dim},
+            {
+                "temperature": self.object_temperature,
+                "proj_dim": self.proj_dim,
+                "views": self.views,
+            },
         )
         return [*super().terms(), alignment]
 

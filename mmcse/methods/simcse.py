@@ -12,16 +12,20 @@ from mmcse.registry import register_method
 @register_method("simcse")
 @dataclass
 class SimCSE(Method):
-    """Unsupervised SimCSE: InfoNCE between dropout views on every batch (text and captions)."""
+    """Unsupervised SimCSE: InfoNCE between dropout views on every batch (text and captions).
+
+    ``head_init``: the [CLS] MLP head's init — ``"bert"`` (default; normal(0, 0.02), zero bias,
+    as SimCSE's/MCSE's ``cl_init`` → ``init_weights()``) or ``"torch"`` (PyTorch's Linear default).
+    """
 
     name: ClassVar[str] = "simcse"
     simcse_weight: float = 1.0
     temperature: float = 0.05
+    head_init: str = "bert"
 
     def terms(self) -> list[Term]:
-        return [
-            Term("simcse", "simcse", self.simcse_weight, "all", {"temperature": self.temperature})
-        ]
+        options = {"temperature": self.temperature, "head_init": self.head_init}
+        return [Term("simcse", "simcse", self.simcse_weight, "all", options)]
 
 
 @register_method("mcse")
@@ -30,6 +34,9 @@ class MCSE(SimCSE):
     """MCSE: ℓ = ℓ^S + λ·ℓ^M (eq. 4); ℓ^M only on caption batches, where images exist.
 
     λ defaults to 0.01 (Table 3, BERT wiki+flickr); recipes set the per-setting values.
+    ``views``: ℓ^M's two dropout views are averaged (``"mean"``, MCSE's released ``src/model.py``,
+    with which λ was tuned) or summed (``"sum"``, eq. 3 as printed); see
+    :mod:`~mmcse.losses.image_text_info_nce`.
     """
 
     name: ClassVar[str] = "mcse"
@@ -37,13 +44,15 @@ class MCSE(SimCSE):
     image_text_weight: float = 0.01
     image_temperature: float = 0.05
     proj_dim: int = 256
+    views: str = "mean"
 
     def terms(self) -> list[Term]:
+        options = {
+            "temperature": self.image_temperature,
+            "proj_dim": self.proj_dim,
+            "views": self.views,
+        }
         grounding = Term(
-            "image_text",
-            "image_text_info_nce",
-            self.image_text_weight,
-            "caption",
-            {"temperature": self.image_temperature, "proj_dim": self.proj_dim},
+            "image_text", "image_text_info_nce", self.image_text_weight, "caption", options
         )
         return [*super().terms(), grounding]

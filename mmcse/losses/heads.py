@@ -1,0 +1,41 @@
+"""Projection heads that several terms of one method share.
+
+Most losses own their heads. Some published methods instead feed *one* student projection to
+several terms: DALR's released code uses its SimCSE pooler output ``z1, z2`` for ℓ_SimCSE,
+ℓ_rank, ℓ_IMA, ℓ_CMA, ℓ_cons and ℓ_g2l; DALR's paper writes one student score ``s^z`` for
+eqs. 4, 6, 10 and 11. A loss given ``student_head="NAME"`` (or ``image_head="NAME"``) takes the
+head called NAME from the ``shared_heads`` dict the trainer passes to every loss of a method, and
+creates it on first use; every term naming it trains the same parameters. A loss built on its
+own (``shared_heads=None``, e.g. in a unit test) has nothing to share with and gets a private
+head.
+"""
+
+from __future__ import annotations
+
+from mmcse.losses.info_nce import MLPHead
+
+
+def resolve_head(
+    shared: dict | None,
+    name: str | None,
+    in_dim: int,
+    out_dim: int | None,
+    init: str = "torch",
+) -> MLPHead:
+    """The loss's own ``MLPHead`` (``name=None``) or the shared one called ``name``.
+
+    ``out_dim=None`` means "whatever the shared head has" (``in_dim`` when it is created here).
+    A shared head asked for with other dimensions is refused (two terms disagreeing on it).
+    """
+    if name is None or shared is None:
+        return MLPHead(in_dim, in_dim if out_dim is None else out_dim, init)
+    head = shared.get(name)
+    if head is None:
+        head = shared[name] = MLPHead(in_dim, in_dim if out_dim is None else out_dim, init)
+    linear = head[0]
+    if linear.in_features != in_dim or out_dim not in (None, linear.out_features):
+        raise ValueError(
+            f"shared head {name!r} is {linear.in_features}→{linear.out_features}; a term asked "
+            f"for {in_dim}→{out_dim}"
+        )
+    return head
