@@ -156,7 +156,13 @@ def test_global_local_matches_loop():
 
 
 def test_dalr_without_alignment_terms_is_simcse(inputs):
-    method = build_method("dalr", cross_modal_weight=0, intra_modal_weight=0, image_text_weight=0)
+    method = build_method(
+        "dalr",
+        cross_modal_weight=0,
+        intra_modal_weight=0,
+        image_text_weight=0,
+        text_objective="infonce",
+    )
     (term,) = method.active_terms()
     student = LOSSES.get(term.loss)(hidden_size=H, feature_dims={}, **term.options)
     reference = SimCSELoss(H)
@@ -180,14 +186,16 @@ def test_gradients_reach_views_and_heads(inputs):
 
 
 def test_roles_follow_the_switches():
-    default = build_method("dalr")
-    teachers = ("text_teacher_diffcse", "text_teacher_simcse")
+    default = build_method("dalr", teachers_on="all")
+    teachers = ("text_teacher_simcse", "text_teacher_diffcse")  # the scripts' order
     assert default.text_roles == teachers
     assert set(default.caption_roles) == {"image", *teachers}
     caption_only = build_method("dalr", teachers_on="caption", global_local_weight=1.0)
     assert caption_only.text_roles == ()
     assert "text_teacher_tokens" in caption_only.caption_roles
-    swapped = build_method("dalr", text_teachers=[["text_teacher_rankcse", 1.0]])
+    swapped = build_method(
+        "dalr", teachers_on="all", text_teachers=[["text_teacher_rankcse", 1.0]]
+    )
     assert swapped.text_roles == ("text_teacher_rankcse",)
 
 

@@ -156,7 +156,15 @@ def test_a_role_can_join_one_set_per_corpus(tiny_model, tiny_world, tmp_path):
             )
             dirs.append(str(d))
         features[role] = ",".join(dirs)
-    cfg = config(tiny_model, tiny_world, tmp_path / "dalr", method="dalr", features=features)
+    every_batch = {"teachers_on": "all"}  # the paper's reading; the released code's is "caption"
+    cfg = config(
+        tiny_model,
+        tiny_world,
+        tmp_path / "dalr",
+        method="dalr",
+        method_args=every_batch,
+        features=features,
+    )
     rows = metrics(train(cfg).output_dir)
     assert any("rank_loss" in r for r in rows if r["kind"] == "text")
     assert all(np.isfinite(r["loss"]) for r in rows)
@@ -165,7 +173,16 @@ def test_a_role_can_join_one_set_per_corpus(tiny_model, tiny_world, tmp_path):
         "text_teacher_simcse": features["text_teacher_simcse"].split(",")[1],
     }
     with pytest.raises(MmcseError, match="not in"):
-        train(config(tiny_model, tiny_world, tmp_path / "x", method="dalr", features=only_captions))
+        train(
+            config(
+                tiny_model,
+                tiny_world,
+                tmp_path / "x",
+                method="dalr",
+                method_args=every_batch,
+                features=only_captions,
+            )
+        )
 
 
 @pytest.mark.slow

@@ -69,13 +69,15 @@ class ArcMarginInfoNCELoss(Loss):
         temperature: float = 0.05,
         head_init: str = "bert",
         student_head: str | None = None,
+        student_head_dim: int | None = None,
         shared_heads: dict | None = None,
         **_: object,
     ) -> None:
         super().__init__()
         self.margin = margin
         self.temperature = temperature
-        self.mlp = resolve_head(shared_heads, student_head, hidden_size, hidden_size, head_init)
+        out = student_head_dim if student_head else hidden_size
+        self.mlp = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
 
     @staticmethod
     def compute_loss_from_embeddings(

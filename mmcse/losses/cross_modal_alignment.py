@@ -18,10 +18,28 @@ Paper vs code (defaults follow the code where the paper is degenerate or silent)
 
 * temperatures: eqs. 6–7 use raw cosines (τ = 1, a near-uniform softmax); the code uses
   τ_s = 0.05 × 0.45 = 0.0225 on the student and τ_t = 0.5 on the teachers (the default here).
-* representations: the code compares the SimCSE pooler output of view 1 directly with the raw
-  image feature (it only runs when both are 768-d) and uses the *embedding*-mixed teachers; mmcse
-  follows the paper's projected 256-d space and mixes teacher *similarities*
-  (:func:`~mmcse.losses.intra_modal_alignment.mixed_teacher_similarity`).
+* pairing (``pairing``): the code (``"released"``, default) matches the *text*-anchored rows
+  ``softmax_j S_ij`` to the text teacher and the *image*-anchored rows (``S.T``) to the image
+  teacher — the formula above. Eqs. 6/8 as printed (``"paper"``) do the opposite: eq. 6 defines
+  ``P_i^{t2v}`` as image ``i``'s distribution over texts ``j`` (``softmax_j sim(s_j, h_i^v)``),
+  which eq. 8 matches to ``Q_i^{t2t}``, and matches ``(P^{t2v})ᵀ`` to ``Q^{v2v}``; a column of a
+  row-stochastic matrix is not a distribution, so mmcse reads ``(P^{t2v})ᵀ`` as the softmax of
+  the transposed scores (text ``i`` over images ``j``):
+  ``½ [KL(Q^{t2t} ‖ softmax(Sᵀ)) + KL(Q^{v2v} ‖ softmax(S))]``.
+* student margin (``margin``): the code's ``S`` is its ``ArcSimilarity`` (``self.sim``,
+  m = 0.18 on the off-diagonal angles where θ > m); eq. 6 has plain cosines (``margin=0``).
+* representations: the code compares the SimCSE pooler output of view 1 (``z1``) directly with
+  the raw image feature (so it only runs when both are 768-d: CLIP ViT-L/14 and BERT-base) and
+  uses the *embedding*-mixed teachers. ``student_head`` names a shared student head (DALR's
+  ``dalr`` method: the SimCSE pooler; ``dalr-paper``: the one ``s^z`` head); the image goes
+  through this loss's own Linear + Tanh head into the student head's width (an mmcse choice so
+  any cached image teacher fits) or through ``image_head``, a head shared with ℓ_Info
+  (``dalr-paper``: eq. 6's ``h^v`` is eq. 3's projected image). ``teacher_mix`` picks mixed
+  embeddings (paper and code) or mixed similarities
+  (:func:`~mmcse.losses.intra_modal_alignment.mixed_teacher_similarity`). The teacher targets
+  always use the frozen cached features (eq. 7 writes ``h^t``, ``h^v`` of eq. 3, whose heads
+  are trainable; a trainable target could be collapsed by the KL, and the code uses the frozen
+  features).
 * reduction: eq. 8 sums over anchors; code and mmcse average (``batchmean``).
 
 ℓ_CML = ℓ_cons + ℓ_CMA (eq. 9) is composed by the method from this loss and
@@ -38,14 +56,17 @@ from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
 from mmcse.losses.base import Loss, LossInputs, cosine_matrix
-from mmcse.losses.info_nce import MLPHead
+from mmcse.losses.heads import resolve_head
 from mmcse.losses.intra_modal_alignment import (
     DEFAULT_TEXT_TEACHERS,
     mixed_teacher_similarity,
     normalize_teachers,
+    student_scores,
     teacher_kl,
 )
 from mmcse.registry import register_loss
+
+PAIRINGS = ("released", "paper")
 
 
 @register_loss("cross_modal_alignment")
@@ -62,16 +83,29 @@ class CrossModalAlignmentLoss(Loss):
         proj_dim: int = 256,
         temperature: float = 0.0225,
         teacher_temperature: float = 0.5,
+        margin: float = 0.0,
+        pairing: str = "released",
+        teacher_mix: str = "similarities",
+        student_head: str | None = None,
+        student_head_dim: int | None = None,
+        image_head: str | None = None,
+        head_init: str = "torch",
+        shared_heads: dict | None = None,
         **_: object,
     ) -> None:
         super().__init__()
+        if pairing not in PAIRINGS:
+            raise ValueError(f"pairing must be one of {PAIRINGS}, not {pairing!r}")
         self.image_role = image_role
         self.text_teachers = normalize_teachers(text_teachers)
         self.requires = (image_role, *(role for role, _ in self.text_teachers))
         self.temperature = temperature
         self.teacher_temperature = teacher_temperature
-        self.text_head = MLPHead(hidden_size, proj_dim)
-        self.image_head = MLPHead(feature_dims[image_role], proj_dim)
+        self.margin, self.pairing, self.teacher_mix = margin, pairing, teacher_mix
+        out = student_head_dim if student_head else proj_dim
+        self.text_head = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
+        width = self.text_head[0].out_features
+        self.image_head = resolve_head(shared_heads, image_head, feature_dims[image_role], width)
 
     @staticmethod
     def compute_loss_from_embeddings(
@@ -81,12 +115,16 @@ class CrossModalAlignmentLoss(Loss):
         image_teacher_similarity: Tensor,
         temperature: float = 0.0225,
         teacher_temperature: float = 0.5,
+        margin: float = 0.0,
+        pairing: str = "released",
     ) -> Tensor:
-        """½ [KL(Q^{t2t} ‖ P^{t2v}) + KL(Q^{v2v} ‖ P^{v2t})]; ``text``/``image`` projected."""
-        scores = cosine_matrix(text.float(), image.float()) / temperature
-        text_to_image = teacher_kl(scores, text_teacher_similarity / teacher_temperature)
-        image_to_text = teacher_kl(scores.T, image_teacher_similarity / teacher_temperature)
-        return (text_to_image + image_to_text) / 2
+        """½ [KL(Q^{t2t} ‖ ·) + KL(Q^{v2v} ‖ ·)] over the text→image scores ``S`` and ``Sᵀ``,
+        paired as ``pairing`` says; ``text``/``image`` projected."""
+        scores = student_scores(text, image, margin) / temperature
+        text_rows, image_rows = (scores, scores.T) if pairing == "released" else (scores.T, scores)
+        text_part = teacher_kl(text_rows, text_teacher_similarity / teacher_temperature)
+        image_part = teacher_kl(image_rows, image_teacher_similarity / teacher_temperature)
+        return (text_part + image_part) / 2
 
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
         raw_image = inputs.feature(self.image_role)
@@ -95,7 +133,9 @@ class CrossModalAlignmentLoss(Loss):
         with torch.no_grad():
             teacher_image = gather_across_ranks(raw_image.float())
             image_similarity = cosine_matrix(teacher_image, teacher_image)
-            text_similarity = mixed_teacher_similarity(inputs, self.text_teachers)
+            text_similarity = mixed_teacher_similarity(
+                inputs, self.text_teachers, self.teacher_mix
+            )
         loss = self.compute_loss_from_embeddings(
             text,
             image,
@@ -103,5 +143,7 @@ class CrossModalAlignmentLoss(Loss):
             image_similarity,
             self.temperature,
             self.teacher_temperature,
+            self.margin,
+            self.pairing,
         )
         return {"cma_loss": loss}

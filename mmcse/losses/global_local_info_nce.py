@@ -24,6 +24,9 @@ and leaves the student's pooler output unnormalised, so its logits depend on sen
 activation scale; mmcse uses cosines. The code computes the term for both views but against view
 1's embedding each time, and its teacher has no dropout, so both copies are equal: mmcse computes
 it once. The code uses ``10000`` as "minus infinity" for masked logits; mmcse uses ``-inf``.
+The code's sentence is the shared SimCSE pooler output ``z1``: ``student_head`` names that shared
+head (then the token width must equal the head's, as 768 = 768 in the code); without it this
+loss has its own Linear H→D + Tanh head.
 
 Inputs: ``view1`` ``[B, H]``, ``features[token_role]`` ``[B, L, D]``.
 Returns ``{"global_local_loss": scalar}``.
@@ -36,7 +39,7 @@ from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
 from mmcse.losses.base import Loss, LossInputs, l2_normalize
-from mmcse.losses.info_nce import MLPHead
+from mmcse.losses.heads import resolve_head
 from mmcse.registry import register_loss
 
 
@@ -51,13 +54,26 @@ class GlobalLocalInfoNCELoss(Loss):
         feature_dims: dict[str, int],
         token_role: str = "text_teacher_tokens",
         temperature: float = 0.05,
+        student_head: str | None = None,
+        student_head_dim: int | None = None,
+        head_init: str = "torch",
+        shared_heads: dict | None = None,
         **_: object,
     ) -> None:
         super().__init__()
         self.token_role = token_role
         self.requires = (token_role,)
         self.temperature = temperature
-        self.head = MLPHead(hidden_size, feature_dims[token_role])
+        width = feature_dims[token_role]
+        shared = student_head is not None and shared_heads is not None
+        out = student_head_dim if shared else width
+        self.head = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
+        if self.head[0].out_features != width:
+            raise ValueError(
+                f"global_local_info_nce: the shared student head {student_head!r} is "
+                f"{self.head[0].out_features}-d but the teacher tokens ({token_role!r}) are "
+                f"{width}-d; the code compares them directly, so they must match"
+            )
 
     @staticmethod
     def compute_loss_from_embeddings(

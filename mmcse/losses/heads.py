@@ -12,7 +12,29 @@ head.
 
 from __future__ import annotations
 
-from mmcse.losses.info_nce import MLPHead
+from torch import nn
+
+HEAD_INITS = ("bert", "torch")
+
+
+class MLPHead(nn.Sequential):
+    """One Linear + Tanh, the projection head SimCSE and MCSE put on [CLS].
+
+    ``init="bert"``: weights normal(0, 0.02), bias zero — BERT's ``_init_weights``, which the
+    released code applies to every head built inside its ``BertForCL``/``RobertaForCL``
+    (SimCSE's and MCSE's ``cl_init`` → ``init_weights()``: the [CLS] ``mlp``/``pooler``,
+    VisualCSE's ``image_mlp``). ``init="torch"``: PyTorch's default Linear init (Kaiming-uniform),
+    what the released code's heads *outside* the BERT module get (MCSE's ``grounding`` and
+    image ``MLPLayer``, KDMCSE/DALR's grounding heads).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, init: str = "torch") -> None:
+        super().__init__(nn.Linear(in_dim, out_dim), nn.Tanh())
+        if init not in HEAD_INITS:
+            raise ValueError(f"head init must be one of {HEAD_INITS}, not {init!r}")
+        if init == "bert":
+            nn.init.normal_(self[0].weight, mean=0.0, std=0.02)
+            nn.init.zeros_(self[0].bias)
 
 
 def resolve_head(

@@ -11,16 +11,19 @@ modality-specific aligners of the code (Linear D→D, BatchNorm, ReLU, Linear D�
 — the paper only says "modality-specific MLPs"), m = 0.2. The loss trains only the student and
 the aligners; it is DALR's auxiliary task, and weighs 1 in ℓ_CML = ℓ_cons + ℓ_CMA (eq. 9).
 
-Mismatched pairs: the paper "shuffles images"; the code rolls the batch by 5 (no mismatch at all
-when B divides 5). mmcse draws a uniformly random *cyclic* permutation from ``torch.randperm``
+Mismatched pairs (``mismatch``): the paper "shuffles images"; the code rolls the batch by 5
+(``prepare_data``: ``image.roll(shifts=5)``, so row ``i`` gets image ``i − 5``; no mismatch at all
+when 5 is a multiple of B) — ``mismatch="roll5"``. With ``"random"`` mmcse draws a uniformly
+random *cyclic* permutation from ``torch.randperm``
 on the global RNG (deterministic under ``torch.manual_seed``; no private generator, so a resumed
 run that restores the RNG state resumes the same draws): every row gets another row's image, never
 its own. Captions of the *same* image in one batch can still form a "mismatched" pair; like the
 code, no image ids are consulted.
 
 Paper vs code: the code weighs ℓ_cons by 0.01 inside ℓ_CML (the method's ``consistency_weight``);
-the paper by 1 (the default). The code applies the aligners to the SimCSE pooler output of view 1;
-here to [CLS] (the pooler belongs to the SimCSE term).
+the paper by 1. The code applies the text aligner to the SimCSE pooler output of view 1 (``z1``):
+``student_head`` names that shared head (:mod:`~mmcse.losses.heads`); without it the aligner
+reads [CLS]. The image aligner reads the raw cached image feature in both.
 
 Inputs: ``view1`` ``[B, H]``, ``features[image_role]`` ``[B, D]`` (B ≥ 2: BatchNorm needs a batch).
 Returns ``{"consistency_loss": scalar}``. Local to each rank (pairs need no negatives).
@@ -33,7 +36,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmcse.losses.base import Loss, LossInputs
+from mmcse.losses.heads import resolve_head
 from mmcse.registry import register_loss
+
+MISMATCHES = ("random", "roll5")
 
 
 class AlignerHead(nn.Sequential):
@@ -70,13 +76,28 @@ class ImageTextConsistencyLoss(Loss):
         image_role: str = "image",
         proj_dim: int = 256,
         margin: float = 0.2,
+        mismatch: str = "random",
+        student_head: str | None = None,
+        student_head_dim: int | None = None,
+        head_init: str = "torch",
+        shared_heads: dict | None = None,
         **_: object,
     ) -> None:
         super().__init__()
+        if mismatch not in MISMATCHES:
+            raise ValueError(f"mismatch must be one of {MISMATCHES}, not {mismatch!r}")
         self.image_role = image_role
         self.requires = (image_role,)
         self.margin = margin
-        self.text_aligner = AlignerHead(hidden_size, proj_dim)
+        self.mismatch = mismatch
+        # the shared head (if any) feeds the aligner; without one the aligner reads [CLS]
+        self.student_head = (
+            None
+            if student_head is None
+            else resolve_head(shared_heads, student_head, hidden_size, student_head_dim, head_init)
+        )
+        width = hidden_size if self.student_head is None else self.student_head[0].out_features
+        self.text_aligner = AlignerHead(width, proj_dim)
         self.image_aligner = AlignerHead(feature_dims[image_role], proj_dim)
 
     @staticmethod
@@ -95,9 +116,13 @@ class ImageTextConsistencyLoss(Loss):
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
         image = inputs.feature(self.image_role)
         image = image.to(self.image_aligner[0].weight.dtype)
-        mismatched = random_derangement(len(image), image.device)
+        if self.mismatch == "roll5":
+            mismatched = torch.arange(len(image), device=image.device).roll(5)
+        else:
+            mismatched = random_derangement(len(image), image.device)
         # aligned separately, as the code does, so BatchNorm sees each set of pairs on its own
-        text = self.text_aligner(inputs.view1)
+        view1 = inputs.view1 if self.student_head is None else self.student_head(inputs.view1)
+        text = self.text_aligner(view1)
         loss = self.compute_loss_from_embeddings(
             text, self.image_aligner(image), self.image_aligner(image[mismatched]), self.margin
         )

@@ -52,7 +52,9 @@ class ImageTextInfoNCELoss(Loss):
         temperature: float = 0.05,
         views: str = "mean",
         student_head: str | None = None,
+        student_head_dim: int | None = None,
         image_head: str | None = None,
+        head_init: str = "torch",
         shared_heads: dict | None = None,
         **_: object,
     ) -> None:
@@ -63,7 +65,8 @@ class ImageTextInfoNCELoss(Loss):
         self.requires = (feature_role,)
         self.temperature = temperature
         self.views = views
-        self.text_head = resolve_head(shared_heads, student_head, hidden_size, proj_dim)
+        out = student_head_dim if student_head else proj_dim
+        self.text_head = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
         self.image_head = resolve_head(
             shared_heads, image_head, feature_dims[feature_role], self.text_head[0].out_features
         )

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
 from mmcse.losses.base import Loss, LossInputs, cosine_matrix
+from mmcse.losses.heads import HEAD_INITS, MLPHead, resolve_head  # noqa: F401  (re-exported)
 from mmcse.registry import register_loss
 
 
@@ -33,39 +34,24 @@ def info_nce(queries: Tensor, keys: Tensor, temperature: float, offset: int = 0)
     return F.cross_entropy(logits.float(), targets)
 
 
-HEAD_INITS = ("bert", "torch")
-
-
-class MLPHead(nn.Sequential):
-    """One Linear + Tanh, the projection head SimCSE and MCSE put on [CLS].
-
-    ``init="bert"``: weights normal(0, 0.02), bias zero — BERT's ``_init_weights``, which the
-    released code applies to every head built inside its ``BertForCL``/``RobertaForCL``
-    (SimCSE's and MCSE's ``cl_init`` → ``init_weights()``: the [CLS] ``mlp``/``pooler``,
-    VisualCSE's ``image_mlp``). ``init="torch"``: PyTorch's default Linear init (Kaiming-uniform),
-    what the released code's heads *outside* the BERT module get (MCSE's ``grounding`` and
-    image ``MLPLayer``, KDMCSE/DALR's grounding heads).
-    """
-
-    def __init__(self, in_dim: int, out_dim: int, init: str = "torch") -> None:
-        super().__init__(nn.Linear(in_dim, out_dim), nn.Tanh())
-        if init not in HEAD_INITS:
-            raise ValueError(f"head init must be one of {HEAD_INITS}, not {init!r}")
-        if init == "bert":
-            nn.init.normal_(self[0].weight, mean=0.0, std=0.02)
-            nn.init.zeros_(self[0].bias)
-
-
 @register_loss("simcse")
 class SimCSELoss(Loss):
     terms = ("simcse_loss",)
 
     def __init__(
-        self, hidden_size: int, temperature: float = 0.05, head_init: str = "bert", **_: object
+        self,
+        hidden_size: int,
+        temperature: float = 0.05,
+        head_init: str = "bert",
+        student_head: str | None = None,
+        student_head_dim: int | None = None,
+        shared_heads: dict | None = None,
+        **_: object,
     ) -> None:
         super().__init__()
         self.temperature = temperature
-        self.mlp = MLPHead(hidden_size, hidden_size, head_init)
+        out = student_head_dim if student_head else hidden_size
+        self.mlp = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
 
     @staticmethod
     def compute_loss_from_embeddings(h1: Tensor, h2: Tensor, temperature: float = 0.05) -> Tensor:

@@ -7,12 +7,22 @@ He et al., *DALR: Dual-level Alignment Learning for Multimodal Sentence Represen
     P_ij^{t2t} = softmax_j( sim(s_i^z, s_j^{z'}) / τ_s )       (student, two dropout views)
     Q_ij^{t2t} = softmax_j( Σ_k w_k sim(t_i^k, t_j^k) / τ_t )    (cached text teachers k)
 
-``s = MLP([CLS])`` (Linear H→H + Tanh, this loss's own head). The teachers are a weighted mix
-(``text_teachers``: ``(role, weight)`` pairs); DALR follows RankCSE's release: DiffCSE weight 0.33,
-SimCSE 0.67. Teachers are mixed at the level of their similarity matrices, which lets teachers
-of different widths be combined (the code mixes the SimCSE/DiffCSE *embeddings* for these KL
-targets, and the similarities for the ranking term; with equal-width teachers the two differ only
-slightly). Any cached text teacher can be swapped in by mapping it to a role.
+``s = MLP([CLS])`` (Linear H→H + Tanh: this loss's own head, or the head named by
+``student_head``, shared with other terms — :mod:`~mmcse.losses.heads`). The teachers are a
+weighted mix (``text_teachers``: ``(role, weight)`` pairs, in the order given). DALR's released
+scripts (``scripts/run_wiki_{flickr,coco}.sh``) pass ``--first_teacher Model/simcse``,
+``--second_teacher Model/DiffCSE``, ``--alpha_ 0.33``: SimCSE 0.33, DiffCSE 0.67
+(:data:`DEFAULT_TEXT_TEACHERS`). ``teacher_mix`` says what is mixed: ``"embeddings"`` — the
+weighted sum of the teachers' [CLS] embeddings, then cosines (the paper, §3.3: "a weighted
+combination of [CLS] token embeddings"; the code for these KL targets; needs equal widths) — or
+``"similarities"`` — the weighted sum of each teacher's cosine matrix (the code's ranking target;
+works for teachers of different widths). Any cached text teacher can be swapped in by mapping it
+to a role.
+
+Student margin (``margin``): DALR's code computes the student scores with its ``ArcSimilarity``
+(``self.sim``, m = ``--margin1`` = 0.18: negatives' angles reduced by m where θ > m, as
+:func:`~mmcse.losses.arc_margin_info_nce.angular_margin_logits`); the paper's eq. 11 has plain
+cosines (``margin=0``, the default of this loss).
 
 Paper vs code (defaults follow the code, because the paper's form is degenerate):
 
@@ -21,8 +31,9 @@ Paper vs code (defaults follow the code, because the paper's form is degenerate)
   code divides the student's cosines by τ = 0.05 and again by 0.45 (``KLContrastiveSimLoss``),
   i.e. τ_s = 0.0225, and the teacher's by τ_t = 0.5. Set both to 1 for the paper's literal form.
 * reduction: eq. 12 sums over anchors; the code (``batchmean``) and mmcse average.
-* student head: in the code ℓ_IMA reads the SimCSE term's pooler (with its arc margin when that
-  variant is on); here it has its own head, so it can be ablated without touching ℓ_SimCSE.
+* student head: in the code ℓ_IMA reads the SimCSE term's pooler (``z1``, ``z2``) with its arc
+  margin; ``student_head`` + ``margin`` reproduce that (the ``dalr`` method sets both); without
+  them this loss has its own head and plain cosines.
 
 Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[role]`` ``[B, D_role]`` for every teacher role.
 Returns ``{"ima_loss": scalar}``. Siblings: :mod:`list_mle_distillation` (ℓ_rank, the other half of
@@ -38,15 +49,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
+from mmcse.losses.arc_margin_info_nce import angular_margin_logits
 from mmcse.losses.base import Loss, LossInputs, cosine_matrix
-from mmcse.losses.info_nce import MLPHead
+from mmcse.losses.heads import resolve_head
 from mmcse.registry import register_loss
 
-#: RankCSE's released teacher mix, which DALR says it follows (first teacher DiffCSE, α = 0.33)
+#: DALR's released scripts: first teacher SimCSE with ``--alpha_ 0.33``, second DiffCSE (0.67)
 DEFAULT_TEXT_TEACHERS: tuple[tuple[str, float], ...] = (
-    ("text_teacher_diffcse", 0.33),
-    ("text_teacher_simcse", 0.67),
+    ("text_teacher_simcse", 0.33),
+    ("text_teacher_diffcse", 0.67),
 )
+TEACHER_MIXES = ("embeddings", "similarities")
 
 
 def normalize_teachers(teachers: Sequence[Sequence[object]]) -> tuple[tuple[str, float], ...]:
@@ -57,14 +70,35 @@ def normalize_teachers(teachers: Sequence[Sequence[object]]) -> tuple[tuple[str,
     return pairs
 
 
-def mixed_teacher_similarity(inputs: LossInputs, teachers: Sequence[tuple[str, float]]) -> Tensor:
-    """``[N, N]`` Σ_k w_k cos(t_i^k, t_j^k) over the batch gathered from every rank."""
+def mixed_teacher_similarity(
+    inputs: LossInputs, teachers: Sequence[tuple[str, float]], mix: str = "similarities"
+) -> Tensor:
+    """``[N, N]`` teacher similarities over the batch gathered from every rank:
+    Σ_k w_k cos(t_i^k, t_j^k) (``mix="similarities"``) or cos(Σ_k w_k t_i^k, Σ_k w_k t_j^k)
+    (``mix="embeddings"``; the teachers must have one width)."""
+    if mix not in TEACHER_MIXES:
+        raise ValueError(f"teacher_mix must be one of {TEACHER_MIXES}, not {mix!r}")
     total = None
     for role, weight in teachers:
         features = gather_across_ranks(inputs.feature(role).float())
-        term = weight * cosine_matrix(features, features)
+        if mix == "similarities":
+            term = weight * cosine_matrix(features, features)
+        elif total is not None and total.shape[-1] != features.shape[-1]:
+            raise ValueError(
+                f"teacher_mix='embeddings' needs teachers of one width; {role!r} is "
+                f"{features.shape[-1]}-d, the others {total.shape[-1]}-d (use 'similarities')"
+            )
+        else:
+            term = weight * features
         total = term if total is None else total + term
-    return total
+    return total if mix == "similarities" else cosine_matrix(total, total)
+
+
+def student_scores(a: Tensor, b: Tensor, margin: float = 0.0) -> Tensor:
+    """``[N, M]`` cos(a_i, b_j), off-diagonal angles reduced by ``margin`` where θ > margin
+    (DALR's code's ``ArcSimilarity``; ``margin=0`` leaves the cosines untouched)."""
+    cos = cosine_matrix(a.float(), b.float())
+    return angular_margin_logits(cos, margin) if margin else cos
 
 
 def teacher_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
@@ -88,6 +122,12 @@ class IntraModalAlignmentLoss(Loss):
         text_teachers: Sequence[Sequence[object]] = DEFAULT_TEXT_TEACHERS,
         temperature: float = 0.0225,
         teacher_temperature: float = 0.5,
+        margin: float = 0.0,
+        teacher_mix: str = "similarities",
+        student_head: str | None = None,
+        student_head_dim: int | None = None,
+        head_init: str = "bert",
+        shared_heads: dict | None = None,
         **_: object,
     ) -> None:
         super().__init__()
@@ -95,7 +135,10 @@ class IntraModalAlignmentLoss(Loss):
         self.requires = tuple(role for role, _ in self.text_teachers)
         self.temperature = temperature
         self.teacher_temperature = teacher_temperature
-        self.mlp = MLPHead(hidden_size, hidden_size)
+        self.margin = margin
+        self.teacher_mix = teacher_mix
+        out = student_head_dim if student_head else hidden_size
+        self.mlp = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
 
     @staticmethod
     def compute_loss_from_embeddings(
@@ -104,16 +147,18 @@ class IntraModalAlignmentLoss(Loss):
         teacher_similarity: Tensor,
         temperature: float = 0.0225,
         teacher_temperature: float = 0.5,
+        margin: float = 0.0,
     ) -> Tensor:
-        """KL(Q ‖ P) with ``P`` from cos(h1_i, h2_j) and ``Q`` from the teacher's ``[N, N]``."""
-        student = cosine_matrix(h1.float(), h2.float()) / temperature
+        """KL(Q ‖ P): ``P`` from cos(h1_i, h2_j) (negatives' angles reduced by ``margin``),
+        ``Q`` from the teacher's ``[N, N]`` similarities."""
+        student = student_scores(h1, h2, margin) / temperature
         return teacher_kl(student, teacher_similarity / teacher_temperature)
 
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
         h1 = gather_across_ranks(self.mlp(inputs.view1))
         h2 = gather_across_ranks(self.mlp(inputs.view2))
-        teacher = mixed_teacher_similarity(inputs, self.text_teachers)
+        teacher = mixed_teacher_similarity(inputs, self.text_teachers, self.teacher_mix)
         loss = self.compute_loss_from_embeddings(
-            h1, h2, teacher, self.temperature, self.teacher_temperature
+            h1, h2, teacher, self.temperature, self.teacher_temperature, self.margin
         )
         return {"ima_loss": loss}

@@ -15,9 +15,14 @@ teacher's *order* matters, so its scale is irrelevant.
 Paper vs code: eq. 10 sums over anchors; the code (and mmcse) average. The code breaks ties
 between equal teacher scores by a random shuffle (``torch.randperm``); mmcse uses a stable sort
 (ties keep batch order), so the loss is a deterministic function of its inputs — ties only arise
-for duplicate sentences. In the code the student scores are the SimCSE term's logits (with its arc
-margin in that variant); here they come from this loss's own head. ``gamma_`` (1.0) is not a
-separate knob: the method's term weight scales the loss.
+for duplicate sentences. In the code the student scores are the SimCSE term's logits
+(``student_top1_sim_pred = cos_sim.clone()``: the pooler's ``z1·z2`` cosines with the arc margin
+m = 0.18, over τ = 0.05); ``student_head`` (the shared pooler) + ``margin`` reproduce that, and
+without them this loss has its own head and plain cosines (eq. 10). The teacher order comes from
+``teacher_mix`` (:func:`~mmcse.losses.intra_modal_alignment.mixed_teacher_similarity`): the code
+ranks by the mixed *similarities* (``α·cos₁/τ₂ + (1−α)·cos₂/τ₂``); the paper by the similarity
+of the mixed *embeddings*. ``gamma_`` (1.0) is not a separate knob: the method's term weight
+scales the loss.
 
 Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[role]`` per teacher role.
 Returns ``{"rank_loss": scalar}``. Siblings: :mod:`intra_modal_alignment` (ℓ_IMA; teacher mixing).
@@ -31,12 +36,13 @@ import torch
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
-from mmcse.losses.base import Loss, LossInputs, cosine_matrix
-from mmcse.losses.info_nce import MLPHead
+from mmcse.losses.base import Loss, LossInputs
+from mmcse.losses.heads import resolve_head
 from mmcse.losses.intra_modal_alignment import (
     DEFAULT_TEXT_TEACHERS,
     mixed_teacher_similarity,
     normalize_teachers,
+    student_scores,
 )
 from mmcse.registry import register_loss
 
@@ -60,25 +66,39 @@ class ListMLEDistillationLoss(Loss):
         hidden_size: int,
         text_teachers: Sequence[Sequence[object]] = DEFAULT_TEXT_TEACHERS,
         temperature: float = 0.05,
+        margin: float = 0.0,
+        teacher_mix: str = "similarities",
+        student_head: str | None = None,
+        student_head_dim: int | None = None,
+        head_init: str = "bert",
+        shared_heads: dict | None = None,
         **_: object,
     ) -> None:
         super().__init__()
         self.text_teachers = normalize_teachers(text_teachers)
         self.requires = tuple(role for role, _ in self.text_teachers)
         self.temperature = temperature
-        self.mlp = MLPHead(hidden_size, hidden_size)
+        self.margin = margin
+        self.teacher_mix = teacher_mix
+        out = student_head_dim if student_head else hidden_size
+        self.mlp = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
 
     @staticmethod
     def compute_loss_from_embeddings(
-        h1: Tensor, h2: Tensor, teacher_similarity: Tensor, temperature: float = 0.05
+        h1: Tensor,
+        h2: Tensor,
+        teacher_similarity: Tensor,
+        temperature: float = 0.05,
+        margin: float = 0.0,
     ) -> Tensor:
-        """ListMLE of cos(h1_i, h2_j)/τ under the order of ``teacher_similarity`` ``[N, N]``."""
-        return list_mle(cosine_matrix(h1, h2) / temperature, teacher_similarity)
+        """ListMLE of cos(h1_i, h2_j)/τ (negatives' angles reduced by ``margin``) under the
+        order of ``teacher_similarity`` ``[N, N]``."""
+        return list_mle(student_scores(h1, h2, margin) / temperature, teacher_similarity)
 
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
         h1 = gather_across_ranks(self.mlp(inputs.view1))
         h2 = gather_across_ranks(self.mlp(inputs.view2))
         with torch.no_grad():
-            teacher = mixed_teacher_similarity(inputs, self.text_teachers)
-        loss = self.compute_loss_from_embeddings(h1, h2, teacher, self.temperature)
+            teacher = mixed_teacher_similarity(inputs, self.text_teachers, self.teacher_mix)
+        loss = self.compute_loss_from_embeddings(h1, h2, teacher, self.temperature, self.margin)
         return {"rank_loss": loss}

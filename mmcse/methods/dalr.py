@@ -1,4 +1,10 @@
-"""DALR (He et al., 2025) as a composition of registered losses."""
+"""DALR (He et al., 2025) as two compositions of registered losses: the released code and eq. 14.
+
+``dalr`` (:class:`DALR`) is what the authors' code ``Hekang001/DALR`` trains with their scripts
+``scripts/run_wiki_{flickr,coco}.sh`` (``src/train_mix.py`` + ``src/model_modified.py``), i.e. the
+setting behind the published tables; ``dalr-paper`` (:class:`DALRPaper`) is eq. 14 as printed.
+Every difference is a field of the dataclass, so either variant can be moved towards the other.
+"""
 
 from __future__ import annotations
 
@@ -11,49 +17,72 @@ from mmcse.registry import register_method
 
 #: Term options that name cached feature roles (what the method must declare it reads)
 ROLE_OPTIONS = ("feature_role", "image_role", "text_role", "token_role")
+#: names of the heads shared between terms (:mod:`mmcse.losses.heads`)
+STUDENT_HEAD, IMAGE_HEAD = "dalr_student", "dalr_image"
+
+CHOICES = {
+    "text_objective": ("infonce", "arc_margin"),
+    "image_objective": ("infonce", "adapacse"),
+    "image_views": ("mean", "sum", "first"),
+    "teachers_on": ("all", "caption"),
+    "teacher_mix": ("embeddings", "similarities"),
+    "rank_teacher_mix": ("embeddings", "similarities"),
+    "cma_pairing": ("released", "paper"),
+    "consistency_mismatch": ("random", "roll5"),
+    "head_init": ("bert", "torch"),
+}
 
 
 @register_method("dalr")
 @dataclass
 class DALR(Method):
-    """DALR: ℓ = ℓ_SimCSE + ℓ_Info + λ·(ℓ_cons + ℓ_CMA) + μ·(ℓ_rank + ℓ_IMA), eq. 14 + App. B.
+    """DALR as the released code trains it (``src/train_mix.py``, ``src/model_modified.py``).
 
-    * ℓ_SimCSE (every batch, eq. 1) and ℓ_Info (caption batches, eq. 4: MCSE's text→image
-      InfoNCE, :mod:`~mmcse.losses.image_text_info_nce`). MCSE's term *sums* the two dropout
-      views; eq. 4 has one, so its weight is halved (the mean over views, the code's scale too).
-    * ℓ_CML (caption batches): ℓ_cons (:mod:`~mmcse.losses.image_text_consistency`) and ℓ_CMA
-      (:mod:`~mmcse.losses.cross_modal_alignment`), λ = ``cross_modal_weight`` = 0.1.
-    * ℓ_IML: ℓ_rank (:mod:`~mmcse.losses.list_mle_distillation`) and ℓ_IMA
-      (:mod:`~mmcse.losses.intra_modal_alignment`), μ = ``intra_modal_weight`` = 0.2; on every
-      batch (``teachers_on="all"``: the text teachers are cached for both corpora) or, as in the
-      released code, on caption batches only (``teachers_on="caption"``).
+    Per caption batch the code's loss is ``loss + 0.1·cross_modal + 0.2·intra_modal`` with
 
-    Every sub-term has its own ``*_weight`` (1 by default) so each row of the paper's ablation
-    (Table 3) is one ``--drop``. Teachers: ``text_teachers`` = ``(role, weight)`` pairs, default
-    DiffCSE 0.33 + SimCSE 0.67 (RankCSE's release, which DALR follows); the image teacher is the
-    role ``image`` (CLIP ViT-B/32 in the paper, ResNet-50 in App. E.2 — any cached image feature
-    set mapped to the role). τ = 0.05; the KL terms use the code's temperatures (see
-    :mod:`~mmcse.losses.intra_modal_alignment`). Paper recipe: BERT lr 2e-5 (RoBERTa 1e-5),
-    batch 128, evaluate every 125 steps.
+    * ``loss`` = ℓ_SimCSE with ``ArcSimilarity`` (angle of the negatives reduced by
+      ``--margin1`` = 0.18; :mod:`~mmcse.losses.arc_margin_info_nce`), on every batch;
+    * ``cross_modal`` = ``0.01·ℓ_cons + ℓ_CMA + cross_loss``, where ``cross_loss`` is KDMCSE's
+      AdapACSE of both views against the image (``--margin2`` = 0.18, margins scaled by the
+      image–image cosines; :mod:`~mmcse.losses.adaptive_angular_margin`, image half only) —
+      the code's stand-in for ℓ_Info, *inside* the λ = 0.1 bracket;
+    * ``intra_modal`` = ``ℓ_IMA + ℓ_rank + ℓ_g2l`` (ℓ_g2l:
+      :mod:`~mmcse.losses.global_local_info_nce`, added to ``rank_loss`` in the code);
 
-    The released code's variants, as named switches:
+    on text batches only ℓ_SimCSE. λ = 0.1 and μ = 0.2 are hard-coded in ``train_mix.py``
+    (``--lbd`` is parsed but unused). Teachers (scripts): first SimCSE, second DiffCSE,
+    ``--alpha_ 0.33`` → SimCSE 0.33 + DiffCSE 0.67; the KL targets mix the teachers'
+    *embeddings*, the ranking target their similarities. ℓ_SimCSE, ℓ_rank, ℓ_IMA, ℓ_CMA,
+    ℓ_cons and ℓ_g2l all read one student head, the SimCSE pooler (``z1``, ``z2``; Linear
+    H→H + Tanh, BERT-initialised), and ℓ_rank, ℓ_IMA, ℓ_CMA use the arc-margin scores of
+    ``self.sim`` (``student_margin`` = 0.18). KL temperatures: student 0.05 × 0.45 = 0.0225,
+    teacher 0.5. ℓ_cons: cosine-embedding loss, margin 0.2, mismatches by rolling the batch 5.
 
-    * ``text_objective="arc_margin"``: the SimCSE term with an angular margin on negatives,
-      ``text_margin`` = 0.18 (:mod:`~mmcse.losses.arc_margin_info_nce`).
-    * ``image_objective="adapacse"``: ℓ_Info replaced by KDMCSE's AdapACSE against the image
-      teacher, margins scaled by its image–image cosines (``image_margin``; 0.15, KDMCSE's value —
-      the DALR release does not fix it).
-    * ``consistency_weight=0.01``: the code's weight on ℓ_cons inside ℓ_CML.
-    * ``teachers_on="caption"``: distillation only on caption batches.
-    * ``global_local_weight=1.0``: the code's extra global-to-local token term inside ℓ_IML
-      (:mod:`~mmcse.losses.global_local_info_nce`; needs cached teacher token states).
+    Not reproduced by default (each a switch):
+
+    * ``global_local_weight`` = 0: the code's ℓ_g2l (weight 1 inside the μ bracket) needs the
+      teachers' *token* states; Stage 1 does not cache them (≈ 48 GB per 1M sentences, see
+      the loss). Set it to 1 with a ``text_teacher_tokens`` feature set.
+    * ``cma_image_projection`` (always on): the code compares ``z1`` with the *raw* 768-d CLIP
+      ViT-L/14 image feature (its scripts' ``flickr30k_ViT_L14.json``; only possible because
+      both are 768-d); mmcse puts a Linear + Tanh image head into the pooler's width so any
+      cached image teacher fits.
+    * ``image_role`` features: the code's scripts use CLIP ViT-L/14 features, the paper names
+      CLIP ViT-B/32 (App. B); the method reads whatever set is mapped to ``image``.
+
+    Each sub-term has its own ``*_weight`` so every row of the paper's ablation (Table 3) is
+    one ``--drop``. See ``docs/fidelity.md`` for the full paper / code / mmcse table.
     """
 
     name: ClassVar[str] = "dalr"
+    #: ℓ_SimCSE (eq. 1); the code always has it, eq. 14 does not
     simcse_weight: float = 1.0
+    #: the image–text term (ℓ_Info in the paper, AdapACSE in the code)
     image_text_weight: float = 1.0
+    #: code: the image–text term sits inside λ·(…) (weight λ·1); paper: outside (weight 1)
+    image_text_in_cross_modal: bool = True
     cross_modal_weight: float = 0.1
-    consistency_weight: float = 1.0
+    consistency_weight: float = 0.01
     cma_weight: float = 1.0
     intra_modal_weight: float = 0.2
     rank_weight: float = 1.0
@@ -63,25 +92,39 @@ class DALR(Method):
     kl_temperature: float = 0.0225
     teacher_temperature: float = 0.5
     consistency_margin: float = 0.2
+    consistency_mismatch: Literal["random", "roll5"] = "roll5"
     proj_dim: int = 256
-    text_objective: Literal["infonce", "arc_margin"] = "infonce"
+    text_objective: Literal["infonce", "arc_margin"] = "arc_margin"
     text_margin: float = 0.18
-    image_objective: Literal["infonce", "adapacse"] = "infonce"
-    image_margin: float = 0.15
-    teachers_on: Literal["all", "caption"] = "all"
+    image_objective: Literal["infonce", "adapacse"] = "adapacse"
+    image_margin: float = 0.18
+    #: views of ℓ_Info when ``image_objective="infonce"`` (AdapACSE always averages them)
+    image_views: Literal["mean", "sum", "first"] = "mean"
+    #: arc margin on the student scores of ℓ_rank, ℓ_IMA and ℓ_CMA (code: ``self.sim``)
+    student_margin: float = 0.18
+    teachers_on: Literal["all", "caption"] = "caption"
     text_teachers: tuple[tuple[str, float], ...] = DEFAULT_TEXT_TEACHERS
+    #: what the KL targets mix: teacher embeddings (paper and code) or similarities
+    teacher_mix: Literal["embeddings", "similarities"] = "embeddings"
+    #: what ℓ_rank's teacher order comes from (code: similarities; paper: embeddings)
+    rank_teacher_mix: Literal["embeddings", "similarities"] = "similarities"
+    cma_pairing: Literal["released", "paper"] = "released"
+    #: one student head for every term (code: the SimCSE pooler; paper: s^z) or one per term
+    shared_student_head: bool = True
+    #: width of the shared student head: None = the encoder's (the code's H→H pooler)
+    student_head_dim: int | None = None
+    #: ℓ_CMA reuses ℓ_Info's image head (paper: eq. 6's h^v is eq. 3's) instead of its own
+    share_image_head: bool = False
+    head_init: Literal["bert", "torch"] = "bert"
     image_role: str = "image"
     token_role: str = "text_teacher_tokens"
 
     def __post_init__(self) -> None:
         self.text_teachers = normalize_teachers(self.text_teachers)
-        for field, value, allowed in (
-            ("text_objective", self.text_objective, ("infonce", "arc_margin")),
-            ("image_objective", self.image_objective, ("infonce", "adapacse")),
-            ("teachers_on", self.teachers_on, ("all", "caption")),
-        ):
+        for field, allowed in CHOICES.items():
+            value = getattr(self, field)
             if value not in allowed:
-                raise ValueError(f"dalr: {field} must be one of {allowed}, not {value!r}")
+                raise ValueError(f"{self.name}: {field} must be one of {allowed}, not {value!r}")
 
     # roles follow the active terms, so a switched-off teacher need not be cached
     @property
@@ -108,25 +151,40 @@ class DALR(Method):
             *self._intra_modal_terms(),
         ]
 
+    # -- shared heads --------------------------------------------------------------------------
+    def _student(self) -> dict[str, Any]:
+        """Options naming the shared student head (none: each term has its own)."""
+        if not self.shared_student_head:
+            return {"head_init": self.head_init}
+        return {
+            "student_head": STUDENT_HEAD,
+            "student_head_dim": self.student_head_dim,
+            "head_init": self.head_init,
+        }
+
+    # -- terms ---------------------------------------------------------------------------------
     def _text_term(self) -> Term:
+        options = {"temperature": self.temperature, **self._student()}
         if self.text_objective == "arc_margin":
-            options = {"margin": self.text_margin, "temperature": self.temperature}
+            options["margin"] = self.text_margin
             return Term("simcse", "arc_margin_info_nce", self.simcse_weight, "all", options)
-        return Term(
-            "simcse", "simcse", self.simcse_weight, "all", {"temperature": self.temperature}
-        )
+        return Term("simcse", "simcse", self.simcse_weight, "all", options)
 
     def _image_text_term(self) -> Term:
+        weight = self.image_text_weight
+        if self.image_text_in_cross_modal:
+            weight *= self.cross_modal_weight
         grounding = {"temperature": self.temperature, "proj_dim": self.proj_dim}
-        if self.image_objective == "adapacse":
+        if self.image_objective == "adapacse":  # own grounding heads, as the code's
             options = {**grounding, "image_role": self.image_role, "text_role": None}
             options["margin"] = self.image_margin
-            loss, weight = "adaptive_angular_margin", self.image_text_weight
-        else:
-            options = {**grounding, "feature_role": self.image_role}
-            # MCSE's term sums the two views; half of it is eq. 4's single-view scale
-            loss, weight = "image_text_info_nce", self.image_text_weight / 2
-        return Term("image_text", loss, weight, "caption", options)
+            return Term("image_text", "adaptive_angular_margin", weight, "caption", options)
+        options = {**grounding, "feature_role": self.image_role, "views": self.image_views}
+        if self.shared_student_head:
+            options.update(self._student())
+        if self.share_image_head:
+            options["image_head"] = IMAGE_HEAD
+        return Term("image_text", "image_text_info_nce", weight, "caption", options)
 
     def _cross_modal_terms(self) -> list[Term]:
         lam = self.cross_modal_weight
@@ -134,13 +192,21 @@ class DALR(Method):
             "image_role": self.image_role,
             "proj_dim": self.proj_dim,
             "margin": self.consistency_margin,
+            "mismatch": self.consistency_mismatch,
+            **(self._student() if self.shared_student_head else {}),
         }
         alignment = {
             "image_role": self.image_role,
             "text_teachers": self.text_teachers,
             "proj_dim": self.proj_dim,
+            "margin": self.student_margin,
+            "pairing": self.cma_pairing,
+            "teacher_mix": self.teacher_mix,
+            **self._student(),
             **self._kl_options(),
         }
+        if self.share_image_head:
+            alignment["image_head"] = IMAGE_HEAD
         return [
             Term(
                 "consistency",
@@ -154,10 +220,13 @@ class DALR(Method):
 
     def _intra_modal_terms(self) -> list[Term]:
         mu, on = self.intra_modal_weight, self.teachers_on
-        teachers = {"text_teachers": self.text_teachers}
-        rank = {**teachers, "temperature": self.temperature}
-        ima = {**teachers, **self._kl_options()}
+        shared = {"text_teachers": self.text_teachers, "margin": self.student_margin}
+        shared.update(self._student())
+        rank = {**shared, "temperature": self.temperature, "teacher_mix": self.rank_teacher_mix}
+        ima = {**shared, "teacher_mix": self.teacher_mix, **self._kl_options()}
         tokens = {"token_role": self.token_role, "temperature": self.temperature}
+        if self.shared_student_head:
+            tokens.update(self._student())
         return [
             Term("rank", "list_mle_distillation", mu * self.rank_weight, on, rank),
             Term("ima", "intra_modal_alignment", mu * self.ima_weight, on, ima),
@@ -168,3 +237,49 @@ class DALR(Method):
 
     def _kl_options(self) -> dict[str, Any]:
         return {"temperature": self.kl_temperature, "teacher_temperature": self.teacher_temperature}
+
+
+@register_method("dalr-paper")
+@dataclass
+class DALRPaper(DALR):
+    """DALR's eq. 14 as printed: ℓ = ℓ_Info + λ·ℓ_CML + μ·ℓ_IML, λ = 0.1, μ = 0.2 (App. B).
+
+    * ℓ_Info (eq. 4, caption batches): MCSE's text→image InfoNCE on the single view ``s^z``
+      (``image_views="first"``), weight 1, *outside* the λ bracket; no ℓ_text (eq. 1 is defined
+      in §3.1 but not in eq. 14: ``simcse_weight=0``).
+    * ℓ_CML = ℓ_cons + ℓ_CMA (eq. 9; ℓ_cons weight 1, margin 0.2, images shuffled randomly);
+      ℓ_CMA paired as eqs. 6/8 print it (``cma_pairing="paper"``).
+    * ℓ_IML = ℓ_rank + ℓ_IMA (eq. 13), on every batch (``teachers_on="all"``: the teachers
+      are text models, and without ℓ_text a text batch has no other term).
+    * One student score ``s^z = g(f(x, z))`` (eq. 2) for eqs. 4, 6, 10, 11: a shared Linear
+      H→256 + Tanh head (App. B: "the feature representations are projected into a shared
+      256-dimensional space"), and eq. 3's image head ``h^v`` shared by ℓ_Info and ℓ_CMA.
+      ℓ_cons's "modality-specific MLPs" read ``s^z`` (eq. 5 cites eqs. 2–3) and the raw image.
+    * Plain cosines (``student_margin=0``); eqs. 6, 7 and 11 print no temperature, so the KL
+      terms use τ = 1 (``kl_temperature = teacher_temperature = 1``; near-uniform
+      distributions — the code's 0.0225 / 0.5 are one switch away). Eq. 10 has τ = 0.05.
+    * Teachers: SimCSE + DiffCSE, "a weighted combination of [CLS] token embeddings" (§3.3) for
+      every target (``teacher_mix = rank_teacher_mix = "embeddings"``); the paper gives no
+      weights, so the scripts' 0.33 / 0.67 are kept (an mmcse choice).
+
+    Not stated by the paper, chosen here: head inits (BERT for ``s^z``), which features build
+    the teacher targets (the frozen cached ones; eq. 7's ``h^t``/``h^v`` would be trainable),
+    the batch reduction (means, where eqs. 4, 8, 10, 12 sum over the batch).
+    """
+
+    name: ClassVar[str] = "dalr-paper"
+    simcse_weight: float = 0.0
+    image_text_in_cross_modal: bool = False
+    consistency_weight: float = 1.0
+    consistency_mismatch: Literal["random", "roll5"] = "random"
+    text_objective: Literal["infonce", "arc_margin"] = "infonce"
+    image_objective: Literal["infonce", "adapacse"] = "infonce"
+    image_views: Literal["mean", "sum", "first"] = "first"
+    student_margin: float = 0.0
+    kl_temperature: float = 1.0
+    teacher_temperature: float = 1.0
+    teachers_on: Literal["all", "caption"] = "all"
+    rank_teacher_mix: Literal["embeddings", "similarities"] = "embeddings"
+    cma_pairing: Literal["released", "paper"] = "paper"
+    student_head_dim: int | None = 256
+    share_image_head: bool = True
