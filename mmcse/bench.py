@@ -54,7 +54,7 @@ TEXT_TEACHER_PREFIX = "text_teacher"
 ROLE_DIMS = {"image": 2048, "clip_image": 768, "clip_text": 768, "object": 2048}
 TEXT_TEACHER_DIM = 768
 #: where a method's paper uses another teacher for a shared role name (DALR: CLIP ViT-B/32)
-METHOD_ROLE_DIMS = {"dalr": {"image": 512}}
+METHOD_ROLE_DIMS = {"dalr": {"image": 512}, "dalr-paper": {"image": 512}}
 #: settings that only avoid the network (speed does not depend on weights)
 METHOD_ARGS = {"visualcse": {"vit_init": "random"}}
 CAPTIONS_PER_IMAGE = 4  # several captions per image, so an image-keyed join is not the identity

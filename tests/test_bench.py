@@ -21,6 +21,9 @@ EXPECTED_DIMS = {
     ("dalr", "image"): 512,
     ("dalr", "text_teacher_simcse"): 768,
     ("dalr", "text_teacher_diffcse"): 768,
+    ("dalr-paper", "image"): 512,
+    ("dalr-paper", "text_teacher_simcse"): 768,
+    ("dalr-paper", "text_teacher_diffcse"): 768,
     ("kdmcse", "clip_image"): 768,
     ("kdmcse", "clip_text"): 768,
 }
