@@ -58,15 +58,15 @@ class DALR(Method):
     ``self.sim`` (``student_margin`` = 0.18). KL temperatures: student 0.05 × 0.45 = 0.0225,
     teacher 0.5. ℓ_cons: cosine-embedding loss, margin 0.2, mismatches by rolling the batch 5.
 
-    Not reproduced by default (each a switch):
+    Not reproduced by default:
 
     * ``global_local_weight`` = 0: the code's ℓ_g2l (weight 1 inside the μ bracket) needs the
       teachers' *token* states; Stage 1 does not cache them (≈ 48 GB per 1M sentences, see
       the loss). Set it to 1 with a ``text_teacher_tokens`` feature set.
-    * ``cma_image_projection`` (always on): the code compares ``z1`` with the *raw* 768-d CLIP
+    * ℓ_CMA's image side (no switch): the code compares ``z1`` with the *raw* 768-d CLIP
       ViT-L/14 image feature (its scripts' ``flickr30k_ViT_L14.json``; only possible because
       both are 768-d); mmcse puts a Linear + Tanh image head into the pooler's width so any
-      cached image teacher fits.
+      cached image teacher fits (``share_image_head=True`` reuses ℓ_Info's head instead).
     * ``image_role`` features: the code's scripts use CLIP ViT-L/14 features, the paper names
       CLIP ViT-B/32 (App. B); the method reads whatever set is mapped to ``image``.
 
