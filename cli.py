@@ -53,7 +53,11 @@ def train(
     eval_steps: int = Opt(None),
     eval_data: str = Opt(None, help="SentEval-layout dir ('' disables evaluation)"),
     final_eval: bool = Opt(None, "--final-eval/--no-final-eval"),
-    pooler: str = Opt(None),
+    pooler: str = Opt(
+        None,
+        help="auto (the student's own sentence-transformers pooling, else cls_before_pooler) "
+        "| cls | cls_before_pooler | avg (= mean) | max | avg_first_last | avg_top2",
+    ),
     device: str = Opt(None),
     precision: str = Opt(None, help="auto|bf16|fp32"),
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
@@ -166,8 +170,9 @@ def eval_command(
     model: str = typer.Option(..., help="Training run directory (uses run/best) or HF model dir."),
     pooler: str | None = typer.Option(
         None,
-        help="cls | cls_before_pooler | avg | avg_first_last | avg_top2 "
-        "[default: the run's pooler, else cls_before_pooler]",
+        help="cls | cls_before_pooler | avg (= mean) | max | avg_first_last | avg_top2 | auto "
+        "[default: the run's pooler, else the student's own 1_Pooling config, "
+        "else cls_before_pooler]",
     ),
     data: str | None = typer.Option(
         None, help="SentEval data folder (holds downstream/STS) [default: ../shared/data/senteval]"
