@@ -203,6 +203,20 @@ def eval_command(
         typer.echo(f"wrote {write_report(results, out)}")
 
 
+@app.command()
+def export(
+    run: str = typer.Argument(..., help="training run dir (uses run/best), checkpoint or HF dir"),
+    out: str = typer.Argument(..., help="sentence-transformers model dir to write"),
+    pooler: str = typer.Option(None, help="[default: the pooler mmcse eval uses for RUN]"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace a non-empty OUT"),
+) -> None:
+    """Write a sentence-transformers model dir that encodes exactly as mmcse eval scores RUN."""
+    from mmcse.export import export_run
+
+    path, used = export_run(run, out, pooler=pooler, overwrite=overwrite)
+    typer.echo(f"exported {run} to {path} (pooling {used}); model card {path}/README.md")
+
+
 # ---- cache -----------------------------------------------------------------------------------
 
 

@@ -60,8 +60,15 @@ def _st_pooling_path(model_dir: Path) -> Path | None:
             entries = json.loads(modules.read_text())
         except json.JSONDecodeError:
             raise MmcseError(f"{modules} is not valid JSON") from None
-        for entry in entries:
-            if str(entry.get("type", "")).endswith("Pooling"):
+        kinds = [str(entry.get("type", "")).rsplit(".", 1)[-1] for entry in entries]
+        extra = [k for k in kinds if k not in ("Transformer", "Pooling", "Normalize")]
+        if extra:  # e.g. a Dense head: pooling alone would not encode as the model does
+            raise MmcseError(
+                f"{modules}: sentence-transformers modules {', '.join(extra)} are not supported; "
+                "give --pooler to use the bare encoder"
+            )
+        for kind, entry in zip(kinds, entries, strict=True):
+            if kind == "Pooling":
                 return model_dir / entry.get("path", "1_Pooling") / "config.json"
         return None
     fallback = model_dir / "1_Pooling" / "config.json"
