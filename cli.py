@@ -28,6 +28,23 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(recipes_app, name="recipes")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from mmcse import __version__
+
+        typer.echo(f"mmcse {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print the version and exit."
+    ),
+) -> None:
+    """Multimodal contrastive sentence embeddings: Stage-1 teacher cache + Stage-2 trainer."""
+
+
 # ---- train / demo / bench train (Stage 2) --------------------------------------------------
 Opt = typer.Option
 
@@ -102,6 +119,29 @@ def train(
     typer.echo(f"run directory: {result.output_dir}")
 
 
+def _show_config_defaults(command) -> None:
+    """``train --help`` shows each setting's TrainConfig default: the flags themselves default to
+    None, so that a --config file can fill what the command line leaves out."""
+    import dataclasses
+    import inspect
+
+    from mmcse.config import TrainConfig
+
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(TrainConfig)
+    }
+    plural = {"method_arg": "method_args", "feature": "features"}
+    plural["expect_fingerprint"] = "expect_fingerprints"
+    for name, param in inspect.signature(command).parameters.items():
+        info, key = param.default, plural.get(name, name)
+        if isinstance(info, typer.models.OptionInfo) and key in defaults and info.default is None:
+            info.help = f"{info.help or ''} (default: {defaults[key]!r})".strip()
+
+
+_show_config_defaults(train)
+
+
 @bench_app.command("train")
 def bench_train_cmd(
     size: str = Opt("tiny", help="tiny|small|base (BERT-base shapes, random init)"),
@@ -154,12 +194,11 @@ def demo(
 
 @app.command()
 def methods() -> None:
-    """List registered methods and their loss terms."""
-    from mmcse.methods import build_method
-    from mmcse.registry import METHODS
+    """Registered methods: loss terms, feature roles, settings with defaults."""
+    from mmcse.overview import method_names, method_overview
 
-    for name in METHODS.names():
-        typer.echo(build_method(name).describe())
+    for name in method_names():
+        typer.echo(method_overview(name))
 
 
 # ---- eval ------------------------------------------------------------------------------------
@@ -224,17 +263,13 @@ def export(
 def cache_ls(root: str = typer.Argument("cache", help="Directory searched for sets.")) -> None:
     """List the feature sets and corpora under ROOT (unfinished writes included)."""
     from mmcse.cache import list_sets
+    from mmcse.overview import format_cache_listing
 
-    for entry in list_sets(root):
-        size = f"{entry.num_bytes / 2**20:9.1f} MiB"
-        m = entry.manifest
-        if m is None:
-            typer.echo(f"{entry.path}  unfinished (no valid manifest)  {size}")
-            continue
-        typer.echo(
-            f"{entry.path}  {m.kind}  {m.dataset}/{m.split}  rows={m.num_rows}  shape={m.shape}  "
-            f"{m.dtype}  {m.backend}  {size}  fingerprint={m.fingerprint[:12]}"
-        )
+    entries = list(list_sets(root))
+    if not entries:
+        typer.echo(f"no feature sets or corpora under {root}")
+        return
+    typer.echo(format_cache_listing(entries))
 
 
 @cache_app.command("verify")
@@ -432,7 +467,11 @@ def extract_text_cmd(
     images: str = typer.Option(None, help="Image root (caption datasets)."),
     captions: str = typer.Option(None, help="Caption file or folder (caption datasets)."),
     split_file: str = typer.Option(None, help="List of image files/ids in the split."),
-    teacher: str = typer.Option("simcse", help="Registered text teacher."),
+    teacher: str = typer.Option(
+        "simcse",
+        help="Registered text teacher, or none: the corpus table only, no teacher pass "
+        "(all SimCSE/MCSE/KDMCSE read of a text corpus).",
+    ),
     weights: str = _WEIGHTS,
     teacher_size: str = _SIZE,
     device: str = _DEVICE,
@@ -457,7 +496,12 @@ def extract_text_cmd(
     options = _run_options(
         shard_size, batch_size, 0, dtype, strict, rank, world_size, "cpu", 1, backend
     )
-    model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
+    no_teacher = teacher == "none"
+    if no_teacher and Path(corpus).is_dir():
+        raise MmcseError(f"{corpus} is already a corpus table; --teacher none has nothing to add")
+    model = None
+    if not no_teacher:
+        model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
     if Path(corpus).is_dir():
         target = _path(out) or Path(corpus).parent
         _report(extract_corpus_texts(Path(corpus), model, teacher, target, options))
@@ -468,7 +512,7 @@ def extract_text_cmd(
         extract_texts(
             records,
             model,
-            teacher,
+            None if no_teacher else teacher,
             target,
             caption_policy=caption_policy,
             seed=seed,
@@ -713,6 +757,7 @@ _SEEDS = Opt(None, help="comma-separated seeds [default: the recipe's, e.g. 0,1,
 _MODEL = Opt(None, help="student override: local HF dir or hub id")
 _MAX_STEPS = Opt(None, help="stop each run after N steps (smoke runs)")
 _SET = Opt(None, "--set", help="TrainConfig override KEY=VALUE (repeatable)")
+_DRY_RUN = Opt(False, "--dry-run", help="print every run it would train, then stop")
 
 
 def _recipe_seeds(recipe, seeds: str | None) -> tuple[int, ...]:
@@ -767,12 +812,32 @@ def recipes_run(
     max_steps: int = _MAX_STEPS,
     output_dir: str = Opt(None, help="run directory [default: runs/<name>]; seeds in seed<k>/"),
     set_: list[str] = _SET,
+    dry_run: bool = _DRY_RUN,
 ) -> None:
     """Train a recipe over seeds and print it next to the published numbers."""
     from mmcse.recipes import get_recipe, run_recipe
 
     recipe = get_recipe(name)
     out = output_dir or f"runs/{name}"
+    if dry_run:
+        from pathlib import Path
+
+        from mmcse.recipe_runs import describe_plan
+
+        chosen = _recipe_seeds(recipe, seeds)
+        overrides = _set_overrides(set_)
+        typer.echo(
+            describe_plan(
+                recipe,
+                [(name, Path(out), overrides)],
+                cache_root=cache_root,
+                seeds=chosen,
+                model=model,
+                max_steps=max_steps,
+                user_overrides=overrides,
+            )
+        )
+        return
     runs, table = run_recipe(
         recipe,
         cache_root=cache_root,
@@ -797,6 +862,7 @@ def ablate(
     output_dir: str = Opt(None, help="run directories [default: runs/ablate/<recipe>]"),
     out: str = Opt(None, help="markdown table [default: <output-dir>/ablation.md; + .json]"),
     set_: list[str] = _SET,
+    dry_run: bool = _DRY_RUN,
 ) -> None:
     """Rerun a recipe with loss terms switched off; mean ± std and Welch p-values per row."""
     from mmcse.ablate import ablate as run_ablation
@@ -805,6 +871,25 @@ def ablate(
 
     chosen = get_recipe(recipe)
     runs_dir = output_dir or f"runs/ablate/{recipe}"
+    if dry_run:
+        from mmcse.ablate import ablation_plan, label_of
+        from mmcse.recipe_runs import describe_plan
+
+        overrides = _set_overrides(set_)
+        plan = ablation_plan(chosen, parse_drops(drop), runs_dir, overrides)
+        rows = [(label_of(terms), d, over) for terms, _, d, over in plan]
+        typer.echo(
+            describe_plan(
+                chosen,
+                rows,
+                cache_root=cache_root,
+                seeds=_recipe_seeds(chosen, seeds),
+                model=model,
+                max_steps=max_steps,
+                user_overrides=overrides,
+            )
+        )
+        return
     result = run_ablation(
         chosen,
         parse_drops(drop),
