@@ -92,9 +92,7 @@ class Ablation:
         from mmcse.recipe_runs import departure_note, missing_p_reason
 
         full = self.rows[0].avgs
-        out = sorted(
-            {missing_p_reason(r.avgs, full) for r in self.rows[1:] if r.p_value is None}
-        )
+        out = sorted({missing_p_reason(r.avgs, full) for r in self.rows[1:] if r.p_value is None})
         note = departure_note(self.overrides)
         return out + ([note] if note else [])
 
@@ -176,7 +174,9 @@ def ablate(
     plan = ablation_plan(recipe, drops, output_dir, overrides)
     rows = []
     for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):
-        log(f"ablation row {i} of {len(plan)}: {label_of(terms)} (seeds {','.join(map(str, seeds))})")
+        log(
+            f"ablation row {i} of {len(plan)}: {label_of(terms)} (seeds {','.join(map(str, seeds))})"
+        )
         runs = run_seeds(
             recipe,
             cache_root=cache_root,
