@@ -178,17 +178,14 @@ def demo(
     steps: int = Opt(300, help="training steps per method"),
     device: str = Opt("auto", help="auto|cpu|cuda"),
 ) -> None:
-    """Offline end-to-end demo: drawn images → Stage 1 → SimCSE vs MCSE → STS table."""
+    """Offline end-to-end demo: drawn images → Stage 1 → SimCSE vs MCSE → table and curves."""
     import time
     from pathlib import Path
 
     from mmcse.demo import run_demo
-    from mmcse.evaluation import format_rows
 
     started = time.perf_counter()
-    results = run_demo(Path(out), steps=steps, device=device)
-    typer.echo("\nSimCSE vs MCSE on the demo's synthetic grounded STS tasks (Spearman x 100):")
-    typer.echo(format_rows({name: r for name, r in results.items()}))
+    run_demo(Path(out), steps=steps, device=device)
     typer.echo(f"runs in {out}/simcse and {out}/mcse ({time.perf_counter() - started:.0f} s)")
 
 

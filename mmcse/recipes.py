@@ -123,7 +123,7 @@ class Recipe:
             path = root / self.text_corpus / "train" / "sentences"
             command = (
                 f"mmcse extract-text --corpus {self.text_corpus} --text-file WIKI1M_TXT "
-                f"--teacher simcse --out {path.parent}"
+                f"--teacher none --out {path.parent}"  # the table only: no method reads its features
             )
             out.append(Need("text_corpus", f"{self.text_corpus} sentences", path, command))
         if self.caption_dataset:
