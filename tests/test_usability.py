@@ -178,3 +178,47 @@ def test_cli_overviews(monkeypatch, capsys, tiny_world):
     run_cli(monkeypatch, "train", "--help")
     help_text = capsys.readouterr().out
     assert "(default: 64)" in help_text and "(default: 'auto')" in help_text
+
+
+# ---- the demo: honest task names, comparison table, curves --------------------------------------
+
+
+def test_demo_tasks_are_named_for_what_they_are(tmp_path):
+    import random
+
+    from mmcse.demo import load_demo_tasks
+    from mmcse.demo_data import DEMO_TASKS, write_tasks
+    from mmcse.evaluation.sts import STS_YEAR_SUBSETS
+
+    write_tasks(tmp_path, random.Random(0), pairs_per_task=20)
+    tasks = load_demo_tasks(tmp_path / "tasks")
+    assert sorted(t.name for t in tasks) == sorted(DEMO_TASKS)
+    sentevalish = {*STS_YEAR_SUBSETS, "STSBenchmark", "SICKRelatedness", "STS-B", "SICK-R"}
+    assert not sentevalish & {t.name for t in tasks}
+    assert not (tmp_path / "senteval" / "downstream" / "STS" / "STS12-en-test").exists()
+    for task in tasks:
+        gold = task.subsets[0].gold
+        assert len(gold) == 20 and gold.min() >= 0 and gold.max() <= 5 and gold.std() > 0
+    one_shape = next(t for t in tasks if t.name == "one-shape scenes")
+    assert all(" of " not in a.split("a picture of")[-1] for a, _ in one_shape.subsets[0].pairs)
+
+
+def test_demo_table_and_plot_from_run_logs(tmp_path):
+    from mmcse.demo import comparison_markdown, dev_curve, write_demo_plots
+
+    runs = {}
+    for method, rise in (("simcse", 1.0), ("mcse", 3.0)):
+        run = tmp_path / method
+        run.mkdir()
+        rows = [{"step": s, "loss": 2.0 / s} for s in range(1, 9)]
+        rows += [{"step": s, "stsb_dev": 40 + rise * s} for s in (4, 8)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs[method] = run
+    curves = {m: dev_curve(d) for m, d in runs.items()}
+    assert curves["mcse"] == [(4, 52.0), (8, 64.0)]
+    results = {m: {"one-shape scenes": 50.0, "avg": 50.0} for m in runs}
+    table = comparison_markdown(results, curves)
+    assert "| mcse | 50.00 | 50.00 | 64.00 (step 8) |" in table and "not SentEval" in table
+    pytest.importorskip("matplotlib")
+    plot = write_demo_plots(runs, tmp_path)
+    assert plot == tmp_path / "curves.png" and plot.stat().st_size > 1000
