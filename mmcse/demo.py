@@ -137,13 +137,15 @@ def write_demo_plots(run_dirs: dict[str, Path], out_dir: Path) -> Path | None:
     for method, run_dir in run_dirs.items():
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         dev = [(r["step"], r["stsb_dev"]) for r in rows if r.get("stsb_dev") is not None]
-        loss = [(r["step"], r["loss"]) for r in rows if r.get("loss") is not None]
         if dev:
             dev_ax.plot(*zip(*dev, strict=True), marker="o", label=method)
-        if loss:
-            loss_ax.plot(*zip(*loss, strict=True), label=method, alpha=0.8)
+        terms = sorted({k for r in rows for k in r if k.endswith("_loss")})  # every loss term
+        for term in terms:
+            points = [(r["step"], r[term]) for r in rows if r.get(term) is not None]
+            label = f"{method} {term.removesuffix('_loss')}"
+            loss_ax.plot(*zip(*points, strict=True), label=label, alpha=0.8)
     dev_ax.set(xlabel="step", ylabel="Spearman x 100", title=DEV_LABEL)
-    loss_ax.set(xlabel="step", ylabel="total loss", title="training loss", yscale="log")
+    loss_ax.set(xlabel="step", ylabel="loss term", title="training loss terms", yscale="log")
     for ax in (dev_ax, loss_ax):
         ax.legend()
         ax.grid(alpha=0.3)

@@ -210,7 +210,7 @@ def test_demo_table_and_plot_from_run_logs(tmp_path):
     for method, rise in (("simcse", 1.0), ("mcse", 3.0)):
         run = tmp_path / method
         run.mkdir()
-        rows = [{"step": s, "loss": 2.0 / s} for s in range(1, 9)]
+        rows = [{"step": s, "loss": 2.0 / s, "simcse_loss": 2.0 / s} for s in range(1, 9)]
         rows += [{"step": s, "stsb_dev": 40 + rise * s} for s in (4, 8)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         runs[method] = run
