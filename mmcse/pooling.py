@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from mmcse.errors import MmcseError
+
+if TYPE_CHECKING:  # names are checked (TrainConfig) without importing torch
+    from torch import Tensor
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "max")
 ALIASES = {"mean": "avg"}
