@@ -207,16 +207,16 @@ def eval_command(
     pooler: str | None = typer.Option(
         None,
         help="cls | cls_before_pooler | avg (= mean) | max | avg_first_last | avg_top2 | auto "
-        "[default: the run's pooler, else the student's own 1_Pooling config, "
-        "else cls_before_pooler]",
+        "(default: the run's pooler, else the student's own 1_Pooling config, "
+        "else cls_before_pooler)",
     ),
     data: str | None = typer.Option(
-        None, help="SentEval data folder (holds downstream/STS) [default: ../shared/data/senteval]"
+        None, help="SentEval data folder (holds downstream/STS) (default: ../shared/data/senteval)"
     ),
     out: str | None = typer.Option(None, help="Write the results as JSON to this file."),
     mode: str = typer.Option("test", help="test: the 7 STS tasks; dev: STS-B and SICK-R dev."),
     batch_size: int = typer.Option(128, help="Sentences per forward pass."),
-    device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ... [default: cuda if any]"),
+    device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ... (default: cuda if any)"),
     align_uniform: bool = typer.Option(
         False, "--align-uniform", help="Also report alignment and uniformity on STS-B."
     ),
@@ -243,7 +243,7 @@ def eval_command(
 def export(
     run: str = typer.Argument(..., help="training run dir (uses run/best), checkpoint or HF dir"),
     out: str = typer.Argument(..., help="sentence-transformers model dir to write"),
-    pooler: str = typer.Option(None, help="[default: the pooler mmcse eval uses for RUN]"),
+    pooler: str = typer.Option(None, help="(default: the pooler mmcse eval uses for RUN)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace a non-empty OUT"),
 ) -> None:
     """Write a sentence-transformers model dir that encodes exactly as mmcse eval scores RUN."""
@@ -750,7 +750,7 @@ def bench_objects_cmd(
 # ---- recipes / ablate --------------------------------------------------------------------------
 
 _CACHE_ROOT = Opt("cache", "--cache-root", help="Stage-1 cache root (layout: mmcse.recipes)")
-_SEEDS = Opt(None, help="comma-separated seeds [default: the recipe's, e.g. 0,1,2,3,4]")
+_SEEDS = Opt(None, help="comma-separated seeds (default: the recipe's, e.g. 0,1,2,3,4)")
 _MODEL = Opt(None, help="student override: local HF dir or hub id")
 _MAX_STEPS = Opt(None, help="stop each run after N steps (smoke runs)")
 _SET = Opt(None, "--set", help="TrainConfig override KEY=VALUE (repeatable)")
@@ -807,7 +807,7 @@ def recipes_run(
     seeds: str = _SEEDS,
     model: str = _MODEL,
     max_steps: int = _MAX_STEPS,
-    output_dir: str = Opt(None, help="run directory [default: runs/<name>]; seeds in seed<k>/"),
+    output_dir: str = Opt(None, help="run directory (default: runs/<name>); seeds in seed<k>/"),
     set_: list[str] = _SET,
     dry_run: bool = _DRY_RUN,
 ) -> None:
@@ -856,8 +856,8 @@ def ablate(
     seeds: str = _SEEDS,
     model: str = _MODEL,
     max_steps: int = _MAX_STEPS,
-    output_dir: str = Opt(None, help="run directories [default: runs/ablate/<recipe>]"),
-    out: str = Opt(None, help="markdown table [default: <output-dir>/ablation.md; + .json]"),
+    output_dir: str = Opt(None, help="run directories (default: runs/ablate/<recipe>)"),
+    out: str = Opt(None, help="markdown table (default: <output-dir>/ablation.md; + .json)"),
     set_: list[str] = _SET,
     dry_run: bool = _DRY_RUN,
 ) -> None:
