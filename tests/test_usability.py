@@ -3,6 +3,7 @@ tables without a teacher, and the CLI's overviews (methods, cache ls, --version,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -234,3 +235,23 @@ def test_demo_table_and_plot_from_run_logs(tmp_path):
     pytest.importorskip("matplotlib")
     plot = write_demo_plots(runs, tmp_path)
     assert plot == tmp_path / "curves.png" and plot.stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_short(tmp_path, monkeypatch, capsys):
+    """The one command, 4 steps per method: named tasks, table, curves; no SentEval names."""
+    run_cli(monkeypatch, "demo", "--out", str(tmp_path), "--steps", "4", "--device", "cpu")
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "comparison.json").read_text())
+    assert set(record["test"]) == {"simcse", "mcse"}
+    assert set(record["test"]["mcse"]) == {
+        "one-shape scenes",
+        "two-shape scenes",
+        "reworded or unrelated",
+        "avg",
+    }
+    assert [step for step, _ in record["dev_curves"]["mcse"]] == [1, 2, 3, 4]
+    assert "| mcse |" in out and "one-shape scenes" in out
+    assert "STS12" not in out and "SICK" not in out
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "curves.png").is_file()
