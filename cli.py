@@ -28,6 +28,23 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(recipes_app, name="recipes")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from mmcse import __version__
+
+        typer.echo(f"mmcse {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print the version and exit."
+    ),
+) -> None:
+    """Multimodal contrastive sentence embeddings: Stage-1 teacher cache + Stage-2 trainer."""
+
+
 # ---- train / demo / bench train (Stage 2) --------------------------------------------------
 Opt = typer.Option
 
@@ -53,7 +70,11 @@ def train(
     eval_steps: int = Opt(None),
     eval_data: str = Opt(None, help="SentEval-layout dir ('' disables evaluation)"),
     final_eval: bool = Opt(None, "--final-eval/--no-final-eval"),
-    pooler: str = Opt(None),
+    pooler: str = Opt(
+        None,
+        help="auto (the student's own sentence-transformers pooling, else cls_before_pooler) "
+        "| cls | cls_before_pooler | avg (= mean) | max | avg_first_last | avg_top2",
+    ),
     device: str = Opt(None),
     precision: str = Opt(None, help="auto|bf16|fp32"),
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
@@ -98,6 +119,29 @@ def train(
     typer.echo(f"run directory: {result.output_dir}")
 
 
+def _show_config_defaults(command) -> None:
+    """``train --help`` shows each setting's TrainConfig default: the flags themselves default to
+    None, so that a --config file can fill what the command line leaves out."""
+    import dataclasses
+    import inspect
+
+    from mmcse.config import TrainConfig
+
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(TrainConfig)
+    }
+    plural = {"method_arg": "method_args", "feature": "features"}
+    plural["expect_fingerprint"] = "expect_fingerprints"
+    for name, param in inspect.signature(command).parameters.items():
+        info, key = param.default, plural.get(name, name)
+        if isinstance(info, typer.models.OptionInfo) and key in defaults and info.default is None:
+            info.help = f"{info.help or ''} (default: {defaults[key]!r})".strip()
+
+
+_show_config_defaults(train)
+
+
 @bench_app.command("train")
 def bench_train_cmd(
     size: str = Opt("tiny", help="tiny|small|base (BERT-base shapes, random init)"),
@@ -134,28 +178,24 @@ def demo(
     steps: int = Opt(300, help="training steps per method"),
     device: str = Opt("auto", help="auto|cpu|cuda"),
 ) -> None:
-    """Offline end-to-end demo: drawn images → Stage 1 → SimCSE vs MCSE → STS table."""
+    """Offline end-to-end demo: drawn images → Stage 1 → SimCSE vs MCSE → table and curves."""
     import time
     from pathlib import Path
 
     from mmcse.demo import run_demo
-    from mmcse.evaluation import format_rows
 
     started = time.perf_counter()
-    results = run_demo(Path(out), steps=steps, device=device)
-    typer.echo("\nSimCSE vs MCSE on the demo's synthetic grounded STS tasks (Spearman x 100):")
-    typer.echo(format_rows({name: r for name, r in results.items()}))
+    run_demo(Path(out), steps=steps, device=device)
     typer.echo(f"runs in {out}/simcse and {out}/mcse ({time.perf_counter() - started:.0f} s)")
 
 
 @app.command()
 def methods() -> None:
-    """List registered methods and their loss terms."""
-    from mmcse.methods import build_method
-    from mmcse.registry import METHODS
+    """Registered methods: loss terms, feature roles, settings with defaults."""
+    from mmcse.overview import method_names, method_overview
 
-    for name in METHODS.names():
-        typer.echo(build_method(name).describe())
+    for name in method_names():
+        typer.echo(method_overview(name))
 
 
 # ---- eval ------------------------------------------------------------------------------------
@@ -166,16 +206,17 @@ def eval_command(
     model: str = typer.Option(..., help="Training run directory (uses run/best) or HF model dir."),
     pooler: str | None = typer.Option(
         None,
-        help="cls | cls_before_pooler | avg | avg_first_last | avg_top2 "
-        "[default: the run's pooler, else cls_before_pooler]",
+        help="cls | cls_before_pooler | avg (= mean) | max | avg_first_last | avg_top2 | auto "
+        "(default: the run's pooler, else the student's own 1_Pooling config, "
+        "else cls_before_pooler)",
     ),
     data: str | None = typer.Option(
-        None, help="SentEval data folder (holds downstream/STS) [default: ../shared/data/senteval]"
+        None, help="SentEval data folder (holds downstream/STS) (default: ../shared/data/senteval)"
     ),
     out: str | None = typer.Option(None, help="Write the results as JSON to this file."),
     mode: str = typer.Option("test", help="test: the 7 STS tasks; dev: STS-B and SICK-R dev."),
     batch_size: int = typer.Option(128, help="Sentences per forward pass."),
-    device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ... [default: cuda if any]"),
+    device: str | None = typer.Option(None, help="cpu, cuda, cuda:1, ... (default: cuda if any)"),
     align_uniform: bool = typer.Option(
         False, "--align-uniform", help="Also report alignment and uniformity on STS-B."
     ),
@@ -198,6 +239,20 @@ def eval_command(
         typer.echo(f"wrote {write_report(results, out)}")
 
 
+@app.command()
+def export(
+    run: str = typer.Argument(..., help="training run dir (uses run/best), checkpoint or HF dir"),
+    out: str = typer.Argument(..., help="sentence-transformers model dir to write"),
+    pooler: str = typer.Option(None, help="(default: the pooler mmcse eval uses for RUN)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace a non-empty OUT"),
+) -> None:
+    """Write a sentence-transformers model dir that encodes exactly as mmcse eval scores RUN."""
+    from mmcse.export import export_run
+
+    path, used = export_run(run, out, pooler=pooler, overwrite=overwrite)
+    typer.echo(f"exported {run} to {path} (pooling {used}); model card {path}/README.md")
+
+
 # ---- cache -----------------------------------------------------------------------------------
 
 
@@ -205,17 +260,13 @@ def eval_command(
 def cache_ls(root: str = typer.Argument("cache", help="Directory searched for sets.")) -> None:
     """List the feature sets and corpora under ROOT (unfinished writes included)."""
     from mmcse.cache import list_sets
+    from mmcse.overview import format_cache_listing
 
-    for entry in list_sets(root):
-        size = f"{entry.num_bytes / 2**20:9.1f} MiB"
-        m = entry.manifest
-        if m is None:
-            typer.echo(f"{entry.path}  unfinished (no valid manifest)  {size}")
-            continue
-        typer.echo(
-            f"{entry.path}  {m.kind}  {m.dataset}/{m.split}  rows={m.num_rows}  shape={m.shape}  "
-            f"{m.dtype}  {m.backend}  {size}  fingerprint={m.fingerprint[:12]}"
-        )
+    entries = list(list_sets(root))
+    if not entries:
+        typer.echo(f"no feature sets or corpora under {root}")
+        return
+    typer.echo(format_cache_listing(entries))
 
 
 @cache_app.command("verify")
@@ -413,7 +464,11 @@ def extract_text_cmd(
     images: str = typer.Option(None, help="Image root (caption datasets)."),
     captions: str = typer.Option(None, help="Caption file or folder (caption datasets)."),
     split_file: str = typer.Option(None, help="List of image files/ids in the split."),
-    teacher: str = typer.Option("simcse", help="Registered text teacher."),
+    teacher: str = typer.Option(
+        "simcse",
+        help="Registered text teacher, or none: the corpus table only, no teacher pass "
+        "(all SimCSE/MCSE/KDMCSE read of a text corpus).",
+    ),
     weights: str = _WEIGHTS,
     teacher_size: str = _SIZE,
     device: str = _DEVICE,
@@ -438,7 +493,12 @@ def extract_text_cmd(
     options = _run_options(
         shard_size, batch_size, 0, dtype, strict, rank, world_size, "cpu", 1, backend
     )
-    model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
+    no_teacher = teacher == "none"
+    if no_teacher and Path(corpus).is_dir():
+        raise MmcseError(f"{corpus} is already a corpus table; --teacher none has nothing to add")
+    model = None
+    if not no_teacher:
+        model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
     if Path(corpus).is_dir():
         target = _path(out) or Path(corpus).parent
         _report(extract_corpus_texts(Path(corpus), model, teacher, target, options))
@@ -449,7 +509,7 @@ def extract_text_cmd(
         extract_texts(
             records,
             model,
-            teacher,
+            None if no_teacher else teacher,
             target,
             caption_policy=caption_policy,
             seed=seed,
@@ -690,10 +750,11 @@ def bench_objects_cmd(
 # ---- recipes / ablate --------------------------------------------------------------------------
 
 _CACHE_ROOT = Opt("cache", "--cache-root", help="Stage-1 cache root (layout: mmcse.recipes)")
-_SEEDS = Opt(None, help="comma-separated seeds [default: the recipe's, e.g. 0,1,2,3,4]")
+_SEEDS = Opt(None, help="comma-separated seeds (default: the recipe's, e.g. 0,1,2,3,4)")
 _MODEL = Opt(None, help="student override: local HF dir or hub id")
 _MAX_STEPS = Opt(None, help="stop each run after N steps (smoke runs)")
 _SET = Opt(None, "--set", help="TrainConfig override KEY=VALUE (repeatable)")
+_DRY_RUN = Opt(False, "--dry-run", help="print every run it would train, then stop")
 
 
 def _recipe_seeds(recipe, seeds: str | None) -> tuple[int, ...]:
@@ -746,14 +807,34 @@ def recipes_run(
     seeds: str = _SEEDS,
     model: str = _MODEL,
     max_steps: int = _MAX_STEPS,
-    output_dir: str = Opt(None, help="run directory [default: runs/<name>]; seeds in seed<k>/"),
+    output_dir: str = Opt(None, help="run directory (default: runs/<name>); seeds in seed<k>/"),
     set_: list[str] = _SET,
+    dry_run: bool = _DRY_RUN,
 ) -> None:
     """Train a recipe over seeds and print it next to the published numbers."""
     from mmcse.recipes import get_recipe, run_recipe
 
     recipe = get_recipe(name)
     out = output_dir or f"runs/{name}"
+    if dry_run:
+        from pathlib import Path
+
+        from mmcse.recipe_runs import describe_plan
+
+        chosen = _recipe_seeds(recipe, seeds)
+        overrides = _set_overrides(set_)
+        typer.echo(
+            describe_plan(
+                recipe,
+                [(name, Path(out), overrides)],
+                cache_root=cache_root,
+                seeds=chosen,
+                model=model,
+                max_steps=max_steps,
+                user_overrides=overrides,
+            )
+        )
+        return
     runs, table = run_recipe(
         recipe,
         cache_root=cache_root,
@@ -775,9 +856,10 @@ def ablate(
     seeds: str = _SEEDS,
     model: str = _MODEL,
     max_steps: int = _MAX_STEPS,
-    output_dir: str = Opt(None, help="run directories [default: runs/ablate/<recipe>]"),
-    out: str = Opt(None, help="markdown table [default: <output-dir>/ablation.md; + .json]"),
+    output_dir: str = Opt(None, help="run directories (default: runs/ablate/<recipe>)"),
+    out: str = Opt(None, help="markdown table (default: <output-dir>/ablation.md; + .json)"),
     set_: list[str] = _SET,
+    dry_run: bool = _DRY_RUN,
 ) -> None:
     """Rerun a recipe with loss terms switched off; mean ± std and Welch p-values per row."""
     from mmcse.ablate import ablate as run_ablation
@@ -786,6 +868,25 @@ def ablate(
 
     chosen = get_recipe(recipe)
     runs_dir = output_dir or f"runs/ablate/{recipe}"
+    if dry_run:
+        from mmcse.ablate import ablation_plan, label_of
+        from mmcse.recipe_runs import describe_plan
+
+        overrides = _set_overrides(set_)
+        plan = ablation_plan(chosen, parse_drops(drop), runs_dir, overrides)
+        rows = [(label_of(terms), d, over) for terms, _, d, over in plan]
+        typer.echo(
+            describe_plan(
+                chosen,
+                rows,
+                cache_root=cache_root,
+                seeds=_recipe_seeds(chosen, seeds),
+                model=model,
+                max_steps=max_steps,
+                user_overrides=overrides,
+            )
+        )
+        return
     result = run_ablation(
         chosen,
         parse_drops(drop),

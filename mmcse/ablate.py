@@ -15,7 +15,7 @@ full one with a muted gradient. Where the paper printed the same ablation
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,16 @@ class Ablation:
     recipe: Recipe
     seeds: tuple[int, ...]
     rows: list[AblationRow]  # the full method first
+    overrides: dict[str, Any] = field(default_factory=dict)  # departures from the recipe
+
+    def notes(self) -> list[str]:
+        """Why p-values are missing, and how the run differs from the recipe, if it does."""
+        from mmcse.recipe_runs import departure_note, missing_p_reason
+
+        full = self.rows[0].avgs
+        out = sorted({missing_p_reason(r.avgs, full) for r in self.rows[1:] if r.p_value is None})
+        note = departure_note(self.overrides)
+        return out + ([note] if note else [])
 
     def table_rows(self) -> list[Row]:
         published = PUBLISHED_ABLATIONS.get(self.recipe.name, {})
@@ -109,7 +119,8 @@ class Ablation:
         extra = ["p (Welch vs full)"]
         if self.recipe.name in PUBLISHED_ABLATIONS:
             extra.append("published avg")
-        return f"{title}\n\n{markdown_table(self.table_rows(), extra_columns=extra)}\n"
+        notes = "".join(f"\n{note}\n" for note in self.notes())
+        return f"{title}\n\n{markdown_table(self.table_rows(), extra_columns=extra)}\n{notes}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,6 +128,8 @@ class Ablation:
             "method": self.recipe.method,
             "seeds": list(self.seeds),
             "test": "Welch two-sided t-test of per-seed STS avg vs the full method",
+            "overrides": self.overrides,  # {} = the recipe's own setting
+            "notes": self.notes(),
             "rows": [
                 {
                     "drop": list(row.terms),
@@ -148,19 +161,27 @@ def ablate(
     overrides: dict[str, Any] | None = None,
 ) -> Ablation:
     """Train the full recipe and every ``w/o`` row over ``seeds``; p-values against the full."""
-    method = build_method(recipe.method, **recipe.method_args)
-    plan = [((), ())] + [(terms, tuple(resolve_term(method, t) for t in terms)) for terms in drops]
-    base = dict(overrides or {})
-    out = Path(output_dir)
+    from mmcse.recipe_runs import departures, log
+
+    changes = departures(
+        recipe,
+        cache_root=cache_root,
+        seeds=seeds,
+        model=model,
+        max_steps=max_steps,
+        overrides=overrides,
+    )
+    plan = ablation_plan(recipe, drops, output_dir, overrides)
     rows = []
-    for terms, fields in plan:
-        zeroed = {f: 0.0 for f in fields}
-        row_overrides = {**base, "method_args": {**base.get("method_args", {}), **zeroed}}
+    for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):
+        log(
+            f"ablation row {i} of {len(plan)}: {label_of(terms)} (seeds {','.join(map(str, seeds))})"
+        )
         runs = run_seeds(
             recipe,
             cache_root=cache_root,
             seeds=seeds,
-            output_dir=out / ("full" if not terms else "wo-" + spec_of(terms)),
+            output_dir=row_out,
             label=label_of(terms),
             model=model,
             max_steps=max_steps,
@@ -170,7 +191,27 @@ def ablate(
     full = rows[0].avgs
     for row in rows[1:]:
         row.p_value = welch_p(row.avgs, full)
-    return Ablation(recipe, tuple(seeds), rows)
+    return Ablation(recipe, tuple(seeds), rows, changes)
+
+
+def ablation_plan(
+    recipe: Recipe,
+    drops: list[tuple[str, ...]],
+    output_dir: str | Path,
+    overrides: dict[str, Any] | None = None,
+) -> list[tuple[tuple[str, ...], tuple[str, ...], Path, dict[str, Any]]]:
+    """``(terms, zeroed fields, row dir, row overrides)`` per row, the full method first."""
+    method = build_method(recipe.method, **recipe.method_args)
+    plan = [((), ())] + [(terms, tuple(resolve_term(method, t) for t in terms)) for terms in drops]
+    base = dict(overrides or {})
+    out = Path(output_dir)
+    rows = []
+    for terms, fields in plan:
+        zeroed = {f: 0.0 for f in fields}
+        row_overrides = {**base, "method_args": {**base.get("method_args", {}), **zeroed}}
+        row_dir = out / ("full" if not terms else "wo-" + spec_of(terms))
+        rows.append((terms, fields, row_dir, row_overrides))
+    return rows
 
 
 def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:

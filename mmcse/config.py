@@ -43,7 +43,7 @@ class TrainConfig:
     eval_steps: int = 125
     eval_data: str | None = None  # SentEval-layout dir; None = ../shared/data/senteval if present
     final_eval: bool = True
-    pooler: str = "cls_before_pooler"
+    pooler: str = "auto"  # auto: the student's sentence-transformers pooling, else cls_before_pooler
     dropout: float = 0.1
     device: str = "auto"
     precision: str = "auto"
@@ -54,6 +54,9 @@ class TrainConfig:
             raise MmcseError(f"--mixing must be one of {', '.join(MIXINGS)}, not {self.mixing!r}")
         if self.precision not in PRECISIONS:
             raise MmcseError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        from mmcse.pooling import check_pooler
+
+        self.pooler = check_pooler(self.pooler, allow_auto=True)  # before any model loads
         if self.batch_size < 2:
             raise MmcseError("--batch-size must be at least 2 (in-batch negatives)")
 

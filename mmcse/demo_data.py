@@ -3,8 +3,8 @@
 A scene is one or two coloured shapes (size, colour, shape; a spatial relation between two).
 Captions and corpus sentences say the same things with sampled synonyms ("crimson disc" for "red
 circle"), so text alone sees many surface forms while the drawn image is the same: exactly the
-signal visual grounding adds. A synthetic STS set (SentEval layout, gold = shared scene meaning)
-lets the real evaluator score the result.
+signal visual grounding adds. Scored scene pairs (gold = shared scene meaning) give a dev split for
+model selection and three named test tasks; they are synthetic, not SentEval's STS tasks.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ def random_thing(rng: random.Random) -> Thing:
     return Thing(rng.choice(list(SIZES)), rng.choice(list(COLORS)), rng.choice(list(SHAPES)))
 
 
-def random_scene(rng: random.Random) -> Scene:
-    if rng.random() < 0.4:
+def random_scene(rng: random.Random, objects: int | None = None) -> Scene:
+    """One or two shapes (``objects=None``: one with probability 0.4)."""
+    if objects == 1 or (objects is None and rng.random() < 0.4):
         return Scene((random_thing(rng),))
     return Scene((random_thing(rng), random_thing(rng)), rng.choice(list(RELATIONS)))
 
@@ -140,52 +141,53 @@ def write_text_corpus(path: Path, n: int, rng: random.Random) -> Path:
     return path
 
 
-def sts_pairs(n: int, rng: random.Random) -> list[tuple[str, str, float]]:
+def sts_pairs(n: int, rng: random.Random, **kw) -> list[tuple[str, str, float]]:
+    """``n`` scored pairs: a scene and a perturbed copy (80%) or an unrelated scene (20%)."""
     out = []
     for _ in range(n):
-        a = random_scene(rng)
-        b = perturb(a, rng) if rng.random() < 0.8 else random_scene(rng)
+        a = random_scene(rng, **kw)
+        b = perturb(a, rng) if rng.random() < 0.8 else random_scene(rng, **kw)
         out.append((describe(a, rng), describe(b, rng), similarity(a, b)))
     return out
 
 
-#: SentEval's subset names per STS year (the evaluator reads exactly these files)
-STS_SUBSETS = {
-    "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
-    "STS13": ["FNWN", "headlines", "OnWN"],
-    "STS14": ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"],
-    "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
-    "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
+def reworded_pairs(n: int, rng: random.Random) -> list[tuple[str, str, float]]:
+    """Half the pairs describe one scene in other words (gold 5), half two unrelated scenes."""
+    out = []
+    for _ in range(n):
+        a = random_scene(rng)
+        b = a if rng.random() < 0.5 else random_scene(rng)
+        out.append((describe(a, rng), describe(b, rng), similarity(a, b)))
+    return out
+
+
+#: the demo's test tasks, named for what they hold (none of them is a SentEval task)
+DEMO_TASKS = {
+    "one-shape scenes": lambda n, rng: sts_pairs(n, rng, objects=1),
+    "two-shape scenes": lambda n, rng: sts_pairs(n, rng, objects=2),
+    "reworded or unrelated": reworded_pairs,
 }
 
 
-def write_senteval(root: Path, rng: random.Random, pairs_per_set: int = 150) -> Path:
-    """A SentEval-layout folder whose 7 STS tasks are synthetic scene pairs."""
-    sts = root / "downstream" / "STS"
-    for year, subsets in STS_SUBSETS.items():
-        d = sts / f"{year}-en-test"
-        d.mkdir(parents=True, exist_ok=True)
-        for sub in subsets:
-            pairs = sts_pairs(max(10, pairs_per_set // len(subsets)), rng)
-            (d / f"STS.input.{sub}.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in pairs))
-            (d / f"STS.gs.{sub}.txt").write_text("".join(f"{g}\n" for *_, g in pairs))
-    stsb = sts / "STSBenchmark"
+def write_tasks(root: Path, rng: random.Random, pairs_per_task: int = 200) -> Path:
+    """The scored scene pairs: a dev split for model selection and the named test tasks.
+
+    The trainer selects checkpoints on ``senteval/downstream/STS/STSBenchmark/sts-dev.csv`` (its
+    dev hook reads that layout); here the file holds held-out *scene pairs*, not STS-B. The test
+    tasks are ``tasks/<name>.tsv`` (sentence, sentence, gold 0-5).
+    """
+    stsb = root / "senteval" / "downstream" / "STS" / "STSBenchmark"
     stsb.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "dev", "test"):
-        rows = [
-            f"demo\tscenes\t2026\t{i:04d}\t{g}\t{a}\t{b}\n"
-            for i, (a, b, g) in enumerate(sts_pairs(pairs_per_set * 2, rng))
-        ]
-        (stsb / f"sts-{split}.csv").write_text("".join(rows))
-    sick = root / "downstream" / "SICK"
-    sick.mkdir(parents=True, exist_ok=True)
-    header = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
-    for name in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
-        pairs = sts_pairs(pairs_per_set, rng)
-        body = "".join(
-            f"{i}\t{a}\t{b}\t{1 + 0.8 * g:.2f}\tNEUTRAL\n" for i, (a, b, g) in enumerate(pairs)
-        )
-        (sick / name).write_text(header + body)
+    rows = [
+        f"demo\tscenes\t2026\t{i:04d}\t{g}\t{a}\t{b}\n"
+        for i, (a, b, g) in enumerate(sts_pairs(2 * pairs_per_task, rng))
+    ]
+    (stsb / "sts-dev.csv").write_text("".join(rows))
+    tasks = root / "tasks"
+    tasks.mkdir(parents=True, exist_ok=True)
+    for name, make in DEMO_TASKS.items():
+        pairs = make(pairs_per_task, rng)
+        (tasks / f"{name}.tsv").write_text("".join(f"{a}\t{b}\t{g}\n" for a, b, g in pairs))
     return root
 
 
@@ -195,10 +197,11 @@ def generate(out: Path, n_images: int = 600, n_text: int = 4000, seed: int = 0) 
     out.mkdir(parents=True, exist_ok=True)
     captions = write_images(out / "flat", n_images, rng)
     text = write_text_corpus(out / "text.txt", n_text, rng)
-    senteval = write_senteval(out / "senteval", rng)
+    write_tasks(out, rng)
     return {
         "images": out / "flat" / "images",
         "captions": captions,
         "text": text,
-        "senteval": senteval,
+        "senteval": out / "senteval",
+        "tasks": out / "tasks",
     }

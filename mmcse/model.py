@@ -67,12 +67,16 @@ class SentenceEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path_or_id: str, pooler: str = "cls_before_pooler", dropout: float | None = None
+        cls, path_or_id: str, pooler: str | None = "cls_before_pooler", dropout: float | None = None
     ) -> SentenceEncoder:
         from transformers import AutoConfig, AutoModel
 
         quiet_transformers()
         source = resolve_model_dir(path_or_id)
+        if pooler in (None, "auto"):  # the run's / the student's own pooling
+            from mmcse.pooling import resolve_pooler
+
+            pooler = resolve_pooler(None, source)[0]
         config = AutoConfig.from_pretrained(source)
         if dropout is not None:  # SimCSE's augmentation is the encoder's own dropout
             for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):

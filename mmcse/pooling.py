@@ -1,21 +1,141 @@
-"""Sentence poolers, named as in SimCSE's evaluation script.
+"""Sentence poolers, named as in SimCSE's evaluation script, plus the student's own pooling.
 
 ``cls``: the backbone's pooler output ([CLS] through its dense+tanh, when it has one);
 ``cls_before_pooler``: last-layer [CLS] (SimCSE/MCSE's unsupervised setting); ``avg``: masked mean
 of the last layer; ``avg_first_last``: masked mean of (first transformer layer + last layer)/2
-(``hidden_states[1]``: index 0 is the embedding output); ``avg_top2``: the same for the last two.
+(``hidden_states[1]``: index 0 is the embedding output); ``avg_top2``: the same for the last two;
+``max``: masked max over the last layer (sentence-transformers' ``max``).
+``mean`` is accepted for ``avg``. Note ``cls`` keeps SimCSE's meaning (with the pooler MLP);
+sentence-transformers' ``cls`` is our ``cls_before_pooler``.
+
+``auto`` (the training default) means: the pooling a training run recorded, else the pooling the
+student ships as a sentence-transformers model (``1_Pooling/config.json``: all-MiniLM-L6-v2 is
+``mean``), else SimCSE's ``cls_before_pooler``. :func:`resolve_pooler` does this before any model
+loads; :func:`check_pooler` validates a name.
 """
 
 from __future__ import annotations
 
-from torch import Tensor
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+from mmcse.errors import MmcseError
+
+if TYPE_CHECKING:  # names are checked (TrainConfig) without importing torch
+    from torch import Tensor
+
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "max")
+ALIASES = {"mean": "avg"}
+AUTO = "auto"
+DEFAULT_POOLER = "cls_before_pooler"  # SimCSE/MCSE's unsupervised evaluation setting
+RUN_INFO_FILE = "mmcse_run.json"  # = mmcse.model.RUN_INFO_FILE (no import: keeps this light)
+
+#: sentence-transformers pooling mode -> our pooler (modes we can reproduce exactly)
+ST_MODES = {"cls": "cls_before_pooler", "mean": "avg", "max": "max"}
+_ST_LEGACY_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+def check_pooler(name: str, allow_auto: bool = False) -> str:
+    """The canonical pooler for ``name`` (``mean`` -> ``avg``) or one clear error."""
+    if allow_auto and name in (AUTO, None):
+        return AUTO
+    canonical = ALIASES.get(name, name)
+    if canonical not in POOLERS:
+        names = [*POOLERS, *ALIASES] + ([AUTO] if allow_auto else [])
+        raise MmcseError(f"unknown pooler {name!r}; choose one of {', '.join(names)}")
+    return canonical
+
+
+def _st_pooling_path(model_dir: Path) -> Path | None:
+    """The Pooling module's config of a sentence-transformers dir (via modules.json)."""
+    modules = model_dir / "modules.json"
+    if modules.is_file():
+        try:
+            entries = json.loads(modules.read_text())
+        except json.JSONDecodeError:
+            raise MmcseError(f"{modules} is not valid JSON") from None
+        kinds = [str(entry.get("type", "")).rsplit(".", 1)[-1] for entry in entries]
+        extra = [k for k in kinds if k not in ("Transformer", "Pooling", "Normalize")]
+        if extra:  # e.g. a Dense head: pooling alone would not encode as the model does
+            raise MmcseError(
+                f"{modules}: sentence-transformers modules {', '.join(extra)} are not supported; "
+                "give --pooler to use the bare encoder"
+            )
+        for kind, entry in zip(kinds, entries, strict=True):
+            if kind == "Pooling":
+                return model_dir / entry.get("path", "1_Pooling") / "config.json"
+        return None
+    fallback = model_dir / "1_Pooling" / "config.json"
+    return fallback if fallback.is_file() else None
+
+
+def student_pooling(model_dir: str | Path) -> str | None:
+    """Our pooler for the sentence-transformers pooling a model dir ships, or None if none."""
+    path = _st_pooling_path(Path(model_dir))
+    if path is None or not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise MmcseError(f"{path} is not valid JSON") from None
+    modes = config.get("pooling_mode")
+    if modes is None:
+        modes = [mode for key, mode in _ST_LEGACY_KEYS.items() if config.get(key)] or ["mean"]
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if len(modes) != 1 or modes[0] not in ST_MODES:
+        raise MmcseError(
+            f"{path}: sentence-transformers pooling {'+'.join(modes)} is not supported; "
+            f"give --pooler ({', '.join(POOLERS)})"
+        )
+    return ST_MODES[modes[0]]
+
+
+def recorded_pooler(model_dir: str | Path) -> str | None:
+    """The pooler a training checkpoint recorded in its run info, if it is one."""
+    path = Path(model_dir) / RUN_INFO_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("pooler") or None
+
+
+def resolve_pooler(
+    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
+) -> tuple[str, str]:
+    """``(pooler, where it came from)``; ``requested`` None/``auto`` looks at the model dir.
+
+    Order: an explicit name > the run's recorded pooler > the student's sentence-transformers
+    pooling config > ``fallback`` (the method's / SimCSE's ``cls_before_pooler``). Hub ids and
+    missing dirs simply have no local config.
+    """
+    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
+    if name != AUTO:
+        return name, "given"
+    if model_dir is not None and Path(model_dir).is_dir():
+        recorded = recorded_pooler(model_dir)
+        if recorded:
+            return check_pooler(recorded), "the run's recorded pooler"
+        student = student_pooling(model_dir)
+        if student:
+            return student, "the student's sentence-transformers pooling config"
+    return check_pooler(fallback), "default"
 
 
 def masked_mean(states: Tensor, mask: Tensor) -> Tensor:
     mask = mask.unsqueeze(-1).to(states.dtype)
     return (states * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+def masked_max(states: Tensor, mask: Tensor) -> Tensor:
+    # padding can never win the max (sentence-transformers fills it with -inf too)
+    return states.masked_fill(mask.unsqueeze(-1) == 0, float("-inf")).max(dim=1).values
 
 
 def needs_hidden_states(pooler: str) -> bool:
@@ -24,8 +144,7 @@ def needs_hidden_states(pooler: str) -> bool:
 
 def pool(outputs, attention_mask: Tensor, pooler: str) -> Tensor:
     """Pool a HF ``BaseModelOutput`` into ``[B, H]`` sentence embeddings."""
-    if pooler not in POOLERS:
-        raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+    pooler = check_pooler(pooler)
     last = outputs.last_hidden_state
     if pooler == "cls":
         pooled = getattr(outputs, "pooler_output", None)
@@ -34,6 +153,8 @@ def pool(outputs, attention_mask: Tensor, pooler: str) -> Tensor:
         return last[:, 0]
     if pooler == "avg":
         return masked_mean(last, attention_mask)
+    if pooler == "max":
+        return masked_max(last, attention_mask)
     hidden = outputs.hidden_states
     pair = (hidden[1], hidden[-1]) if pooler == "avg_first_last" else (hidden[-2], hidden[-1])
     return masked_mean((pair[0] + pair[1]) / 2.0, attention_mask)

@@ -9,6 +9,7 @@ test sets. The same command runs under ``torchrun`` (DDP; in-batch negatives gat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -130,6 +131,19 @@ def resolve_eval_dir(cfg: TrainConfig) -> Path | None:
     return default_data_dir()
 
 
+def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:
+    """``cfg.pooler`` with ``auto`` resolved: the student's own pooling, else the method's."""
+    from mmcse.model import resolve_model_dir
+    from mmcse.pooling import DEFAULT_POOLER, resolve_pooler
+
+    try:
+        student_dir = resolve_model_dir(cfg.model)
+    except FileNotFoundError:
+        student_dir = None  # the loader reports the bad path
+    fallback = getattr(method, "pooler", DEFAULT_POOLER)
+    return resolve_pooler(cfg.pooler, student_dir, fallback)
+
+
 class Run:
     """State of one training run (kept small: the loop itself is :meth:`fit`)."""
 
@@ -139,6 +153,9 @@ class Run:
         self.device = pick_device(cfg.device)
         seed_everything(cfg.seed)
         self.method = build_method(cfg.method, **cfg.method_args)
+        # 'auto' becomes the student's own pooling (or the method's); config.json records it
+        pooler, self.pooler_source = resolve_training_pooler(cfg, self.method)
+        self.cfg = cfg = dataclasses.replace(cfg, pooler=pooler)
         self.tokenizer = load_tokenizer(cfg.model)
         encoder = SentenceEncoder.from_pretrained(cfg.model, cfg.pooler, cfg.dropout)
         self.data = TrainData(cfg, self.tokenizer, self.method)
@@ -260,6 +277,7 @@ class Run:
             "step": step,
             "stsb_dev": dev,
             "pooler": self.cfg.pooler,
+            "pooler_source": self.pooler_source,
             "fingerprints": self.data.fingerprints(),
         }
         heads = nn.ModuleDict({"losses": self.student.losses})

@@ -228,7 +228,10 @@ def extract_texts(
     seed: int,
     options: RunOptions,
 ) -> dict[str, Manifest | None]:
-    """A corpus table (sentences, or captions under ``caption_policy``) + its text features."""
+    """A corpus table (sentences, or captions under ``caption_policy``) + its text features.
+
+    ``teacher=None`` writes the corpus table alone (no teacher pass).
+    """
     out = Path(out)
     log_loader_errors(out, records.errors, options)
     if records.sentences:
@@ -247,6 +250,8 @@ def extract_texts(
         results[part] = ensure_corpus(
             out / part, ids, texts, image_ids, records=records, extra=extra
         )
+    if teacher is None:  # --teacher none: the corpus table only (SimCSE/MCSE read no features)
+        return results
     job = _text_job(records, teacher, teacher_name, ids, texts, options)
     job.settings["extra"].update(extra)
     results[job.part] = run_job(out, job, teacher, options)

@@ -237,6 +237,8 @@ def pooled_one_by_one(backbone, tokenizer, sentence: str, pooler: str) -> torch.
         return states[-1][0].mean(dim=0)
     if pooler == "avg_first_last":
         return ((states[1][0] + states[-1][0]) / 2).mean(dim=0)
+    if pooler == "max":
+        return states[-1][0].max(dim=0).values
     return ((states[-2][0] + states[-1][0]) / 2).mean(dim=0)
 
 
@@ -394,7 +396,7 @@ def test_rows_table_and_strict_json(tmp_path):
     ("extra", "message"),
     [
         (["--data", "/nonexistent/senteval"], "not a SentEval data folder"),
-        (["--data", str(FIXTURE), "--pooler", "max"], "unknown pooler"),
+        (["--data", str(FIXTURE), "--pooler", "median"], "unknown pooler"),
         (["--data", str(FIXTURE), "--mode", "train"], "unknown mode"),
     ],
 )

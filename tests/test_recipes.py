@@ -92,7 +92,7 @@ def test_missing_cache_lists_the_commands(tmp_path):
     first, *commands = str(info.value).splitlines()
     assert "kdmcse/wiki+flickr/bert" in first and "missing" in first
     assert commands == [
-        f"  mmcse extract-text --corpus wiki1m --text-file WIKI1M_TXT --teacher simcse "
+        f"  mmcse extract-text --corpus wiki1m --text-file WIKI1M_TXT --teacher none "
         f"--out {tmp_path}/wiki1m/train",
         "  mmcse extract-images --dataset flickr30k --split train --images IMAGES_DIR "
         "--captions CAPTIONS --teacher clip-vit-l14 --caption-policy all "

@@ -36,7 +36,6 @@ once, in length-sorted batches (:func:`mmcse.evaluation.encode.encode_sentences`
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -50,7 +49,7 @@ from scipy.stats import spearmanr
 from mmcse.errors import MmcseError
 from mmcse.evaluation.align_uniform import align_uniform
 from mmcse.evaluation.encode import encode_sentences
-from mmcse.pooling import POOLERS
+from mmcse.pooling import check_pooler, resolve_pooler
 
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -269,13 +268,9 @@ def average_of_printed(scores: Iterable[float]) -> float:
 
 
 def run_pooler(model_dir: str) -> str:
-    """The pooler a training run used (``mmcse_run.json``), else SimCSE's unsupervised default."""
-    from mmcse.model import RUN_INFO_FILE
-
-    info_path = Path(model_dir) / RUN_INFO_FILE
-    if info_path.is_file():
-        return json.loads(info_path.read_text()).get("pooler") or DEFAULT_POOLER
-    return DEFAULT_POOLER
+    """The pooler a training run used (``mmcse_run.json``), else the student's own
+    sentence-transformers pooling (``1_Pooling/config.json``), else SimCSE's unsupervised default."""
+    return resolve_pooler(None, model_dir, DEFAULT_POOLER)[0]
 
 
 def default_device() -> str:
@@ -319,8 +314,9 @@ def evaluate_sts(
     pooler; ``device=None`` keeps an in-memory encoder where it is.
     """
     started = time.perf_counter()
-    if pooler is not None and pooler not in POOLERS:
-        raise MmcseError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+    if pooler is not None:
+        pooler = check_pooler(pooler, allow_auto=True)
+        pooler = None if pooler == "auto" else pooler
     tasks = load_tasks(data_dir, mode)  # fail on bad data before loading a model
     if isinstance(encoder_or_path, str | Path):
         encoder, tokenizer, pooler, model_name = load_encoder(encoder_or_path, pooler, device)
