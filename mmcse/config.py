@@ -12,11 +12,13 @@ calls it on method hyperparameters before the method exists):
   ``Literal[...]`` and ``X | None`` are understood, anything else is left to its owner;
 * the **range** comes from the field's ``metadata``: ``min``/``max`` (inclusive), ``above``/
   ``below`` (exclusive), ``choices`` (a tuple of allowed values), ``pattern`` (a regular
-  expression a string must match in full; ``hint`` says it in words), and ``flag`` (the CLI spelling, when it is not
-  ``--field-name``), e.g. ``eval_steps: int = field(default=125, metadata={"min": 1})``.
+  expression a string must match in full; ``hint`` says it in words) and ``flag`` (the CLI
+  spelling, when it is not ``--field-name``), e.g.
+  ``eval_steps: int = field(default=125, metadata={"min": 1})``.
 
-Errors are one :class:`SettingError` (an :class:`~mmcse.errors.MmcseError`) line naming the setting, its flag, the value
-and what is allowed.
+Errors are one :class:`SettingError` line (an :class:`~mmcse.errors.MmcseError`, and a
+``ValueError``) naming the setting, its flag, the value and what is allowed. Checks that need more
+than the value itself (files exist, the pooler, the model resolves) are :mod:`mmcse.preflight`'s.
 """
 
 from __future__ import annotations
