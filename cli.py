@@ -44,6 +44,7 @@ def train(
     expect_fingerprint: list[str] = Opt(None, "--expect-fingerprint", help="ROLE=SHA"),
     mixing: str = Opt(None, help="interleave|proportional-random|caption-only|text-only"),
     output_dir: str = Opt(None, help="run directory"),
+    overwrite: bool = Opt(None, "--overwrite", help="replace the run in a non-empty --output-dir"),
     batch_size: int = Opt(None),
     learning_rate: float = Opt(None, "--lr", "--learning-rate"),
     epochs: int = Opt(None),
@@ -60,7 +61,6 @@ def train(
 ) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
     from mmcse.config import parse_pairs, parse_value, resolve_config
-    from mmcse.methods import build_method
     from mmcse.train import train as run_training
 
     args = {k: parse_value(v) for k, v in parse_pairs(method_arg, "--method-arg").items()}
@@ -75,6 +75,7 @@ def train(
         expect_fingerprints=parse_pairs(expect_fingerprint, "--expect-fingerprint") or None,
         mixing=mixing,
         output_dir=output_dir,
+        overwrite=overwrite,
         batch_size=batch_size,
         learning_rate=learning_rate,
         epochs=epochs,
@@ -91,8 +92,12 @@ def train(
     if dry_run:
         import json
 
+        from mmcse.preflight import preflight
+
+        method = preflight(cfg)  # the checks a real run makes before its first step
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
-        typer.echo(build_method(cfg.method, **cfg.method_args).describe())
+        typer.echo(method.describe())
+        typer.echo("preflight: every input checked")
         return
     result = run_training(cfg)
     typer.echo(f"run directory: {result.output_dir}")
@@ -803,12 +808,24 @@ def ablate(
 
 def main() -> None:
     """Entry point: usage errors come from typer; user errors become one line and exit 2."""
+    from mmcse.io_errors import os_error_message
+
     try:
         app()
-    except (MmcseError, FileNotFoundError, NotADirectoryError, ValueError, KeyError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        typer.echo(f"error: {message}", err=True)
-        sys.exit(2)
+    except OSError as exc:  # disk full, read-only folder, permissions: name the path
+        _fail(os_error_message(exc))
+    except (MmcseError, ValueError, KeyError) as exc:
+        _fail(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+
+
+def _fail(message) -> None:
+    """One ``error:`` line on its own line (an open progress bar is closed first), exit 2."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+    typer.echo(f"error: {message}", err=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":
