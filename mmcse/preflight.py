@@ -240,8 +240,10 @@ def check_output_dir(cfg: TrainConfig, *, resuming: bool = False) -> None:
             "--overwrite to replace its run, or --resume it"
         )
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise MmcseError(f"--output-dir {out}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise MmcseError(f"--output-dir {out}: {existing} is not writable")
+        raise MmcseError(f"--output-dir {out}: {existing} is not writable (choose another folder)")
 
 
 def clear_previous_run(out: str | Path) -> None:

@@ -126,9 +126,22 @@ def _read_text(path: Path) -> str:
 
 def _score(text: str, path: Path, line_number: int) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise MmcseError(f"{path}:{line_number}: gold score {text!r} is not a number") from None
+    if not np.isfinite(value):  # a nan gold score turns every average into nan
+        raise MmcseError(f"{path}:{line_number}: gold score {text!r} is not a finite number")
+    return value
+
+
+def _scored(subset: Subset, path: Path) -> Subset:
+    """The subset, refused when nothing in it is scored (an empty or truncated file)."""
+    if len(subset.pairs) < 2:
+        raise MmcseError(
+            f"{path}: {len(subset.pairs)} scored sentence pair(s); Spearman needs at least 2 "
+            "(is the file empty or truncated?)"
+        )
+    return subset
 
 
 def _join_tokens(sentence: str) -> str:
@@ -155,7 +168,8 @@ def load_sts_subset(folder: Path, subset: str) -> Subset:
             continue
         pairs.append((_join_tokens(columns[0]), _join_tokens(columns[1])))
         gold.append(_score(gold_text, gold_path, number))
-    return Subset(subset, pairs, np.asarray(gold, dtype=np.float64))
+    scored = Subset(subset, pairs, np.asarray(gold, dtype=np.float64))
+    return _scored(scored, gold_path if lines else input_path)
 
 
 def load_tsv_pairs(
@@ -181,7 +195,7 @@ def load_tsv_pairs(
                 gold.append(_score(columns[score_column], path, number))
         except UnicodeDecodeError as exc:
             raise MmcseError(f"{path}: not UTF-8 (byte {exc.start})") from None
-    return Subset(name, pairs, np.asarray(gold, dtype=np.float64))
+    return _scored(Subset(name, pairs, np.asarray(gold, dtype=np.float64)), path)
 
 
 def load_stsbenchmark(downstream: Path, split: str) -> Subset:
