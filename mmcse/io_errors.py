@@ -52,7 +52,7 @@ def wrapped_os_error(exc: BaseException) -> OSError | None:
         code = int(match.group(1)) if match.group(1) else WRAPPED_WORDS[match.group(0)]
         return OSError(code, os.strerror(code))
     if TORCH_WRITE_FAILED in text:
-        return OSError(None, "writing a file failed (is the disk full or read-only?)")
+        return OSError(errno.EIO, "writing a file failed (is the disk full or read-only?)")
     return None
 
 
