@@ -699,6 +699,7 @@ _SEEDS = Opt(None, help="comma-separated seeds [default: the recipe's, e.g. 0,1,
 _MODEL = Opt(None, help="student override: local HF dir or hub id")
 _MAX_STEPS = Opt(None, help="stop each run after N steps (smoke runs)")
 _SET = Opt(None, "--set", help="TrainConfig override KEY=VALUE (repeatable)")
+_OVERWRITE = Opt(False, "--overwrite", help="replace runs already in the seed folders")
 
 
 def _recipe_seeds(recipe, seeds: str | None) -> tuple[int, ...]:
@@ -710,10 +711,11 @@ def _recipe_seeds(recipe, seeds: str | None) -> tuple[int, ...]:
         raise MmcseError(f"--seeds expects comma-separated integers, got {seeds!r}") from None
 
 
-def _set_overrides(items: list[str] | None) -> dict:
+def _set_overrides(items: list[str] | None, overwrite: bool = False) -> dict:
     from mmcse.config import parse_pairs, parse_value
 
-    return {k: parse_value(v) for k, v in parse_pairs(items, "--set").items()}
+    overrides = {k: parse_value(v) for k, v in parse_pairs(items, "--set").items()}
+    return {**overrides, "overwrite": True} if overwrite else overrides
 
 
 @recipes_app.command("list")
@@ -753,6 +755,7 @@ def recipes_run(
     max_steps: int = _MAX_STEPS,
     output_dir: str = Opt(None, help="run directory [default: runs/<name>]; seeds in seed<k>/"),
     set_: list[str] = _SET,
+    overwrite: bool = _OVERWRITE,
 ) -> None:
     """Train a recipe over seeds and print it next to the published numbers."""
     from mmcse.recipes import get_recipe, run_recipe
@@ -766,7 +769,7 @@ def recipes_run(
         output_dir=out,
         model=model,
         max_steps=max_steps,
-        overrides=_set_overrides(set_),
+        overrides=_set_overrides(set_, overwrite),
     )
     typer.echo(table)
     typer.echo(f"results: {out}/results.json")
@@ -783,6 +786,7 @@ def ablate(
     output_dir: str = Opt(None, help="run directories [default: runs/ablate/<recipe>]"),
     out: str = Opt(None, help="markdown table [default: <output-dir>/ablation.md; + .json]"),
     set_: list[str] = _SET,
+    overwrite: bool = _OVERWRITE,
 ) -> None:
     """Rerun a recipe with loss terms switched off; mean ± std and Welch p-values per row."""
     from mmcse.ablate import ablate as run_ablation
@@ -799,7 +803,7 @@ def ablate(
         output_dir=runs_dir,
         model=model,
         max_steps=max_steps,
-        overrides=_set_overrides(set_),
+        overrides=_set_overrides(set_, overwrite),
     )
     md, js = write_ablation(result, out or f"{runs_dir}/ablation.md")
     typer.echo(result.markdown())

@@ -26,7 +26,7 @@ from mmcse.evaluation.compare import Row, markdown_table
 from mmcse.evaluation.report import write_report
 from mmcse.methods import Method, build_method
 from mmcse.published import PUBLISHED_ABLATIONS
-from mmcse.recipes import Recipe, SeedRuns, run_seeds
+from mmcse.recipes import Recipe, SeedRuns, check_seed_dirs, run_seeds
 
 FULL = ""  # the drop spec of the full method
 
@@ -54,6 +54,10 @@ def resolve_term(method: Method, term: str) -> str:
 
 def spec_of(terms: tuple[str, ...]) -> str:
     return "+".join(terms)
+
+
+def row_dir(terms: tuple[str, ...]) -> str:
+    return "full" if not terms else "wo-" + spec_of(terms)
 
 
 def label_of(terms: tuple[str, ...]) -> str:
@@ -152,6 +156,8 @@ def ablate(
     plan = [((), ())] + [(terms, tuple(resolve_term(method, t) for t in terms)) for terms in drops]
     base = dict(overrides or {})
     out = Path(output_dir)
+    for terms, _ in plan:  # every row's seed folders checked before the first row trains
+        check_seed_dirs(out / row_dir(terms), seeds, base)
     rows = []
     for terms, fields in plan:
         zeroed = {f: 0.0 for f in fields}
@@ -160,7 +166,7 @@ def ablate(
             recipe,
             cache_root=cache_root,
             seeds=seeds,
-            output_dir=out / ("full" if not terms else "wo-" + spec_of(terms)),
+            output_dir=out / row_dir(terms),
             label=label_of(terms),
             model=model,
             max_steps=max_steps,

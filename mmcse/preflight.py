@@ -230,10 +230,14 @@ def check_output_dir(cfg: TrainConfig, *, resuming: bool = False) -> None:
     """A new or empty folder we can write, unless ``--overwrite`` or resuming (main rank only)."""
     if distributed.env_rank() != 0:
         return  # rank 0 may already have started writing it
-    out = Path(cfg.output_dir)
+    check_output_path(Path(cfg.output_dir), overwrite=cfg.overwrite or resuming)
+
+
+def check_output_path(out: Path, *, overwrite: bool = False) -> None:
+    """``out`` can hold a new run: absent or empty (or ``overwrite``), and writable."""
     if out.exists() and not out.is_dir():
         raise MmcseError(f"--output-dir {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (cfg.overwrite or resuming):
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
         held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
         raise MmcseError(
             f"--output-dir {out} is not empty (holds {held}); choose another folder, pass "

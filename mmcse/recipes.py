@@ -326,6 +326,7 @@ def run_seeds(
     """Train ``recipe`` once per seed into ``<output_dir>/seed<k>`` (cache checked first)."""
     recipe.check_cache(cache_root, set(overrides or {}))
     out = Path(output_dir)
+    check_seed_dirs(out, seeds, overrides)
     results = []
     for seed in seeds:
         cfg = recipe.config(
@@ -338,6 +339,17 @@ def run_seeds(
         )
         results.append(train_one(cfg))
     return SeedRuns(label or recipe.name, out, tuple(seeds), results)
+
+
+def check_seed_dirs(
+    output_dir: str | Path, seeds: tuple[int, ...], overrides: dict[str, Any] | None
+) -> None:
+    """Refuse a used ``seed<k>`` folder before the first seed trains (unless overwrite=true)."""
+    from mmcse.preflight import check_output_path
+
+    overwrite = bool((overrides or {}).get("overwrite"))
+    for seed in seeds:
+        check_output_path(Path(output_dir) / f"seed{seed}", overwrite=overwrite)
 
 
 def comparison_rows(recipe: Recipe, runs: SeedRuns) -> list[Row]:

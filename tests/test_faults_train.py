@@ -439,3 +439,65 @@ def test_eval_refuses_broken_test_files_naming_them(
     (data / "downstream" / relative).write_text(content)
     args = ["eval", "--model", str(tiny_model), "--data", str(data), "--device", "cpu"]
     refused(args, monkeypatch, capsys, *words)
+
+
+# ---- recipes and ablations: refused before the first seed trains ------------------------------
+
+
+@pytest.fixture
+def mcse_cache(tmp_path):
+    from test_recipes import write_tiny_cache
+
+    from mmcse.recipes import get_recipe
+
+    recipe = get_recipe("mcse/wiki+flickr/bert")
+    write_tiny_cache(recipe, tmp_path / "cache")
+    return recipe, tmp_path / "cache"
+
+
+def test_recipe_with_offline_hub_id_is_one_line(
+    mcse_cache, tmp_path, monkeypatch, capsys, no_model_load
+):
+    recipe, cache = mcse_cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_id = "mmcse-test-org/no-such-model"
+    args = ["recipes", "run", recipe.name, "--cache-root", str(cache), "--model", hub_id,
+            "--seeds", "0", "--output-dir", str(tmp_path / "runs")]  # fmt: skip
+    refused(args, monkeypatch, capsys, hub_id, "HF_HUB_OFFLINE")
+    assert not (tmp_path / "runs" / "seed0").exists()
+
+
+def test_used_seed_folder_is_refused_before_any_seed_trains(
+    mcse_cache, tmp_path, monkeypatch, capsys
+):
+    from mmcse import recipes
+
+    recipe, cache = mcse_cache
+    trained = []
+    monkeypatch.setattr(recipes, "train_one", lambda cfg: trained.append(cfg.output_dir))
+    (tmp_path / "runs" / "seed1").mkdir(parents=True)
+    (tmp_path / "runs" / "seed1" / "metrics.jsonl").write_text("{}\n")
+    args = ["recipes", "run", recipe.name, "--cache-root", str(cache), "--seeds", "0,1",
+            "--output-dir", str(tmp_path / "runs")]  # fmt: skip
+    refused(args, monkeypatch, capsys, "seed1", "not empty", "--overwrite")
+    assert trained == []
+    code, errors, err = run_main([*args, "--overwrite"], monkeypatch, capsys)
+    assert code == 0 and not errors, err
+    assert [Path(p).name for p in trained] == ["seed0", "seed1"]
+
+
+def test_ablation_checks_every_row_before_the_first_trains(
+    mcse_cache, tmp_path, monkeypatch, capsys
+):
+    from mmcse import recipes
+
+    recipe, cache = mcse_cache
+    trained = []
+    monkeypatch.setattr(recipes, "train_one", lambda cfg: trained.append(cfg.output_dir))
+    used = tmp_path / "abl" / "wo-image_text" / "seed0"
+    used.mkdir(parents=True)
+    (used / "config.json").write_text("{}")
+    args = ["ablate", "--recipe", recipe.name, "--drop", "image_text", "--cache-root", str(cache),
+            "--seeds", "0", "--output-dir", str(tmp_path / "abl")]  # fmt: skip
+    refused(args, monkeypatch, capsys, str(used), "not empty")
+    assert trained == []
