@@ -7,10 +7,11 @@ in the order of cost, and raises one :class:`~mmcse.errors.MmcseError` naming th
 the fix, where there is one):
 
 1. torchrun variables, the method and its settings, the pooler, the device;
-2. corpora and feature-set folders exist and are readable, every role the method reads is given;
+2. corpora and feature-set folders exist and are readable (a sentence file is strict UTF-8),
+   every role the method reads is given;
 3. the SentEval folder has STS-B dev (and, with ``final_eval``, every test file), parsed;
-4. the student: a local HF folder, or a hub id that resolves (cache, else a 3 s reachability
-   probe; never the hub client's retries);
+4. the student: a local HF folder (config, tokenizer, room for ``--max-seq-length``), or a hub
+   id that resolves (cache, else a 3 s reachability probe; never the hub client's retries);
 5. the output folder: refused when it holds files, unless ``--overwrite`` or resuming;
 6. the data join: corpora opened and every role's ids matched to them, as training will
    (a stub tokenizer: nothing is tokenised), and at least one global batch per corpus.
@@ -20,6 +21,8 @@ Setting types and ranges are checked earlier, by the config dataclasses (:mod:`m
 
 from __future__ import annotations
 
+import codecs
+import json
 import os
 import re
 import shutil
@@ -37,6 +40,14 @@ RUN_ENTRIES = ("metrics.jsonl", "config.json", "results.json", "best", "last")
 HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")
 HUB_PROBE_SECONDS = 3.0
 TRUE_WORDS = ("1", "true", "yes", "on")
+#: files one of which holds a local model's weights (single file or sharded index)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
+PROBE_TEXT = "the a man dog"  # words every English vocabulary (and the tests' tiny one) knows
 
 
 def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
@@ -50,7 +61,7 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
     check_paths(cfg)
     check_roles(cfg, method)
     check_eval_data(cfg)
-    check_model(cfg.model)
+    check_model(cfg.model, cfg.max_seq_length)
     check_output_dir(cfg, resuming=resuming)
     check_join(cfg, method)
     return method
@@ -98,6 +109,8 @@ def check_paths(cfg: TrainConfig) -> None:
     ):
         if value:
             _readable(Path(value), flag, "file or folder")
+            if Path(value).is_file():
+                check_utf8(Path(value), flag)
     for role, dirs in cfg.features.items():
         parts = [d for d in dirs.split(",") if d.strip()]
         if not parts:
@@ -109,6 +122,31 @@ def check_paths(cfg: TrainConfig) -> None:
                 f"--expect-fingerprint {role}: the role has {len(parts)} sets; a fingerprint "
                 "pins one set, so give one set for the role or drop the check"
             )
+
+
+BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),  # before UTF-16: its BOM starts like UTF-16 LE's
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def check_utf8(path: Path, flag: str) -> None:
+    """A sentence file is UTF-8 (training would keep bad bytes as U+FFFD rows silently)."""
+    raw = path.read_bytes()
+    for bom, encoding in BOMS:
+        if raw.startswith(bom):
+            raise MmcseError(
+                f"{flag} {path} is {encoding} text (byte-order mark); convert it to UTF-8"
+            )
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise MmcseError(
+            f"{flag} {path}:{line}: not UTF-8 ({exc.reason} at byte {exc.start}); fix or drop the line"
+        ) from None
 
 
 def sources_of(cfg: TrainConfig) -> list[str]:
@@ -179,7 +217,7 @@ def check_eval_data(cfg: TrainConfig) -> None:
 # ---- the student ---------------------------------------------------------------------------
 
 
-def check_model(name: str) -> None:
+def check_model(name: str, max_seq_length: int | None = None) -> None:
     """A local HF model folder (or training run), or a hub id that can resolve now."""
     from mmcse.model import resolve_model_dir
 
@@ -191,17 +229,65 @@ def check_model(name: str) -> None:
             raise MmcseError(f"--model {exc}") from None
         if not (local / "config.json").is_file():
             raise MmcseError(f"--model {name}: no config.json inside (not an HF model folder)")
+        check_positions(local / "config.json", name, max_seq_length)
+        check_weights(local, name)
+        check_tokenizer(local, name)
         return
     if not HUB_ID.fullmatch(name):
         raise MmcseError(f"--model {name}: no such folder (and not a hub id)")
-    _check_hub_id(name)
+    cached = _check_hub_id(name)
+    if cached is not None:
+        check_positions(cached, name, max_seq_length)
 
 
-def _check_hub_id(name: str) -> None:
+def check_positions(config_path: Path, name: str, max_seq_length: int | None) -> None:
+    """The model's config is JSON and has room for ``--max-seq-length`` tokens."""
+    try:
+        config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MmcseError(f"--model {name}: {config_path} is not valid JSON ({exc})") from None
+    limit = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    if not isinstance(limit, int) or max_seq_length is None:
+        return
+    if "roberta" in str(config.get("model_type", "")):
+        limit -= 2  # RoBERTa's positions start after the padding index
+    if max_seq_length > limit:
+        raise MmcseError(
+            f"--max-seq-length {max_seq_length} is more than {name} can encode "
+            f"({limit} positions); use --max-seq-length {limit} or less"
+        )
+
+
+def check_weights(local: Path, name: str) -> None:
+    if not any((local / f).is_file() for f in WEIGHT_FILES):
+        raise MmcseError(f"--model {name}: no weights inside ({' or '.join(WEIGHT_FILES[:2])})")
+
+
+def check_tokenizer(local: Path, name: str) -> None:
+    """The tokenizer loads and knows common words (transformers builds an empty one silently)."""
+    from mmcse.model import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(str(local))
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MmcseError(f"--model {name}: its tokenizer cannot be loaded: {first}") from None
+    ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    unk = tokenizer.unk_token_id
+    if unk is not None and ids and all(i == unk for i in ids):
+        raise MmcseError(
+            f"--model {name}: its tokenizer maps every word to {tokenizer.unk_token!r}; "
+            f"are the tokenizer files (tokenizer.json or vocab.txt) missing from {local}?"
+        )
+
+
+def _check_hub_id(name: str) -> Path | None:
+    """The cached config of a hub id, or None when the hub answers (it will download)."""
     from huggingface_hub import constants, try_to_load_from_cache
 
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
-        return  # in the local cache
+    cached = try_to_load_from_cache(name, "config.json")
+    if isinstance(cached, str):
+        return Path(cached)
     fix = "download it where there is network, or pass --model DIR (a local HF model folder)"
     offline = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if _env_true(v)]
     if offline:
@@ -217,6 +303,7 @@ def _check_hub_id(name: str) -> None:
             f"--model {name}: not a local folder, not in the Hugging Face cache, and {host} "
             f"cannot be reached ({exc.strerror or exc}); {fix}"
         ) from None
+    return None
 
 
 def _env_true(name: str) -> bool:

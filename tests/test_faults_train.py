@@ -501,3 +501,57 @@ def test_ablation_checks_every_row_before_the_first_trains(
             "--seeds", "0", "--output-dir", str(tmp_path / "abl")]  # fmt: skip
     refused(args, monkeypatch, capsys, str(used), "not empty")
     assert trained == []
+
+
+# ---- more classes: text encodings, model folders, role values ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"a dog runs\nthe cat \xff sits\n", [":2:", "not UTF-8"]),
+        ("a dog runs\n".encode("utf-16"), ["UTF-16", "convert it to UTF-8"]),
+        ("a dog runs\n".encode("utf-32"), ["UTF-32"]),
+    ],
+)
+def test_text_corpus_in_another_encoding_is_refused(
+    content, words, tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    corpus = tmp_path / "wiki.txt"
+    corpus.write_bytes(content)
+    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--text-corpus", str(corpus))
+    refused(args, monkeypatch, capsys, "--text-corpus", str(corpus), *words)
+
+
+def test_max_seq_length_beyond_the_models_positions_is_refused(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    limit = json.loads((Path(tiny_model) / "config.json").read_text())["max_position_embeddings"]
+    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--max-seq-length", str(limit + 1))
+    refused(args, monkeypatch, capsys, f"--max-seq-length {limit + 1}", f"{limit} or less")
+
+
+def test_model_folder_without_tokenizer_or_with_broken_config(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    bare = tmp_path / "bare-model"
+    bare.mkdir()
+    shutil.copy(Path(tiny_model) / "config.json", bare / "config.json")
+    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--model", str(bare))
+    refused(args, monkeypatch, capsys, str(bare), "no weights")
+    shutil.copy(Path(tiny_model) / "model.safetensors", bare / "model.safetensors")
+    refused(args, monkeypatch, capsys, str(bare), "tokenizer maps every word to")
+    (bare / "config.json").write_text("{not json")
+    refused(args, monkeypatch, capsys, str(bare / "config.json"), "not valid JSON")
+
+
+def test_empty_feature_value_and_pinned_multi_set_role(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    args = train_args(tiny_model, tiny_world, tmp_path / "run")
+    i = args.index("--feature") + 1
+    args[i] = "image="
+    refused(args, monkeypatch, capsys, "--feature image=", "names no folder")
+    args[i] = f"image={tiny_world['image']},{tiny_world['image']}"
+    pinned = [*args, "--expect-fingerprint", "image=" + "0" * 64]
+    refused(pinned, monkeypatch, capsys, "--expect-fingerprint image", "2 sets")
