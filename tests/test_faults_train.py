@@ -540,7 +540,7 @@ def test_model_folder_without_tokenizer_or_with_broken_config(
     args = train_args(tiny_model, tiny_world, tmp_path / "run", "--model", str(bare))
     refused(args, monkeypatch, capsys, str(bare), "no weights")
     shutil.copy(Path(tiny_model) / "model.safetensors", bare / "model.safetensors")
-    refused(args, monkeypatch, capsys, str(bare), "tokenizer maps every word to")
+    refused(args, monkeypatch, capsys, str(bare), "no vocabulary beyond its special tokens")
     (bare / "config.json").write_text("{not json")
     refused(args, monkeypatch, capsys, str(bare / "config.json"), "not valid JSON")
 
