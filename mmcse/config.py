@@ -254,7 +254,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     """A JSON or TOML file of TrainConfig fields (a ``[train]`` TOML table is also accepted)."""
     p = Path(path)
     if not p.is_file():
-        raise MmcseError(f"config file {p} does not exist")
+        raise MmcseError(f"config file {p} {'is a folder' if p.is_dir() else 'does not exist'}")
     try:
         text = p.read_text(encoding="utf-8")
         data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)

@@ -93,11 +93,12 @@ def check_device(name: str) -> None:
         raise MmcseError("--device mps: MPS is not available here; use --device cpu or auto")
 
 
-def _readable(path: Path, flag: str, what: str) -> None:
+def _readable(path: Path, label: str, what: str) -> None:
+    """``label`` is the flag as given (``--text-corpus X``, ``--feature image=X``)."""
     if not path.exists():
-        raise MmcseError(f"{flag} {path}: no such {what}")
+        raise MmcseError(f"{label}: no such {what}")
     if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
-        raise MmcseError(f"{flag} {path}: not readable (check its permissions)")
+        raise MmcseError(f"{label}: not readable (check its permissions)")
 
 
 def check_paths(cfg: TrainConfig) -> None:
@@ -107,7 +108,7 @@ def check_paths(cfg: TrainConfig) -> None:
         ("--caption-corpus", cfg.caption_corpus),
     ):
         if value:
-            _readable(Path(value), flag, "file or folder")
+            _readable(Path(value), f"{flag} {value}", "file or folder")
             if Path(value).is_file():
                 check_utf8(Path(value), flag)
     for role, dirs in cfg.features.items():
@@ -115,7 +116,7 @@ def check_paths(cfg: TrainConfig) -> None:
         if not parts:
             raise MmcseError(f"--feature {role}= names no folder; give --feature {role}=DIR")
         for d in parts:
-            _readable(Path(d), f"--feature {role}=", "folder")
+            _readable(Path(d), f"--feature {role}={d}", "folder")
         if role in cfg.expect_fingerprints and len(parts) > 1:
             raise MmcseError(
                 f"--expect-fingerprint {role}: the role has {len(parts)} sets; a fingerprint "
