@@ -53,6 +53,7 @@ def demo_config(method: str, student: Path, paths, cached, out: Path, steps: int
         eval_steps=max(1, steps // 6),
         eval_data=str(paths["senteval"]),
         output_dir=str(out / method),
+        overwrite=True,  # a rerun of the demo regenerates its whole folder
         device=device,
         seed=0,
     )
