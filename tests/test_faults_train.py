@@ -555,3 +555,15 @@ def test_empty_feature_value_and_pinned_multi_set_role(
     args[i] = f"image={tiny_world['image']},{tiny_world['image']}"
     pinned = [*args, "--expect-fingerprint", "image=" + "0" * 64]
     refused(pinned, monkeypatch, capsys, "--expect-fingerprint image", "2 sets")
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--device", "bogus"], ["--device", "'bogus'"]),
+        (["--batch-size", "0"], ["--batch-size", "at least 1"]),
+    ],
+)
+def test_eval_settings_are_one_line(flags, words, tiny_model, monkeypatch, capsys, no_model_load):
+    args = ["eval", "--model", str(tiny_model), "--data", str(FIXTURE_SENTEVAL), *flags]
+    refused(args, monkeypatch, capsys, *words)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -335,6 +336,8 @@ def evaluate_sts(
     started = time.perf_counter()
     if pooler is not None and pooler not in POOLERS:
         raise MmcseError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+    device = None if device == "auto" else device
+    check_eval_settings(batch_size, device)
     tasks = load_tasks(data_dir, mode)  # fail on bad data before loading a model
     if isinstance(encoder_or_path, str | Path):
         encoder, tokenizer, pooler, model_name = load_encoder(encoder_or_path, pooler, device)
@@ -383,6 +386,19 @@ def evaluate_sts(
         "tasks": scores,
     }
     return results
+
+
+def check_eval_settings(batch_size: int, device: str | None) -> None:
+    """``--batch-size`` and ``--device`` refused with one line before any file or model loads."""
+    from mmcse.config import DEVICE_PATTERN, DEVICES
+    from mmcse.preflight import check_device
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise MmcseError(f"--batch-size must be an integer of at least 1, got {batch_size!r}")
+    if device is not None:
+        if not re.fullmatch(DEVICE_PATTERN, device):
+            raise MmcseError(f"--device must be {DEVICES}, not {device!r}")
+        check_device(device)
 
 
 @functools.lru_cache(maxsize=4)
