@@ -61,6 +61,7 @@ def train(
     expect_fingerprint: list[str] = Opt(None, "--expect-fingerprint", help="ROLE=SHA"),
     mixing: str = Opt(None, help="interleave|proportional-random|caption-only|text-only"),
     output_dir: str = Opt(None, help="run directory"),
+    overwrite: bool = Opt(None, "--overwrite", help="replace the run in a non-empty --output-dir"),
     batch_size: int = Opt(None),
     learning_rate: float = Opt(None, "--lr", "--learning-rate"),
     epochs: int = Opt(None),
@@ -81,7 +82,6 @@ def train(
 ) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
     from mmcse.config import parse_pairs, parse_value, resolve_config
-    from mmcse.methods import build_method
     from mmcse.train import train as run_training
 
     args = {k: parse_value(v) for k, v in parse_pairs(method_arg, "--method-arg").items()}
@@ -96,6 +96,7 @@ def train(
         expect_fingerprints=parse_pairs(expect_fingerprint, "--expect-fingerprint") or None,
         mixing=mixing,
         output_dir=output_dir,
+        overwrite=overwrite,
         batch_size=batch_size,
         learning_rate=learning_rate,
         epochs=epochs,
@@ -112,8 +113,12 @@ def train(
     if dry_run:
         import json
 
+        from mmcse.preflight import preflight
+
+        method = preflight(cfg)  # the checks a real run makes before its first step
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
-        typer.echo(build_method(cfg.method, **cfg.method_args).describe())
+        typer.echo(method.describe())
+        typer.echo("preflight: every input checked")
         return
     result = run_training(cfg)
     typer.echo(f"run directory: {result.output_dir}")
@@ -755,6 +760,7 @@ _MODEL = Opt(None, help="student override: local HF dir or hub id")
 _MAX_STEPS = Opt(None, help="stop each run after N steps (smoke runs)")
 _SET = Opt(None, "--set", help="TrainConfig override KEY=VALUE (repeatable)")
 _DRY_RUN = Opt(False, "--dry-run", help="print every run it would train, then stop")
+_OVERWRITE = Opt(False, "--overwrite", help="replace runs already in the seed folders")
 
 
 def _recipe_seeds(recipe, seeds: str | None) -> tuple[int, ...]:
@@ -766,10 +772,11 @@ def _recipe_seeds(recipe, seeds: str | None) -> tuple[int, ...]:
         raise MmcseError(f"--seeds expects comma-separated integers, got {seeds!r}") from None
 
 
-def _set_overrides(items: list[str] | None) -> dict:
+def _set_overrides(items: list[str] | None, overwrite: bool = False) -> dict:
     from mmcse.config import parse_pairs, parse_value
 
-    return {k: parse_value(v) for k, v in parse_pairs(items, "--set").items()}
+    overrides = {k: parse_value(v) for k, v in parse_pairs(items, "--set").items()}
+    return {**overrides, "overwrite": True} if overwrite else overrides
 
 
 @recipes_app.command("list")
@@ -810,6 +817,7 @@ def recipes_run(
     output_dir: str = Opt(None, help="run directory (default: runs/<name>); seeds in seed<k>/"),
     set_: list[str] = _SET,
     dry_run: bool = _DRY_RUN,
+    overwrite: bool = _OVERWRITE,
 ) -> None:
     """Train a recipe over seeds and print it next to the published numbers."""
     from mmcse.recipes import get_recipe, run_recipe
@@ -842,7 +850,7 @@ def recipes_run(
         output_dir=out,
         model=model,
         max_steps=max_steps,
-        overrides=_set_overrides(set_),
+        overrides=_set_overrides(set_, overwrite),
     )
     typer.echo(table)
     typer.echo(f"results: {out}/results.json")
@@ -860,6 +868,7 @@ def ablate(
     out: str = Opt(None, help="markdown table (default: <output-dir>/ablation.md; + .json)"),
     set_: list[str] = _SET,
     dry_run: bool = _DRY_RUN,
+    overwrite: bool = _OVERWRITE,
 ) -> None:
     """Rerun a recipe with loss terms switched off; mean ± std and Welch p-values per row."""
     from mmcse.ablate import ablate as run_ablation
@@ -895,7 +904,7 @@ def ablate(
         output_dir=runs_dir,
         model=model,
         max_steps=max_steps,
-        overrides=_set_overrides(set_),
+        overrides=_set_overrides(set_, overwrite),
     )
     md, js = write_ablation(result, out or f"{runs_dir}/ablation.md")
     typer.echo(result.markdown())
@@ -904,12 +913,24 @@ def ablate(
 
 def main() -> None:
     """Entry point: usage errors come from typer; user errors become one line and exit 2."""
+    from mmcse.io_errors import os_error_message
+
     try:
         app()
-    except (MmcseError, FileNotFoundError, NotADirectoryError, ValueError, KeyError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        typer.echo(f"error: {message}", err=True)
-        sys.exit(2)
+    except OSError as exc:  # disk full, read-only folder, permissions: name the path
+        _fail(os_error_message(exc))
+    except (MmcseError, ValueError, KeyError) as exc:
+        _fail(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+
+
+def _fail(message) -> None:
+    """One ``error:`` line on its own line (an open progress bar is closed first), exit 2."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+    typer.echo(f"error: {message}", err=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

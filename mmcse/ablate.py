@@ -26,7 +26,7 @@ from mmcse.evaluation.compare import Row, markdown_table
 from mmcse.evaluation.report import write_report
 from mmcse.methods import Method, build_method
 from mmcse.published import PUBLISHED_ABLATIONS
-from mmcse.recipes import Recipe, SeedRuns, run_seeds
+from mmcse.recipes import Recipe, SeedRuns, check_seed_dirs, run_seeds
 
 FULL = ""  # the drop spec of the full method
 
@@ -54,6 +54,10 @@ def resolve_term(method: Method, term: str) -> str:
 
 def spec_of(terms: tuple[str, ...]) -> str:
     return "+".join(terms)
+
+
+def row_dir(terms: tuple[str, ...]) -> str:
+    return "full" if not terms else "wo-" + spec_of(terms)
 
 
 def label_of(terms: tuple[str, ...]) -> str:
@@ -172,6 +176,8 @@ def ablate(
         overrides=overrides,
     )
     plan = ablation_plan(recipe, drops, output_dir, overrides)
+    for _terms, _fields, row_out, row_overrides in plan:  # every row checked before one trains
+        check_seed_dirs(row_out, seeds, row_overrides)
     rows = []
     for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):
         log(
@@ -209,8 +215,7 @@ def ablation_plan(
     for terms, fields in plan:
         zeroed = {f: 0.0 for f in fields}
         row_overrides = {**base, "method_args": {**base.get("method_args", {}), **zeroed}}
-        row_dir = out / ("full" if not terms else "wo-" + spec_of(terms))
-        rows.append((terms, fields, row_dir, row_overrides))
+        rows.append((terms, fields, out / row_dir(terms), row_overrides))
     return rows
 
 

@@ -68,6 +68,7 @@ def demo_config(method: str, student: Path, paths, cached, out: Path, steps: int
         final_eval=False,  # the demo scores its own named tasks (score_demo_tasks)
         pooler="avg",  # a random student's [CLS] carries little; its mean is a bag of words
         output_dir=str(out / method),
+        overwrite=True,  # a rerun of the demo regenerates its whole folder
         device=device,
         seed=0,
     )

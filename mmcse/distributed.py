@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from mmcse.errors import MmcseError
+
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -44,12 +46,44 @@ def local_offset(batch_size: int) -> int:
     return rank() * batch_size
 
 
+def env_int(name: str, default: int | None = None, minimum: int = 0) -> int | None:
+    """An integer torchrun variable (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), checked."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise MmcseError(
+            f"environment variable {name}={text!r} must be an integer ≥ {minimum} "
+            "(set by torchrun; unset it for a single-process run)"
+        )
+    return value
+
+
+def env_rank() -> int:
+    """This process's rank as the environment says, before any process group exists."""
+    return rank() if is_distributed() else env_int("RANK", 0) or 0
+
+
+def check_env() -> None:
+    """Refuse malformed torchrun variables with one line naming the variable."""
+    world = env_int("WORLD_SIZE", 1, minimum=1)
+    the_rank = env_int("RANK", 0)
+    env_int("LOCAL_RANK", 0)
+    if the_rank is not None and world is not None and the_rank >= world:
+        raise MmcseError(f"environment variable RANK={the_rank} is not below WORLD_SIZE={world}")
+
+
 def init_from_env(backend: str | None = None) -> bool:
     """Join the process group torchrun describes in the environment; False when not launched so."""
+    check_env()
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or is_distributed():
         return is_distributed()
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     dist.init_process_group(backend=backend)
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(env_int("LOCAL_RANK", 0))
     return True

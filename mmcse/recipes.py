@@ -328,6 +328,7 @@ def run_seeds(
 
     recipe.check_cache(cache_root, set(overrides or {}))
     out = Path(output_dir)
+    check_seed_dirs(out, seeds, overrides)
     results = []
     for i, seed in enumerate(seeds, start=1):
         log(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {out / f'seed{seed}'}")
@@ -341,6 +342,17 @@ def run_seeds(
         )
         results.append(train_one(cfg))
     return SeedRuns(label or recipe.name, out, tuple(seeds), results)
+
+
+def check_seed_dirs(
+    output_dir: str | Path, seeds: tuple[int, ...], overrides: dict[str, Any] | None
+) -> None:
+    """Refuse a used ``seed<k>`` folder before the first seed trains (unless overwrite=true)."""
+    from mmcse.preflight import check_output_path
+
+    overwrite = bool((overrides or {}).get("overwrite"))
+    for seed in seeds:
+        check_output_path(Path(output_dir) / f"seed{seed}", overwrite=overwrite)
 
 
 def comparison_rows(recipe: Recipe, runs: SeedRuns, overridden: bool = False) -> list[Row]:

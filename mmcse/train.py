@@ -27,9 +27,11 @@ from mmcse import distributed as dist
 from mmcse.config import TrainConfig
 from mmcse.data import Batch, TrainData
 from mmcse.errors import MmcseError
+from mmcse.io_errors import naming_os_errors
 from mmcse.losses.base import LossInputs
 from mmcse.methods import Method, build_method
 from mmcse.model import BEST_DIR, SentenceEncoder, load_tokenizer
+from mmcse.preflight import clear_previous_run, preflight
 from mmcse.registry import LOSSES
 
 
@@ -148,6 +150,7 @@ class Run:
     """State of one training run (kept small: the loop itself is :meth:`fit`)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
+        preflight(cfg)  # every input checked before the model loads
         self.cfg = cfg
         dist.init_from_env()
         self.device = pick_device(cfg.device)
@@ -251,6 +254,8 @@ class Run:
 
     def _prepare_output(self) -> None:
         if dist.is_main():
+            if self.cfg.overwrite and not getattr(self.cfg, "resume", None):
+                clear_previous_run(self.out)  # no stale best/ left beside the new run
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "metrics.jsonl").write_text("")
             self.cfg.save(self.out / "config.json")
@@ -302,4 +307,6 @@ class Run:
 
 
 def train(cfg: TrainConfig) -> RunResult:
-    return Run(cfg).fit()
+    run = Run(cfg)
+    with naming_os_errors(run.out):  # disk full, read-only folder: one line naming the path
+        return run.fit()

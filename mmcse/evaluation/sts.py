@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -125,9 +126,22 @@ def _read_text(path: Path) -> str:
 
 def _score(text: str, path: Path, line_number: int) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise MmcseError(f"{path}:{line_number}: gold score {text!r} is not a number") from None
+    if not np.isfinite(value):  # a nan gold score turns every average into nan
+        raise MmcseError(f"{path}:{line_number}: gold score {text!r} is not a finite number")
+    return value
+
+
+def _scored(subset: Subset, path: Path) -> Subset:
+    """The subset, refused when nothing in it is scored (an empty or truncated file)."""
+    if len(subset.pairs) < 2:
+        raise MmcseError(
+            f"{path}: {len(subset.pairs)} scored sentence pair(s); Spearman needs at least 2 "
+            "(is the file empty or truncated?)"
+        )
+    return subset
 
 
 def _join_tokens(sentence: str) -> str:
@@ -154,7 +168,8 @@ def load_sts_subset(folder: Path, subset: str) -> Subset:
             continue
         pairs.append((_join_tokens(columns[0]), _join_tokens(columns[1])))
         gold.append(_score(gold_text, gold_path, number))
-    return Subset(subset, pairs, np.asarray(gold, dtype=np.float64))
+    scored = Subset(subset, pairs, np.asarray(gold, dtype=np.float64))
+    return _scored(scored, gold_path if lines else input_path)
 
 
 def load_tsv_pairs(
@@ -180,7 +195,7 @@ def load_tsv_pairs(
                 gold.append(_score(columns[score_column], path, number))
         except UnicodeDecodeError as exc:
             raise MmcseError(f"{path}: not UTF-8 (byte {exc.start})") from None
-    return Subset(name, pairs, np.asarray(gold, dtype=np.float64))
+    return _scored(Subset(name, pairs, np.asarray(gold, dtype=np.float64)), path)
 
 
 def load_stsbenchmark(downstream: Path, split: str) -> Subset:
@@ -317,6 +332,8 @@ def evaluate_sts(
     if pooler is not None:
         pooler = check_pooler(pooler, allow_auto=True)
         pooler = None if pooler == "auto" else pooler
+    device = None if device == "auto" else device
+    check_eval_settings(batch_size, device)
     tasks = load_tasks(data_dir, mode)  # fail on bad data before loading a model
     if isinstance(encoder_or_path, str | Path):
         encoder, tokenizer, pooler, model_name = load_encoder(encoder_or_path, pooler, device)
@@ -365,6 +382,19 @@ def evaluate_sts(
         "tasks": scores,
     }
     return results
+
+
+def check_eval_settings(batch_size: int, device: str | None) -> None:
+    """``--batch-size`` and ``--device`` refused with one line before any file or model loads."""
+    from mmcse.config import DEVICE_PATTERN, DEVICES
+    from mmcse.preflight import check_device
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise MmcseError(f"--batch-size must be an integer of at least 1, got {batch_size!r}")
+    if device is not None:
+        if not re.fullmatch(DEVICE_PATTERN, device):
+            raise MmcseError(f"--device must be {DEVICES}, not {device!r}")
+        check_device(device)
 
 
 @functools.lru_cache(maxsize=4)

@@ -93,4 +93,6 @@ def build_method(name: str, **overrides: Any) -> Method:
         raise ValueError(
             f"method {name!r} has no setting {', '.join(unknown)}; it has: {', '.join(sorted(known))}"
         )
-    return cls(**overrides)
+    from mmcse.config import check_settings  # types from the annotations, ranges from metadata
+
+    return cls(**check_settings(cls, overrides, f"method {name!r} setting"))
