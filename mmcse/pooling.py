@@ -50,7 +50,7 @@ def check_pooler(name: str, allow_auto: bool = False) -> str:
     canonical = ALIASES.get(name, name)
     if canonical not in POOLERS:
         names = [*POOLERS, *ALIASES] + ([AUTO] if allow_auto else [])
-        raise MmcseError(f"unknown pooler {name!r}; choose one of {', '.join(names)}")
+        raise MmcseError(f"--pooler {name!r}: unknown pooler; choose one of {', '.join(names)}")
     return canonical
 
 

@@ -173,7 +173,7 @@ def test_every_method_builds_with_its_defaults(name):
         ("dalr", {"teachers_on": "text"}, "teachers_on must be one of 'all', 'caption'"),
         ("dalr", {"proj_dim": 2.5}, "proj_dim must be an integer"),
         ("dalr", {"text_teachers": "simcse"}, "text_teachers must be a list"),
-        ("kdmcse", {"false_negative_threshold": "0.3"}, "must be a number or null"),
+        ("kdmcse", {"false_negative_threshold": "0.3"}, "false_negative_threshold must be a number"),
         ("mcse", {"image_text_weight": None}, "image_text_weight must be a number"),
     ],
 )
