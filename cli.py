@@ -42,7 +42,9 @@ def train(
     caption_corpus: str = Opt(None, help="caption corpus table dir (from extract-images)"),
     feature: list[str] = Opt(None, "--feature", help="cached features ROLE=DIR"),
     expect_fingerprint: list[str] = Opt(None, "--expect-fingerprint", help="ROLE=SHA"),
-    mixing: str = Opt(None, help="interleave|proportional-random|caption-only|text-only"),
+    mixing: str = Opt(
+        None, help="interleave|mcse-train-mix|proportional-random|caption-only|text-only"
+    ),
     output_dir: str = Opt(None, help="run directory"),
     batch_size: int = Opt(None),
     learning_rate: float = Opt(None, "--lr", "--learning-rate"),
@@ -55,7 +57,9 @@ def train(
     final_eval: bool = Opt(None, "--final-eval/--no-final-eval"),
     pooler: str = Opt(None),
     device: str = Opt(None),
-    precision: str = Opt(None, help="auto|bf16|fp32"),
+    precision: str = Opt(None, help="auto|bf16|fp16|fp32 (auto: bf16 on CUDA)"),
+    adam_eps: float = Opt(None, help="AdamW epsilon [1e-6, transformers.AdamW's]"),
+    drop_last: bool = Opt(None, "--drop-last/--keep-last", help="last partial batch [kept]"),
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
 ) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
@@ -87,6 +91,8 @@ def train(
         pooler=pooler,
         device=device,
         precision=precision,
+        adam_eps=adam_eps,
+        drop_last=drop_last,
     )
     if dry_run:
         import json

@@ -14,8 +14,11 @@ from typing import Any
 
 from mmcse.errors import MmcseError
 
-MIXINGS = ("interleave", "proportional-random", "caption-only", "text-only")
-PRECISIONS = ("auto", "bf16", "fp32")
+#: ``mcse-train-mix`` = MCSE's released ``train_mix.py`` schedule (see :mod:`mmcse.data`)
+MIXINGS = ("interleave", "mcse-train-mix", "proportional-random", "caption-only", "text-only")
+#: ``auto`` = bf16 autocast on CUDA; ``fp16`` = fp16 autocast + GradScaler on CUDA (the released
+#: SimCSE/VisualCSE ``--fp16``); every value trains in plain fp32 on CPU
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
 @dataclass
@@ -34,9 +37,11 @@ class TrainConfig:
     batch_size: int = 64  # per process; under torchrun the global batch is this × world size
     learning_rate: float = 3e-5
     weight_decay: float = 0.0
+    adam_eps: float = 1e-6  # transformers.AdamW's default, used by MCSE/KDMCSE/DALR (torch: 1e-8)
     epochs: int = 1
     max_steps: int = 0  # > 0 stops early (and sets the schedule length)
     max_seq_length: int = 32
+    drop_last: bool = False  # False keeps each corpus's last partial batch (as torch DataLoader)
     warmup_steps: int = 0
     grad_clip: float = 1.0
     seed: int = 42
@@ -54,6 +59,8 @@ class TrainConfig:
             raise MmcseError(f"--mixing must be one of {', '.join(MIXINGS)}, not {self.mixing!r}")
         if self.precision not in PRECISIONS:
             raise MmcseError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        if not 0 < self.adam_eps < 1:
+            raise MmcseError(f"--adam-eps must be in (0, 1), not {self.adam_eps!r}")
         if self.batch_size < 2:
             raise MmcseError("--batch-size must be at least 2 (in-batch negatives)")
 
