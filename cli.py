@@ -134,6 +134,31 @@ def bench_train_cmd(
     )
 
 
+@bench_app.command("precision")
+def bench_precision_cmd(
+    model: str = Opt(None, help="student [default: the packaged all-MiniLM-L6-v2]"),
+    sentences: str = Opt(None, help="one sentence per line [default: shared Wiki1M sample]"),
+    methods: str = Opt("simcse,mcse", help="comma-separated methods"),
+    steps: int = Opt(8, help="batches measured per method"),
+    batch_size: int = Opt(32),
+    dropout: float = Opt(0.1, help="0 measures the number format alone"),
+) -> None:
+    """Loss and gradient change of one step under bf16/fp16 autocast vs fp32, on CPU."""
+    from mmcse.precision_bench import bench_precision, default_inputs, format_rows, read_sentences
+
+    model, sentences = default_inputs(model, sentences)
+    texts = read_sentences(sentences, steps * batch_size)
+    rows = bench_precision(
+        model,
+        texts,
+        methods=tuple(m for m in methods.split(",") if m),
+        batch_size=batch_size,
+        dropout=dropout,
+    )
+    typer.echo(f"model {model}; {steps} batches of {batch_size} from {sentences}; CPU autocast")
+    typer.echo(format_rows(rows))
+
+
 @app.command()
 def demo(
     out: str = Opt("runs/demo", help="where the generated world, cache and runs go"),
