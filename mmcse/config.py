@@ -19,6 +19,9 @@ MIXINGS = ("interleave", "mcse-train-mix", "proportional-random", "caption-only"
 #: ``auto`` = bf16 autocast on CUDA; ``fp16`` = fp16 autocast + GradScaler on CUDA (the released
 #: SimCSE/VisualCSE ``--fp16``); every value trains in plain fp32 on CPU
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+#: where AdamW adds ε: ``transformers`` (to √v before bias correction: transformers.AdamW, which
+#: every released trainer here used) or ``torch`` (torch.optim.AdamW's own placement)
+ADAM_EPS_STYLES = ("transformers", "torch")
 
 
 @dataclass
@@ -38,6 +41,7 @@ class TrainConfig:
     learning_rate: float = 3e-5
     weight_decay: float = 0.0
     adam_eps: float = 1e-6  # transformers.AdamW's default, used by MCSE/KDMCSE/DALR (torch: 1e-8)
+    adam_eps_style: str = "transformers"  # ε before bias correction (transformers.AdamW) | "torch"
     epochs: int = 1
     max_steps: int = 0  # > 0 stops early (and sets the schedule length)
     max_seq_length: int = 32
@@ -59,6 +63,8 @@ class TrainConfig:
             raise MmcseError(f"--mixing must be one of {', '.join(MIXINGS)}, not {self.mixing!r}")
         if self.precision not in PRECISIONS:
             raise MmcseError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        if self.adam_eps_style not in ADAM_EPS_STYLES:
+            raise MmcseError(f"adam_eps_style must be one of {', '.join(ADAM_EPS_STYLES)}")
         if not 0 < self.adam_eps < 1:
             raise MmcseError(f"--adam-eps must be in (0, 1), not {self.adam_eps!r}")
         if self.batch_size < 2:

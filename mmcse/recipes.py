@@ -64,6 +64,7 @@ COMMON_TRAIN: dict[str, Any] = {
 MCSE_CODE_TRAIN: dict[str, Any] = {
     "precision": "fp32",
     "adam_eps": 1e-6,
+    "adam_eps_style": "transformers",
     "weight_decay": 0.0,
     "warmup_steps": 0,
     "grad_clip": 1.0,
@@ -75,6 +76,7 @@ MCSE_CODE_TRAIN: dict[str, Any] = {
 HF_TRAINER_TRAIN: dict[str, Any] = {
     "precision": "fp16",
     "adam_eps": 1e-8,
+    "adam_eps_style": "transformers",  # Trainer 4.5 builds transformers.AdamW
     "weight_decay": 0.0,
     "warmup_steps": 0,
     "grad_clip": 1.0,
@@ -299,8 +301,8 @@ class Recipe:
             f"  data        {data} (caption policy {self.caption_policy})",
             f"  mixing      {cfg.mixing}",
             f"  precision   {cfg.precision} {PRECISION_WORDS[cfg.precision]}",
-            f"  optimizer   AdamW lr {cfg.learning_rate:g}, eps {cfg.adam_eps:g}, weight decay "
-            f"{cfg.weight_decay:g}, grad clip {cfg.grad_clip:g}",
+            f"  optimizer   AdamW lr {cfg.learning_rate:g}, eps {cfg.adam_eps:g} (placed as "
+            f"{cfg.adam_eps_style}), weight decay {cfg.weight_decay:g}, grad clip {cfg.grad_clip:g}",
             f"  schedule    linear, warm-up {cfg.warmup_steps} steps, decay to 0 "
             "(HF get_linear_schedule_with_warmup)",
             f"  batches     {cfg.batch_size} per step, {cfg.epochs} epoch(s), max length "

@@ -10,6 +10,7 @@ test sets. The same command runs under ``torchrun`` (DDP; in-batch negatives gat
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 import time
@@ -113,6 +114,25 @@ def grad_scaler_for(device: torch.device, precision: str) -> torch.amp.GradScale
     return torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and precision == "fp16")
 
 
+def adamw_groups(student: nn.Module) -> list[dict]:
+    """One AdamW group per module whose parameters step together (the encoder, each loss
+    term's heads): parameters of a group share their step count, which ε's scaling needs."""
+    groups = [{"params": list(student.encoder.parameters())}]
+    groups += [{"params": list(m.parameters())} for m in student.losses.values()]
+    return [g for g in groups if g["params"]]
+
+
+def use_transformers_eps(optimizer: torch.optim.Optimizer, eps: float) -> None:
+    """Make torch's AdamW step equal transformers.AdamW's: that adds ε to √v before folding the
+    bias correction into the step size, i.e. torch's ε scaled by 1/√(1 − β₂ᵗ) at step t."""
+    for group in optimizer.param_groups:
+        steps = [
+            optimizer.state[p]["step"] for p in group["params"] if "step" in optimizer.state[p]
+        ]
+        t = int(max(steps, default=0)) + 1
+        group["eps"] = eps / math.sqrt(1.0 - group["betas"][1] ** t)
+
+
 def linear_schedule(optimizer, warmup: int, total: int):
     """HF's ``get_linear_schedule_with_warmup`` exactly: factor ``s/w`` for ``s < w``, then
     ``(T − s)/(T − w)``, ``s`` = optimizer steps taken (the first step runs at factor 0 when
@@ -182,7 +202,7 @@ class Run:
         if self.aux is not None:
             self.aux.total_steps = total  # the auxiliary task's own lr schedule spans the run
         optimizer = torch.optim.AdamW(
-            self.student.parameters(),
+            adamw_groups(self.student),
             lr=cfg.learning_rate,
             weight_decay=cfg.weight_decay,
             eps=cfg.adam_eps,
@@ -238,6 +258,8 @@ class Run:
         if self.cfg.grad_clip > 0:
             self.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.cfg.grad_clip)
+        if self.cfg.adam_eps_style == "transformers":
+            use_transformers_eps(optimizer, self.cfg.adam_eps)
         self.scaler.step(optimizer)
         self.scaler.update()
         scheduler.step()

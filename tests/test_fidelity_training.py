@@ -13,7 +13,7 @@ from mmcse.config import TrainConfig
 from mmcse.data import CAPTION, TEXT, Source, TrainData, train_mix_counts
 from mmcse.errors import MmcseError
 from mmcse.recipes import RECIPES, get_recipe
-from mmcse.train import autocast_for, grad_scaler_for, linear_schedule
+from mmcse.train import autocast_for, grad_scaler_for, linear_schedule, use_transformers_eps
 
 # ---- a TrainData over fake corpora of given sizes (the schedule only needs their lengths) ----
 
@@ -167,6 +167,37 @@ def test_linear_schedule_is_hf_get_linear_schedule_with_warmup(warmup, total):
         hf_opt.step()
         hf.step()
     assert applied == pytest.approx(hf_applied)
+
+
+def transformers_adamw_steps(param, grads, lr, eps, betas=(0.9, 0.999)):
+    """transformers.AdamW (correct_bias=True, no weight decay), written out from its step()."""
+    p, m, v = param.clone(), torch.zeros_like(param), torch.zeros_like(param)
+    for t, g in enumerate(grads, start=1):
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        step_size = lr * math.sqrt(1 - betas[1] ** t) / (1 - betas[0] ** t)
+        p = p - step_size * m / (v.sqrt() + eps)
+    return p
+
+
+@pytest.mark.parametrize("style", ["transformers", "torch"])
+def test_adamw_eps_placement_matches_transformers_adamw(style):
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(50, generator=gen, dtype=torch.float64)
+    grads = [1e-4 * torch.randn(50, generator=gen, dtype=torch.float64) for _ in range(6)]
+    lr, eps = 1e-2, 1e-4  # gradients near ε, so where ε is added matters
+    param = torch.nn.Parameter(start.clone())
+    optimizer = torch.optim.AdamW([param], lr=lr, eps=eps, weight_decay=0.0)
+    for g in grads:
+        param.grad = g.clone()
+        if style == "transformers":
+            use_transformers_eps(optimizer, eps)
+        optimizer.step()
+    expected = transformers_adamw_steps(start, grads, lr, eps)
+    if style == "transformers":
+        torch.testing.assert_close(param.detach(), expected, rtol=1e-10, atol=1e-12)
+    else:  # torch's own placement differs measurably here
+        assert (param.detach() - expected).abs().max() > 1e-5
 
 
 def test_adam_eps_reaches_the_optimizer(tiny_model, tiny_world, tmp_path, monkeypatch):
