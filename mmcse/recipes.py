@@ -696,7 +696,7 @@ def _nonlinguistic_recipes() -> None:
     it from the README command (0.05 / 0.2 images, 0.01 / 0.02 audio).
     """
     # name: (text batch, text lr, lr of the image/audio step, ω, source)
-    readme = "the authors' {m} README command (yiren-jian/NonLing-CSE {M}/README.md)"
+    readme = "the authors' README command for {m} (yiren-jian/NonLing-CSE {M}/README.md)"
     table = "VisualCSE/AudioCSE Table C.1; ω (not in the paper) from the README command"
     settings = {
         "visualcse/bert": (64, 3e-5, 1e-6, 0.05, readme + " = Table C.1"),
@@ -726,7 +726,7 @@ def _nonlinguistic_recipes() -> None:
             train={**HF_TRAINER_TRAIN, "learning_rate": lr, "batch_size": batch, "epochs": 1},
             seeds=(42,),
             notes=notes,
-            source=source.format(m=model, M=module),
+            source=source.format(m=f"{MODELS[model]}", M=module),
             variant=f"ω = {weight}, {modality} lr {aux_lr:g}",
             published_as=name.removesuffix("/table-c1"),
         )
