@@ -178,6 +178,7 @@ class Run:
                 find_unused_parameters=True,  # caption-only heads idle on text batches
             )
         self.aux = self.method.auxiliary_task(encoder, cfg, self.device)
+        self.scaler = grad_scaler_for(self.device, cfg.precision)
         self.out = Path(cfg.output_dir)
         self.eval_dir = resolve_eval_dir(cfg)
         self.best_dev: float | None = None
@@ -208,7 +209,6 @@ class Run:
             eps=cfg.adam_eps,
         )
         scheduler = linear_schedule(optimizer, cfg.warmup_steps, total)
-        self.scaler = grad_scaler_for(self.device, cfg.precision)
         self._prepare_output()
         bar = tqdm(
             total=total,
