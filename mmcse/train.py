@@ -126,10 +126,8 @@ def use_transformers_eps(optimizer: torch.optim.Optimizer, eps: float) -> None:
     """Make torch's AdamW step equal transformers.AdamW's: that adds ε to √v before folding the
     bias correction into the step size, i.e. torch's ε scaled by 1/√(1 − β₂ᵗ) at step t."""
     for group in optimizer.param_groups:
-        steps = [
-            optimizer.state[p]["step"] for p in group["params"] if "step" in optimizer.state[p]
-        ]
-        t = int(max(steps, default=0)) + 1
+        state = optimizer.state.get(group["params"][0], {})  # a group's params step together
+        t = int(state.get("step", 0)) + 1
         group["eps"] = eps / math.sqrt(1.0 - group["betas"][1] ** t)
 
 

@@ -13,7 +13,13 @@ from mmcse.config import TrainConfig
 from mmcse.data import CAPTION, TEXT, Source, TrainData, train_mix_counts
 from mmcse.errors import MmcseError
 from mmcse.recipes import RECIPES, get_recipe
-from mmcse.train import autocast_for, grad_scaler_for, linear_schedule, use_transformers_eps
+from mmcse.train import (
+    adamw_groups,
+    autocast_for,
+    grad_scaler_for,
+    linear_schedule,
+    use_transformers_eps,
+)
 
 # ---- a TrainData over fake corpora of given sizes (the schedule only needs their lengths) ----
 
@@ -198,6 +204,18 @@ def test_adamw_eps_placement_matches_transformers_adamw(style):
         torch.testing.assert_close(param.detach(), expected, rtol=1e-10, atol=1e-12)
     else:  # torch's own placement differs measurably here
         assert (param.detach() - expected).abs().max() > 1e-5
+
+
+def test_adamw_groups_cover_every_parameter_once():
+    student = torch.nn.Module()
+    student.encoder = torch.nn.Linear(3, 3)
+    student.losses = torch.nn.ModuleDict(
+        {"a": torch.nn.Linear(3, 2), "b": torch.nn.Identity(), "c": torch.nn.Linear(2, 2)}
+    )
+    groups = adamw_groups(student)
+    assert len(groups) == 3  # encoder, a, c (b has no parameters)
+    grouped = [id(p) for g in groups for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in student.parameters())
 
 
 def test_adam_eps_reaches_the_optimizer(tiny_model, tiny_world, tmp_path, monkeypatch):
