@@ -59,7 +59,9 @@ def train(
     caption_corpus: str = Opt(None, help="caption corpus table dir (from extract-images)"),
     feature: list[str] = Opt(None, "--feature", help="cached features ROLE=DIR"),
     expect_fingerprint: list[str] = Opt(None, "--expect-fingerprint", help="ROLE=SHA"),
-    mixing: str = Opt(None, help="interleave|proportional-random|caption-only|text-only"),
+    mixing: str = Opt(
+        None, help="interleave|mcse-train-mix|proportional-random|caption-only|text-only"
+    ),
     output_dir: str = Opt(None, help="run directory"),
     overwrite: bool = Opt(None, "--overwrite", help="replace the run in a non-empty --output-dir"),
     batch_size: int = Opt(None),
@@ -77,7 +79,9 @@ def train(
         "| cls | cls_before_pooler | avg (= mean) | max | avg_first_last | avg_top2",
     ),
     device: str = Opt(None),
-    precision: str = Opt(None, help="auto|bf16|fp32"),
+    precision: str = Opt(None, help="auto|bf16|fp16|fp32 (auto: bf16 on CUDA)"),
+    adam_eps: float = Opt(None, help="AdamW epsilon [1e-6, transformers.AdamW's]"),
+    drop_last: bool = Opt(None, "--drop-last/--keep-last", help="last partial batch [kept]"),
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
 ) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
@@ -109,6 +113,8 @@ def train(
         pooler=pooler,
         device=device,
         precision=precision,
+        adam_eps=adam_eps,
+        drop_last=drop_last,
     )
     if dry_run:
         import json
@@ -175,6 +181,31 @@ def bench_train_cmd(
     typer.echo(
         f"cache gather: {g['rows_per_s']:,.0f} rows/s (128-id batches, {gather_rows:,} x 2048 fp16)"
     )
+
+
+@bench_app.command("precision")
+def bench_precision_cmd(
+    model: str = Opt(None, help="student [default: the packaged all-MiniLM-L6-v2]"),
+    sentences: str = Opt(None, help="one sentence per line [default: shared Wiki1M sample]"),
+    methods: str = Opt("simcse,mcse", help="comma-separated methods"),
+    steps: int = Opt(8, help="batches measured per method"),
+    batch_size: int = Opt(32),
+    dropout: float = Opt(0.1, help="0 measures the number format alone"),
+) -> None:
+    """Loss and gradient change of one step under bf16/fp16 autocast vs fp32, on CPU."""
+    from mmcse.precision_bench import bench_precision, default_inputs, format_rows, read_sentences
+
+    model, sentences = default_inputs(model, sentences)
+    texts = read_sentences(sentences, steps * batch_size)
+    rows = bench_precision(
+        model,
+        texts,
+        methods=tuple(m for m in methods.split(",") if m),
+        batch_size=batch_size,
+        dropout=dropout,
+    )
+    typer.echo(f"model {model}; {steps} batches of {batch_size} from {sentences}; CPU autocast")
+    typer.echo(format_rows(rows))
 
 
 @app.command()

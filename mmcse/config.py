@@ -35,8 +35,14 @@ from typing import Any, Literal, Union
 
 from mmcse.errors import MmcseError
 
-MIXINGS = ("interleave", "proportional-random", "caption-only", "text-only")
-PRECISIONS = ("auto", "bf16", "fp32")
+#: ``mcse-train-mix`` = MCSE's released ``train_mix.py`` schedule (see :mod:`mmcse.data`)
+MIXINGS = ("interleave", "mcse-train-mix", "proportional-random", "caption-only", "text-only")
+#: ``auto`` = bf16 autocast on CUDA; ``fp16`` = fp16 autocast + GradScaler on CUDA (the released
+#: SimCSE/VisualCSE ``--fp16``); every value trains in plain fp32 on CPU
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+#: where AdamW adds ε: ``transformers`` (to √v before bias correction: transformers.AdamW, which
+#: every released trainer here used) or ``torch`` (torch.optim.AdamW's own placement)
+ADAM_EPS_STYLES = ("transformers", "torch")
 #: ``--device`` values torch understands here: auto, cpu, cuda, cuda:N, mps
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?|mps"
 DEVICES = "auto, cpu, cuda, cuda:N or mps"
@@ -216,10 +222,15 @@ class TrainConfig:
     batch_size: int = field(default=64, metadata={"min": 2})
     learning_rate: float = field(default=3e-5, metadata={"above": 0, "flag": "--lr"})
     weight_decay: float = field(default=0.0, metadata={"min": 0})
+    # transformers.AdamW's default, used by MCSE/KDMCSE/DALR (torch: 1e-8)
+    adam_eps: float = field(default=1e-6, metadata={"above": 0, "below": 1})
+    # ε before bias correction (transformers.AdamW) | "torch"
+    adam_eps_style: str = field(default="transformers", metadata={"choices": ADAM_EPS_STYLES})
     epochs: int = field(default=1, metadata={"min": 1})
     # > 0 stops early (and sets the schedule length)
     max_steps: int = field(default=0, metadata={"min": 0})
     max_seq_length: int = field(default=32, metadata={"min": 3})  # [CLS], a token, [SEP]
+    drop_last: bool = False  # False keeps each corpus's last partial batch (as torch DataLoader)
     warmup_steps: int = field(default=0, metadata={"min": 0})
     grad_clip: float = field(default=1.0, metadata={"min": 0})  # 0 disables clipping
     seed: int = field(default=42, metadata={"min": 0, "max": 2**32 - 1})  # numpy's seed range

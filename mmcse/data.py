@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from mmcse import distributed as dist
 from mmcse.cache import Corpus, FeatureSet
 from mmcse.config import TrainConfig
 from mmcse.errors import MissingIdsError, MmcseError
@@ -182,25 +183,71 @@ class TrainData:
         raise first_error
 
     # -- schedule --------------------------------------------------------------------------
-    def batches_per_epoch(self, global_batch: int) -> dict[str, int]:
-        """Full global batches per corpus (the last partial batch is dropped)."""
-        counts = {kind: len(src) // global_batch for kind, src in self.sources.items()}
-        for kind, n in counts.items():
-            if n == 0:
+    def batches_per_pass(self, global_batch: int) -> dict[str, int]:
+        """Batches in one pass over each corpus: full ones, plus the last partial one if kept."""
+        counts = {}
+        for kind, src in self.sources.items():
+            partial = self._keeps_partial(len(src), global_batch)
+            counts[kind] = len(src) // global_batch + int(partial)
+            if counts[kind] == 0:
                 raise MmcseError(
-                    f"the {kind} corpus has {len(self.sources[kind])} sentences, fewer than one "
+                    f"the {kind} corpus has {len(src)} sentences, fewer than one "
                     f"global batch ({global_batch}); lower --batch-size"
                 )
         return counts
 
+    def _keeps_partial(self, n: int, global_batch: int) -> bool:
+        """Keep the last partial batch (torch's DataLoader default, which the released loaders
+        use) unless --drop-last; it needs 2 rows for in-batch negatives, and under DDP it is
+        dropped because it cannot be split into equal per-rank batches."""
+        return not self.cfg.drop_last and n % global_batch >= 2 and dist.world_size() == 1
+
+    def batches_per_epoch(self, global_batch: int) -> dict[str, int]:
+        """Batches per corpus in one epoch of the schedule; their sum is the epoch's steps."""
+        passes = self.batches_per_pass(global_batch)
+        if self.cfg.mixing == "mcse-train-mix" and len(passes) == 2:
+            return train_mix_counts(passes[TEXT], passes[CAPTION])
+        return passes
+
     def schedule(self, epoch: int, global_batch: int) -> list[tuple[str, np.ndarray]]:
         """Global batches of one epoch: (kind, row indices), identical on every rank."""
+        if self.cfg.mixing == "mcse-train-mix" and len(self.sources) == 2:
+            return self._train_mix_schedule(epoch, global_batch)
         rng = np.random.default_rng([self.cfg.seed, epoch])
         chunks = {}
-        for kind, n in self.batches_per_epoch(global_batch).items():
+        for kind, n in self.batches_per_pass(global_batch).items():
             order = rng.permutation(len(self.sources[kind]))
             chunks[kind] = [order[i * global_batch : (i + 1) * global_batch] for i in range(n)]
         return mix_batches(chunks.get(TEXT, []), chunks.get(CAPTION, []), self.cfg.mixing, rng)
+
+    def _train_mix_schedule(self, epoch: int, global_batch: int) -> list[tuple[str, np.ndarray]]:
+        """MCSE's ``train_mix.py``: step ``s`` of the epoch takes the next caption batch when
+        ``s % ⌊N_text/N_caption⌋ == 0``, else the next text batch, from two endless loaders
+        (each re-shuffled per pass, continuing across epochs)."""
+        passes = self.batches_per_pass(global_batch)
+        counts = self.batches_per_epoch(global_batch)
+        every = passes[TEXT] // passes[CAPTION]
+        streams = {
+            kind: self._endless_batches(kind, global_batch, epoch * counts[kind], counts[kind])
+            for kind in (TEXT, CAPTION)
+        }
+        steps = counts[TEXT] + counts[CAPTION]
+        return [
+            (kind, next(streams[kind]))
+            for kind in (CAPTION if s % every == 0 else TEXT for s in range(steps))
+        ]
+
+    def _endless_batches(self, kind: str, global_batch: int, start: int, count: int):
+        """Batches ``start .. start+count-1`` of an endless loader over one corpus."""
+        n = len(self.sources[kind])
+        per_pass = self.batches_per_pass(global_batch)[kind]
+        order, current = None, -1
+        for i in range(start, start + count):
+            pass_index, j = divmod(i, per_pass)
+            if pass_index != current:
+                key = [self.cfg.seed, (TEXT, CAPTION).index(kind), pass_index]
+                order, current = np.random.default_rng(key).permutation(n), pass_index
+            yield order[j * global_batch : (j + 1) * global_batch]
 
     # -- batches ---------------------------------------------------------------------------
     def batch(self, kind: str, rows: np.ndarray, device: torch.device) -> Batch:
@@ -232,14 +279,35 @@ class TrainData:
         return out
 
 
+def train_mix_counts(text_batches: int, caption_batches: int) -> dict[str, int]:
+    """Batches per kind in one epoch of MCSE's ``train_mix.py`` schedule.
+
+    The released loop runs ``N_t + N_c`` steps per epoch (``N`` = ``len(DataLoader)``, i.e.
+    batches per pass, the last partial one included) and takes a caption batch at every step
+    ``s`` with ``s % ⌊N_t/N_c⌋ == 0``: ``⌈(N_t + N_c)/⌊N_t/N_c⌋⌉`` caption batches, the rest text.
+    """
+    if text_batches < caption_batches:
+        raise MmcseError(
+            f"--mixing mcse-train-mix needs at least as many text batches as caption batches "
+            f"per pass (got {text_batches} text, {caption_batches} caption): the released "
+            "train_mix.py divides by ⌊N_text/N_caption⌋ = 0 here; use --mixing interleave"
+        )
+    every = text_batches // caption_batches
+    steps = text_batches + caption_batches
+    captions = (steps - 1) // every + 1
+    return {TEXT: steps - captions, CAPTION: captions}
+
+
 def mix_batches(
     text: list[np.ndarray], caption: list[np.ndarray], mixing: str, rng: np.random.Generator
 ) -> list[tuple[str, np.ndarray]]:
-    """Order text and caption batches.
+    """Order text and caption batches that each use their corpus once (one pass per epoch).
 
-    ``interleave`` (MCSE's trainer): a caption batch before every ⌊N_text/N_caption⌋-th text
-    batch, leftovers at the end; ``proportional-random``: batch kinds shuffled, so each kind
-    appears in proportion to its size; ``text-only``/``caption-only``: one corpus.
+    ``interleave``: a caption batch before every ⌊N_text/N_caption⌋-th text batch, leftovers at
+    the end — mmcse's own schedule, *not* MCSE's released one (that is ``mcse-train-mix``,
+    :meth:`TrainData.schedule`, which revisits captions and skips part of the text corpus);
+    ``proportional-random``: batch kinds shuffled, so each kind appears in proportion to its
+    size; ``text-only``/``caption-only``: one corpus.
     """
     if mixing == "text-only" or not caption:
         return [(TEXT, b) for b in text]

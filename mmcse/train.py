@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import sys
 import time
@@ -108,15 +109,43 @@ def seed_everything(seed: int) -> None:
 
 
 def autocast_for(device: torch.device, precision: str):
-    """bf16 autocast on CUDA (unless fp32 is asked for), plain fp32 on CPU."""
-    use_bf16 = device.type == "cuda" and precision in ("auto", "bf16")
-    return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    """bf16 (``auto``/``bf16``) or fp16 autocast on CUDA; plain fp32 on CPU and for ``fp32``."""
+    if device.type != "cuda" or precision == "fp32":
+        return nullcontext()
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    return torch.autocast("cuda", dtype=dtype)
+
+
+def grad_scaler_for(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """fp16 needs loss scaling (as the released ``--fp16`` runs had); disabled otherwise."""
+    return torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and precision == "fp16")
+
+
+def adamw_groups(student: nn.Module) -> list[dict]:
+    """One AdamW group per module whose parameters step together (the encoder, each loss
+    term's heads): parameters of a group share their step count, which ε's scaling needs."""
+    groups = [{"params": list(student.encoder.parameters())}]
+    groups += [{"params": list(m.parameters())} for m in student.losses.values()]
+    return [g for g in groups if g["params"]]
+
+
+def use_transformers_eps(optimizer: torch.optim.Optimizer, eps: float) -> None:
+    """Make torch's AdamW step equal transformers.AdamW's: that adds ε to √v before folding the
+    bias correction into the step size, i.e. torch's ε scaled by 1/√(1 − β₂ᵗ) at step t."""
+    for group in optimizer.param_groups:
+        state = optimizer.state.get(group["params"][0], {})  # a group's params step together
+        t = int(state.get("step", 0)) + 1
+        group["eps"] = eps / math.sqrt(1.0 - group["betas"][1] ** t)
 
 
 def linear_schedule(optimizer, warmup: int, total: int):
+    """HF's ``get_linear_schedule_with_warmup`` exactly: factor ``s/w`` for ``s < w``, then
+    ``(T − s)/(T − w)``, ``s`` = optimizer steps taken (the first step runs at factor 0 when
+    ``w > 0``, as in the released code)."""
+
     def factor(step: int) -> float:
         if step < warmup:
-            return (step + 1) / max(1, warmup)
+            return step / max(1, warmup)
         return max(0.0, (total - step) / max(1, total - warmup))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -171,6 +200,7 @@ class Run:
                 find_unused_parameters=True,  # caption-only heads idle on text batches
             )
         self.aux = self.method.auxiliary_task(encoder, cfg, self.device)
+        self.scaler = grad_scaler_for(self.device, cfg.precision)
         self.out = Path(cfg.output_dir)
         self.eval_dir = resolve_eval_dir(cfg)
         self.best_dev: float | None = None
@@ -195,7 +225,10 @@ class Run:
         if self.aux is not None:
             self.aux.total_steps = total  # the auxiliary task's own lr schedule spans the run
         optimizer = torch.optim.AdamW(
-            self.student.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+            adamw_groups(self.student),
+            lr=cfg.learning_rate,
+            weight_decay=cfg.weight_decay,
+            eps=cfg.adam_eps,
         )
         scheduler = linear_schedule(optimizer, cfg.warmup_steps, total)
         self._prepare_output()
@@ -232,7 +265,9 @@ class Run:
         return self._finish(step)
 
     def _step(self, kind: str, rows: np.ndarray, optimizer, scheduler) -> dict:
-        record = self.aux.step() if self.aux is not None else {}  # aux, then text: the released trainers.py order (Algorithm 1 lists text first)
+        # the auxiliary (image/audio) update first, then the text one: the released trainer's
+        # order (VisualCSE's Algorithm 1 lists the text update first)
+        record = self.aux.step() if self.aux is not None else {}
         self.model.train()
         batch = self.data.batch(kind, rows, self.device)
         extras = self.method.batch_extras(self.data, batch)
@@ -241,10 +276,14 @@ class Run:
         if not torch.isfinite(terms["loss"]):
             raise MmcseError(f"loss became {terms['loss'].item()} at a {kind} batch; lower the lr")
         optimizer.zero_grad(set_to_none=True)
-        terms["loss"].backward()
+        self.scaler.scale(terms["loss"]).backward()
         if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.cfg.grad_clip)
-        optimizer.step()
+        if self.cfg.adam_eps_style == "transformers":
+            use_transformers_eps(optimizer, self.cfg.adam_eps)
+        self.scaler.step(optimizer)
+        self.scaler.update()
         scheduler.step()
         record.update({k: float(v.detach()) for k, v in terms.items()})
         return record
