@@ -203,14 +203,14 @@ def eval_command(
 
 @cache_app.command("ls")
 def cache_ls(root: str = typer.Argument("cache", help="Directory searched for sets.")) -> None:
-    """List the feature sets and corpora under ROOT (unfinished writes included)."""
+    """List the feature sets and corpora under ROOT (unfinished writes and bad manifests marked)."""
     from mmcse.cache import list_sets
 
     for entry in list_sets(root):
         size = f"{entry.num_bytes / 2**20:9.1f} MiB"
         m = entry.manifest
         if m is None:
-            typer.echo(f"{entry.path}  unfinished (no valid manifest)  {size}")
+            typer.echo(f"{entry.path}  INVALID  {size}  {entry.problem}")
             continue
         typer.echo(
             f"{entry.path}  {m.kind}  {m.dataset}/{m.split}  rows={m.num_rows}  shape={m.shape}  "
@@ -219,22 +219,28 @@ def cache_ls(root: str = typer.Argument("cache", help="Directory searched for se
 
 
 @cache_app.command("verify")
-def cache_verify(path: str = typer.Argument(..., help="Feature set or corpus directory.")) -> None:
-    """Re-hash every shard and re-count rows; exit 2 naming the first problem if any."""
-    from mmcse.cache import Manifest, verify
+def cache_verify(
+    path: str = typer.Argument(..., help="A feature set or corpus, or a folder of them."),
+) -> None:
+    """Re-hash every shard, check schemas, rows, ids and NaN/Inf of one set or of every set
+    under a folder; exit 2 naming the first problem if any."""
+    from mmcse.cache import Manifest, verify_tree
     from mmcse.errors import CacheError
 
-    problems = verify(path)
+    results = verify_tree(path)
+    problems = [problem for found in results.values() for problem in found]
+    for set_path, found in results.items():
+        if not found:
+            manifest = Manifest.read(set_path)
+            typer.echo(
+                f"ok: {set_path} ({manifest.num_rows} rows, {len(manifest.shards)} shards, "
+                f"fingerprint {manifest.fingerprint})"
+            )
     if problems:
         for problem in problems[1:]:
             typer.echo(f"  also: {problem}", err=True)
         more = f" (+{len(problems) - 1} more above)" if len(problems) > 1 else ""
         raise CacheError(problems[0] + more)
-    manifest = Manifest.read(path)
-    typer.echo(
-        f"ok: {path} ({manifest.num_rows} rows, {len(manifest.shards)} shards, "
-        f"fingerprint {manifest.fingerprint})"
-    )
 
 
 @cache_app.command("rm")

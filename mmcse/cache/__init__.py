@@ -12,9 +12,9 @@ See :mod:`mmcse.cache.writer` for the atomic-write and multi-rank contract, and
 
 from mmcse.cache.corpus import Corpus, write_corpus
 from mmcse.cache.featureset import FeatureSet
-from mmcse.cache.hdf5 import import_hdf5
+from mmcse.cache.importer import import_hdf5
 from mmcse.cache.manifest import SCHEMA_VERSION, Manifest, ShardInfo
-from mmcse.cache.ops import CacheEntry, list_sets, merge, remove, verify
+from mmcse.cache.ops import CacheEntry, list_sets, merge, remove, verify, verify_tree
 from mmcse.cache.writer import FeatureSetWriter, write_feature_set
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "merge",
     "remove",
     "verify",
+    "verify_tree",
     "write_corpus",
     "write_feature_set",
 ]

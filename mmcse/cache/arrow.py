@@ -51,6 +51,8 @@ class Shard:
     def __init__(self, path: Path, width: int) -> None:
         self.path = path
         self._table = open_table(path)
+        if not {"id", "features"} <= set(self._table.schema.names):
+            raise CacheError(f"{path}: an Arrow feature shard needs 'id' and 'features' columns")
         features = self._table.schema.field("features").type
         if not (pa.types.is_fixed_size_list(features) and features.list_size == width):
             raise CacheError(f"{path}: features column is {features}, expected {width} values/row")
@@ -58,8 +60,18 @@ class Shard:
         self._width = width
         self._matrix: np.ndarray | None = None
 
+    @property
+    def table(self) -> pa.Table:
+        return self._table
+
     def read_ids(self) -> np.ndarray:
         return self._table.column("id").to_numpy().astype(str)
+
+    def iter_rows(self, block_rows: int = 65_536):
+        """``[n, width]`` blocks of the mapped rows, in order (for scans such as finiteness)."""
+        rows = self._rows()
+        for start in range(0, self.num_rows, block_rows):
+            yield rows[start : start + block_rows]
 
     def take(self, local_rows: np.ndarray) -> np.ndarray:
         return self._rows()[local_rows]

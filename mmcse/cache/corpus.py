@@ -19,6 +19,8 @@ from pyarrow import ipc
 import mmcse
 from mmcse.cache import arrow
 from mmcse.cache.featureset import IdIndex, rows_or_raise
+from mmcse.cache.integrity import ensure_verified
+from mmcse.cache.kinds import CORPUS_COLUMNS, CORPUS_KIND
 from mmcse.cache.layout import (
     MANIFEST_NAME,
     describe_ids,
@@ -28,7 +30,7 @@ from mmcse.cache.layout import (
     shard_name,
     temp_path,
 )
-from mmcse.cache.manifest import CORPUS_DTYPE, CORPUS_KIND, Manifest, ShardInfo
+from mmcse.cache.manifest import CORPUS_DTYPE, Manifest, ShardInfo
 from mmcse.errors import CacheError
 
 _SCHEMA = pa.schema(
@@ -39,6 +41,7 @@ _SCHEMA = pa.schema(
         pa.field("source", pa.string()),
     ]
 )
+assert tuple(_SCHEMA.names) == CORPUS_COLUMNS
 
 
 def write_corpus(
@@ -135,6 +138,7 @@ class Corpus:
         manifest = Manifest.read(path)
         if manifest.kind != CORPUS_KIND:
             raise CacheError(f"{path} is a {manifest.kind} feature set, not a corpus")
+        ensure_verified(path, manifest)
         tables = []
         for info in manifest.shards:
             table = arrow.open_table(path / info.file)
