@@ -7,14 +7,16 @@ Policy for awkward inputs (valid images are kept, only undecodable ones are erro
 
 * CMYK, grayscale, palette and alpha images are converted to RGB with PIL's ``convert("RGB")`` and
   kept. Alpha is dropped, not composited — the same as torchvision/open_clip preprocessing, so
-  features match what the teachers saw in training.
+  features match what the teachers saw in training. High-bit-depth modes are rescaled to 8 bits
+  first (PIL's own conversion clips them): ``I;16*`` and ``I`` (16-bit PNG/TIFF) by 1/257, ``F``
+  from [0, 1] (or clipped to [0, 255] when its values exceed 1).
 * Truncated or corrupt files, zero-byte files, non-images and missing files raise
-  :class:`BadImageError` with a short reason.
-* Huge images: PIL's own decompression-bomb check is replaced by ``max_pixels`` on the size that
-  will actually be decoded. JPEGs are decoded in draft mode (the DCT decodes at 1/2, 1/4 or 1/8
-  scale while still covering the resize target), so a 20,000-px JPEG costs about as much as a
-  2,500-px one and is kept. Formats that cannot be downscaled while decoding (PNG, ...) are refused
-  when their full size exceeds ``max_pixels``.
+  :class:`BadImageError` with a short reason. A decoder *warning* is an error too (PIL's warnings
+  other than the harmless palette-transparency and EXIF ones), and a JPEG whose last scan has no
+  end marker is "truncated" even where libjpeg would pad it with grey ("premature end").
+* Huge images: the size in the *header* is checked against ``max_pixels`` before anything is
+  decoded. Within the limit, JPEGs are decoded in draft mode (the DCT decodes at 1/2, 1/4 or 1/8
+  scale while still covering the resize target), which makes large photos cheap.
 * EXIF orientation is not applied (as in torchvision/open_clip preprocessing).
 
 Draft decoding is a small deviation from a full decode + resize (a different, block-wise
@@ -26,6 +28,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torchvision.transforms import InterpolationMode
@@ -68,9 +71,13 @@ def open_rgb(
     if path.stat().st_size == 0:
         raise BadImageError("empty file")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # palette-transparency and bomb warnings: handled here
-            return _load_rgb(path, short_side, max_pixels)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            image = _load_rgb(path, short_side, max_pixels)
+        serious = [str(w.message) for w in caught if not _harmless(str(w.message))]
+        if serious:
+            raise BadImageError(f"corrupt image: decoder warning: {_first_line(serious[0])}")
+        return image
     except BadImageError:
         raise
     except UnidentifiedImageError:
@@ -79,23 +86,56 @@ def open_rgb(
         raise BadImageError(f"corrupt image: {_first_line(exc)}") from None
 
 
+_HARMLESS_WARNINGS = ("Palette images with Transparency", "EXIF", "Exif")
+
+
+def _harmless(message: str) -> bool:
+    return any(marker in message for marker in _HARMLESS_WARNINGS)
+
+
 def _load_rgb(path: Path, short_side: int, max_pixels: int) -> Image.Image:
     previous_limit = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None  # our own limit below applies to the decoded (draft) size
+    Image.MAX_IMAGE_PIXELS = None  # our own limit below, on the header, replaces PIL's
     try:
         with Image.open(path) as image:
-            if image.format == "JPEG":
-                image.draft("RGB", _draft_size(image.size, short_side))
             width, height = image.size
             if width * height > max_pixels:
                 raise BadImageError(
-                    f"image too large: {width}x{height} = {width * height / 1e6:.1f} Mpx > "
-                    f"{max_pixels / 1e6:.1f} Mpx limit (only JPEG can be downscaled while decoding)"
+                    f"image too large: the header says {width}x{height} = "
+                    f"{width * height / 1e6:.1f} Mpx > {max_pixels / 1e6:.1f} Mpx limit "
+                    "(--max-pixels); not decoded"
                 )
+            if image.format == "JPEG":
+                image.draft("RGB", _draft_size(image.size, short_side))
             image.load()
-            return image.convert("RGB")
+            if image.format == "JPEG" and not _jpeg_complete(path):
+                raise BadImageError("corrupt image: truncated JPEG (premature end of data)")
+            return to_rgb(image)
     finally:
         Image.MAX_IMAGE_PIXELS = previous_limit
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB; high-bit-depth modes are rescaled first (``convert`` would clip them)."""
+    if image.mode.startswith("I;16") or image.mode == "I":
+        values = np.asarray(image, dtype=np.float64) / 257.0
+        image = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), "L")
+    elif image.mode == "F":
+        values = np.asarray(image, dtype=np.float64)
+        if not np.isfinite(values).all():
+            raise BadImageError("corrupt image: NaN or Inf pixel values")
+        scale = 255.0 if values.size and values.max() <= 1.0 else 1.0
+        image = Image.fromarray(np.clip(np.rint(values * scale), 0, 255).astype(np.uint8), "L")
+    return image.convert("RGB")
+
+
+def _jpeg_complete(path: Path) -> bool:
+    """True if the JPEG ends its last scan with an EOI marker (0xFFD9 after the last SOS).
+
+    Scan data byte-stuffs 0xFF, so an EOI after the last SOS can only be the real one; an EOI
+    of an embedded EXIF thumbnail comes before the main image's SOS."""
+    data = path.read_bytes()
+    return data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda") >= 0
 
 
 def _draft_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:
@@ -159,7 +199,8 @@ class DecodeDataset(torch.utils.data.Dataset):
                 if f.read(3) != _JPEG_MAGIC:
                     return False
             with Image.open(path) as image:  # header only
-                return image.width * image.height <= self.max_pixels
+                small = image.width * image.height <= self.max_pixels
+            return small and _jpeg_complete(Path(path))  # else the CPU path names the problem
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
             return False  # let the CPU path produce the precise error
 
