@@ -14,9 +14,11 @@ Policy for awkward inputs (valid images are kept, only undecodable ones are erro
   :class:`BadImageError` with a short reason. A decoder *warning* is an error too (PIL's warnings
   other than the harmless palette-transparency and EXIF ones), and a JPEG whose last scan has no
   end marker is "truncated" even where libjpeg would pad it with grey ("premature end").
-* Huge images: the size in the *header* is checked against ``max_pixels`` before anything is
-  decoded. Within the limit, JPEGs are decoded in draft mode (the DCT decodes at 1/2, 1/4 or 1/8
-  scale while still covering the resize target), which makes large photos cheap.
+* Huge images: sizes are checked before anything is decoded. A PNG (or any non-JPEG) whose header
+  exceeds ``max_pixels`` is refused. JPEGs are decoded in draft mode (the DCT decodes at 1/2, 1/4
+  or 1/8 scale while still covering the resize target), so a 20,000-px JPEG costs about as much
+  as a 2,500-px one and is kept when its draft size is within ``max_pixels``; a JPEG header
+  beyond ``JPEG_HEADER_FACTOR`` × ``max_pixels`` (a 60000×60000 "bomb") is refused outright.
 * EXIF orientation is not applied (as in torchvision/open_clip preprocessing).
 
 Draft decoding is a small deviation from a full decode + resize (a different, block-wise
@@ -40,6 +42,9 @@ from pipeline.teachers.base import ImagePreprocess
 DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 #: recorded in the manifest extra as the decoder of a feature set
 CPU_DECODER = "pil-draft"
+#: a JPEG header may claim up to this many times ``max_pixels`` (draft decoding shrinks it);
+#: beyond that (e.g. a 60000x60000 header) the file is refused before any decoding
+JPEG_HEADER_FACTOR = 16
 
 
 class BadImageError(Exception):
@@ -99,14 +104,21 @@ def _load_rgb(path: Path, short_side: int, max_pixels: int) -> Image.Image:
     try:
         with Image.open(path) as image:
             width, height = image.size
-            if width * height > max_pixels:
+            header_limit = max_pixels * (JPEG_HEADER_FACTOR if image.format == "JPEG" else 1)
+            if width * height > header_limit:
                 raise BadImageError(
-                    f"image too large: the header says {width}x{height} = "
-                    f"{width * height / 1e6:.1f} Mpx > {max_pixels / 1e6:.1f} Mpx limit "
+                    f"image too large: {width}x{height} in the header = "
+                    f"{width * height / 1e6:.1f} Mpx > {header_limit / 1e6:.1f} Mpx limit "
                     "(--max-pixels); not decoded"
                 )
             if image.format == "JPEG":
                 image.draft("RGB", _draft_size(image.size, short_side))
+                draft_width, draft_height = image.size  # draft() sets the scale, decodes nothing
+                if draft_width * draft_height > max_pixels:
+                    raise BadImageError(
+                        f"image too large: {width}x{height} decodes at {draft_width}x"
+                        f"{draft_height} > {max_pixels / 1e6:.1f} Mpx limit (--max-pixels)"
+                    )
             image.load()
             if image.format == "JPEG" and not _jpeg_complete(path):
                 raise BadImageError("corrupt image: truncated JPEG (premature end of data)")
@@ -199,7 +211,7 @@ class DecodeDataset(torch.utils.data.Dataset):
                 if f.read(3) != _JPEG_MAGIC:
                     return False
             with Image.open(path) as image:  # header only
-                small = image.width * image.height <= self.max_pixels
+                small = image.width * image.height <= self.max_pixels  # nvJPEG: no draft
             return small and _jpeg_complete(Path(path))  # else the CPU path names the problem
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
             return False  # let the CPU path produce the precise error

@@ -24,7 +24,9 @@ from mmcse.cache.kinds import CORPUS_COLUMNS, CORPUS_KIND
 from mmcse.cache.layout import (
     MANIFEST_NAME,
     describe_ids,
+    os_errors,
     publish,
+    remove_stale_temp_files,
     sha256_file,
     sha256_ids,
     shard_name,
@@ -62,7 +64,9 @@ def write_corpus(
     columns = _checked_columns(path, ids, texts, image_ids, sources)
     if (path / MANIFEST_NAME).exists():
         raise CacheError(f"{path} already holds a finished set; remove it or write elsewhere")
-    path.mkdir(parents=True, exist_ok=True)
+    with os_errors(path, "create the folder"):
+        path.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(path)
     shards = [
         _write_shard(
             path,
@@ -115,7 +119,11 @@ def _write_shard(path: Path, index: int, columns: dict[str, list]) -> ShardInfo:
     temp = temp_path(final)
     try:
         table = pa.table(columns, schema=_SCHEMA)
-        with pa.OSFile(str(temp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as writer:
+        with (
+            os_errors(final),
+            pa.OSFile(str(temp), "wb") as sink,
+            ipc.new_file(sink, _SCHEMA) as writer,
+        ):
             writer.write_table(table)
         publish(temp, final)
     finally:

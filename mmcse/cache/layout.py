@@ -28,9 +28,7 @@ PENDING_NAME = ".pending.json"
 #: the verified state of a set's shards (see :mod:`mmcse.cache.integrity`)
 VERIFIED_NAME = ".verified.json"
 _SHARD_PATTERN = re.compile(r"shard-(\d{5,})\.(arrow|h5)")
-_TEMP_PATTERN = re.compile(
-    r"\.(shard-\d{5,}\.(arrow|h5)|manifest\.json|pending\.json|verified\.json)\.tmp-.*"
-)
+_TEMP_PATTERN = re.compile(r"\..+\.tmp-.+")  # temp_path(): ".<final name>.tmp-<host>-<pid>-<hex>"
 _HOST = socket.gethostname().replace("-", "_")
 _HASH_CHUNK = 8 << 20
 

@@ -132,6 +132,10 @@ class FeatureSetWriter:
             return False
         return True
 
+    def shard_num_rows(self, index: int) -> int:
+        """Rows of the finished shard ``index`` (its footer only)."""
+        return self._open_shard(self.shard_path(index)).num_rows
+
     def write_shard(self, index: int, ids: Sequence[str], values: Any) -> Path:
         """Atomically write rows ``values`` (``[n, *shape]`` or ``[n, dim]``; numpy or CPU/GPU
         torch) keyed by ``ids`` as shard ``index``; replaces a shard of that index."""
@@ -250,6 +254,41 @@ class FeatureSetWriter:
                 f"{self.path}: normalized=True but {len(bad_ids)} rows do not have unit norm: "
                 f"{describe_ids(bad_ids)}"
             )
+
+
+def settings_mismatch(manifest: Manifest, **settings: Any) -> list[str]:
+    """How a finished set's manifest differs from the :class:`FeatureSetWriter` settings a
+    command would write it with (``"dtype: float32 in the set, float16 asked"``; empty: same).
+    Keys of ``extra`` the command does not set (e.g. error counts) are not compared."""
+    wanted = _checked_settings(
+        **{
+            "normalized": False,
+            "backend": "arrow",
+            "extra": {},
+            **settings,
+            "producer": {"code_version": mmcse.__version__, **settings["producer"]},
+            "shape": [int(size) for size in settings.get("shape") or [settings["dim"]]],
+            "dim": int(settings["dim"]),
+        }
+    )
+    have = manifest.to_dict()
+    differences = []
+    for key, value in wanted.items():
+        if key == "extra":
+            differences += [
+                f"extra.{k}: {have['extra'].get(k)!r} in the set, {v!r} asked"
+                for k, v in value.items()
+                if have["extra"].get(k) != v
+            ]
+        elif key == "producer":
+            differences += [
+                f"producer.{k}: {have['producer'].get(k)!r} in the set, {value.get(k)!r} asked"
+                for k in sorted(set(value) | set(have["producer"]))
+                if have["producer"].get(k) != value.get(k)
+            ]
+        elif have.get(key) != value:
+            differences.append(f"{key}: {have.get(key)!r} in the set, {value!r} asked")
+    return differences
 
 
 def write_feature_set(
