@@ -12,7 +12,7 @@ Training then decodes nothing: a step gathers rows of a memory-mapped feature se
   in a class-per-folder tree (e.g. LibriSpeech converted to WAV, class = speaker).
 
 Labels: every id is ``<class>/<name>`` and the manifest's ``extra["classes"]`` lists the class
-names (sorted); the trainer derives labels from the ids (:func:`mmcse.nonling.class_of`), so
+names (sorted); the trainer derives labels from the ids (:func:`mmcse.cache.kinds.class_of`), so
 labels are joined by id like every other cached value and need no second table.
 """
 
@@ -31,9 +31,9 @@ import torch
 from tqdm.auto import tqdm
 
 from mmcse.cache import FeatureSetWriter, Manifest
+from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of
 from mmcse.errors import MmcseError
 from mmcse.nonling.fbank import FbankConfig, read_wav, ssast_fbank
-from mmcse.nonling.step import AUDIO_KIND, IMAGE_KIND, class_of
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 AUDIO_SUFFIXES = {".wav"}
@@ -162,7 +162,7 @@ def write_image_tensors(
     """Cache ``examples`` as an ``image_tensor`` set of ``[3, size, size]`` uint8 rows."""
     writer = FeatureSetWriter(
         out,
-        kind=IMAGE_KIND,
+        kind=IMAGE_TENSOR_KIND,
         dim=3 * size * size,
         dtype="uint8",
         dataset=dataset,
@@ -196,7 +196,7 @@ def write_audio_fbanks(
     shape = [cfg.target_frames, cfg.num_mel_bins]
     writer = FeatureSetWriter(
         out,
-        kind=AUDIO_KIND,
+        kind=AUDIO_FBANK_KIND,
         dim=math.prod(shape),
         dtype=dtype,
         dataset=dataset,

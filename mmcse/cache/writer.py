@@ -153,11 +153,17 @@ class FeatureSetWriter:
             temp.unlink(missing_ok=True)
         return final
 
-    def finalize(self, extra: dict[str, Any] | None = None, num_shards: int | None = None):
+    def finalize(
+        self,
+        extra: dict[str, Any] | None = None,
+        num_shards: int | None = None,
+        allow_empty: bool = False,
+    ):
         """Check every shard present, then write the manifest; returns the :class:`Manifest`.
 
         ``extra`` is merged into the writer's extra (e.g. skipped/error counts known only at
-        the end). With ``num_shards``, exactly shards ``0..num_shards-1`` must be present.
+        the end). With ``num_shards``, exactly shards ``0..num_shards-1`` must be present. A set
+        of 0 rows is refused unless ``allow_empty`` (e.g. no object was detected at all).
         """
         files = self._shard_files(num_shards)
         shards, ids = [], []
@@ -166,7 +172,7 @@ class FeatureSetWriter:
             ids.append(shard.read_ids())
             shards.append(ShardInfo(path.name, shard.num_rows, sha256_file(path)))
         all_ids = np.concatenate(ids)
-        if len(all_ids) == 0:
+        if len(all_ids) == 0 and not allow_empty:
             raise CacheError(
                 f"{self.path}: every shard is empty; a set with 0 rows is not written "
                 "(were all inputs left out? check the input paths)"

@@ -39,9 +39,10 @@ from pyarrow import ipc
 from tqdm.auto import tqdm
 
 from mmcse.cache import FeatureSetWriter, Manifest
+from mmcse.cache.kinds import OBJECT_KIND, OBJECT_ROW, OBJECT_TEXT_COLUMNS, OBJECTS_KIND
 from mmcse.cache.layout import MANIFEST_NAME, publish, sha256_ids, temp_path
+from mmcse.cache.objects import ObjectsColumns
 from mmcse.errors import MmcseError
-from mmcse.phrases import OBJECT_KIND, OBJECT_ROW, OBJECT_TEXT_COLUMNS, OBJECTS_KIND, ObjectsTable
 from pipeline.datasets.base import DatasetRecords, RecordError, caption_id, select_captions
 from pipeline.errors_log import error_counts, merge_errors, read_parts, sidecar_path, write_sidecar
 from pipeline.extract import (
@@ -366,7 +367,7 @@ def reencode_objects(
     options: RunOptions,
 ) -> dict[str, Manifest | None]:
     """Object features of another teacher for an existing objects table (no detection)."""
-    table = ObjectsTable.open(objects_dir)
+    table = ObjectsColumns.open(objects_dir)
     manifest = table.manifest
     order = np.argsort(table.columns["id"].astype(str), kind="stable")
     settings = ObjectSettings(background=background)
@@ -395,12 +396,13 @@ def reencode_objects(
     done = features.finalize(
         extra={**error_counts(errors), **_table_link(out / f"object-{teacher_name}", objects_dir)},
         num_shards=plan.num_shards,
+        allow_empty=len(table) == 0,
     )
     merge_errors(out)
     return {f"object-{teacher_name}": done}
 
 
-def _reencode_batch(table: ObjectsTable, rows: list[int], teacher, fill, output) -> None:
+def _reencode_batch(table: ObjectsColumns, rows: list[int], teacher, fill, output) -> None:
     pixels, images = [], {}
     for row in rows:
         path = str(table.columns["image_path"][row])
@@ -503,11 +505,14 @@ def _feature_writer(
 def _finalize(out, num_shards, num_captions, table, features, teacher_name) -> dict:
     errors = read_parts(out, OBJECTS_DIR, num_shards)
     stats = _read_stats(out, num_shards)
+    # no object detected at all is a result (reported in counts), not a failed run
     table_manifest = table.finalize(
-        extra={**error_counts(errors), **_summary(stats, num_captions)}, num_shards=num_shards
+        extra={**error_counts(errors), **_summary(stats, num_captions)},
+        num_shards=num_shards,
+        allow_empty=True,
     )
     feature_manifest = features.finalize(
-        extra=_table_link(features.path, out / OBJECTS_DIR), num_shards=num_shards
+        extra=_table_link(features.path, out / OBJECTS_DIR), num_shards=num_shards, allow_empty=True
     )
     merge_errors(out)
     return {OBJECTS_DIR: table_manifest, f"object-{teacher_name}": feature_manifest}
