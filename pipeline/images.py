@@ -119,9 +119,9 @@ def _load_rgb(path: Path, short_side: int, max_pixels: int) -> Image.Image:
                         f"image too large: {width}x{height} decodes at {draft_width}x"
                         f"{draft_height} > {max_pixels / 1e6:.1f} Mpx limit (--max-pixels)"
                     )
-            image.load()
-            if image.format == "JPEG" and not _jpeg_complete(path):
+            if image.format == "JPEG" and not jpeg_intact(path, width, height):
                 raise BadImageError("corrupt image: truncated JPEG (premature end of data)")
+            image.load()
             return to_rgb(image)
     finally:
         Image.MAX_IMAGE_PIXELS = previous_limit
@@ -141,13 +141,20 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def _jpeg_complete(path: Path) -> bool:
-    """True if the JPEG ends its last scan with an EOI marker (0xFFD9 after the last SOS).
+def jpeg_intact(path: Path, width: int, height: int) -> bool:
+    """False for a JPEG that libjpeg would finish with a "premature end" warning (and grey
+    padding), which PIL does not report: checked before decoding.
 
-    Scan data byte-stuffs 0xFF, so an EOI after the last SOS can only be the real one; an EOI
-    of an embedded EXIF thumbnail comes before the main image's SOS."""
+    * its last scan must end with an EOI marker (0xFFD9 after the last SOS; scan data
+      byte-stuffs 0xFF, and an EXIF thumbnail's EOI comes before the main image's SOS);
+    * the scan data must hold at least one bit per 8×8 luma block (every block codes at least
+      a DC value), so a header claiming far more pixels than the data can hold is refused."""
     data = path.read_bytes()
-    return data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda") >= 0
+    first_scan, last_scan = data.find(b"\xff\xda"), data.rfind(b"\xff\xda")
+    if last_scan < 0 or data.rfind(b"\xff\xd9") < last_scan:
+        return False
+    blocks = -(-width // 8) * -(-height // 8)
+    return (len(data) - first_scan) * 8 >= blocks
 
 
 def _draft_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:
@@ -212,7 +219,7 @@ class DecodeDataset(torch.utils.data.Dataset):
                     return False
             with Image.open(path) as image:  # header only
                 small = image.width * image.height <= self.max_pixels  # nvJPEG: no draft
-            return small and _jpeg_complete(Path(path))  # else the CPU path names the problem
+            return small and jpeg_intact(Path(path), image.width, image.height)  # else the CPU path names the problem
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
             return False  # let the CPU path produce the precise error
 

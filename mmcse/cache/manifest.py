@@ -173,11 +173,11 @@ class Manifest:
                 raise ValueError(f"dtype {self.dtype!r} is not a numeric feature dtype")
             if math.prod(self.shape) != self.dim or self.dim <= 0:
                 raise ValueError(f"shape {self.shape} does not hold dim={self.dim} values")
+        self._validate_shard_names()
         if self.num_rows < 0 or any(shard.num_rows < 0 for shard in self.shards):
             raise ValueError("row counts must not be negative")
         if sum(shard.num_rows for shard in self.shards) != self.num_rows:
             raise ValueError(f"shard row counts do not add up to num_rows={self.num_rows}")
-        self._validate_shard_names()
         for name, digest in [("ids_sha256", self.ids_sha256)] + [
             (f"sha256 of {shard.file}", shard.sha256) for shard in self.shards
         ]:
