@@ -390,7 +390,7 @@ def reuse_finished(path: Path, settings: dict[str, Any], options: RunOptions) ->
     """The manifest of the finished set at ``path`` if this command would write the same set;
     a :class:`CacheError` saying what differs otherwise (never a silent reuse)."""
     manifest = FeatureSet.open(path).manifest
-    differences = settings_mismatch(manifest, backend=options.backend, **settings)
+    differences = settings_mismatch(manifest, **{"backend": options.backend, **settings})
     if differences:
         shown = "; ".join(differences[:3]) + (" …" if len(differences) > 3 else "")
         raise CacheError(

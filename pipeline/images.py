@@ -219,7 +219,9 @@ class DecodeDataset(torch.utils.data.Dataset):
                     return False
             with Image.open(path) as image:  # header only
                 small = image.width * image.height <= self.max_pixels  # nvJPEG: no draft
-            return small and jpeg_intact(Path(path), image.width, image.height)  # else the CPU path names the problem
+            return small and jpeg_intact(
+                Path(path), image.width, image.height
+            )  # else the CPU path names the problem
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
             return False  # let the CPU path produce the precise error
 

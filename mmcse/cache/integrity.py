@@ -40,6 +40,9 @@ from mmcse.cache.shards import open_shard
 from mmcse.errors import CacheError
 
 _BLOCK_ROWS = 65_536
+#: states verified in this process (and inherited by forked DataLoader workers), so a
+#: read-only cache, where nothing can be recorded on disk, is still checked once per process
+_VERIFIED: dict[tuple[str, str], dict] = {}
 
 
 def check_set(path: Path, manifest: Manifest) -> list[str]:
@@ -135,7 +138,10 @@ def ensure_verified(path: Path, manifest: Manifest) -> None:
     """Raise :class:`CacheError` unless the set would pass :func:`check_set`; cheap (a few
     ``stat`` calls) when nothing changed since the last successful check."""
     before = shard_state(path, manifest)
-    if before is not None and read_verified(path) == _record(manifest, before):
+    key = (str(Path(path).resolve()), manifest.fingerprint)
+    if before is not None and (
+        _VERIFIED.get(key) == before or read_verified(path) == _record(manifest, before)
+    ):
         return
     problems = check_set(path, manifest)
     if problems:
@@ -145,6 +151,8 @@ def ensure_verified(path: Path, manifest: Manifest) -> None:
             "or restore it"
         )
     record_verified(path, manifest, before)
+    if before is not None:
+        _VERIFIED[key] = before
 
 
 def record_verified(path: Path, manifest: Manifest, before: dict | None) -> None:

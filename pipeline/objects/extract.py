@@ -51,6 +51,7 @@ from pipeline.extract import (
     ShardPlan,
     ensure_corpus,
     log_loader_errors,
+    reuse_finished,
     strict_failure,
 )
 from pipeline.images import BadImageError, open_rgb
@@ -237,7 +238,12 @@ def extract_objects(
         "batch_size": options.batch_size,
         **corpus_extra,
     }
+    producer = {"teacher": detection.get("detector", "?"), **detection}
+    table_settings = dict(kind=OBJECTS_KIND, dim=len(OBJECT_ROW), dtype="float32", **common)
     if (out / OBJECTS_DIR / MANIFEST_NAME).exists():  # detection done: encode its objects
+        reuse_finished(
+            out / OBJECTS_DIR, {**table_settings, "producer": producer, "extra": run_extra}, options
+        )
         encoded = reencode_objects(
             out / OBJECTS_DIR,
             teacher,
@@ -247,7 +253,6 @@ def extract_objects(
             options=options,
         )
         return {**results, OBJECTS_DIR: Manifest.read(out / OBJECTS_DIR), **encoded}
-    producer = {"teacher": detection.get("detector", "?"), **detection}
     table = ObjectsTableWriter(out / OBJECTS_DIR, producer=producer, extra=run_extra, **common)
     features = _feature_writer(out, teacher, teacher_name, settings, common, run_extra, options)
     fill = fill_colour(settings.background, teacher.preprocess.mean)
@@ -379,8 +384,9 @@ def reencode_objects(
     }
     out = Path(out)
     part = f"object-{teacher_name}"
-    if (out / part / MANIFEST_NAME).exists():
-        return {part: Manifest.read(out / part)}
+    if (out / part / MANIFEST_NAME).exists():  # same teacher settings; extra may differ by route
+        wanted = _feature_settings(teacher, settings, common, {}, options)
+        return {part: reuse_finished(out / part, wanted, options)}
     features = _feature_writer(out, teacher, teacher_name, settings, common, run_extra, options)
     fill = fill_colour(background, teacher.preprocess.mean)
 
@@ -485,13 +491,18 @@ def _feature_writer(
     out, teacher, teacher_name, settings: ObjectSettings, common, run_extra, options
 ) -> FeatureSetWriter:
     path = out / f"object-{teacher_name}"
+    return FeatureSetWriter(
+        path, **_feature_settings(teacher, settings, common, run_extra, options)
+    )
+
+
+def _feature_settings(teacher, settings: ObjectSettings, common, run_extra, options) -> dict:
     fill = fill_colour(settings.background, teacher.preprocess.mean)
     producer = {
         **teacher.producer(),
         "cutout": {"background": settings.background, "fill_rgb": list(fill), "fit": "pad-square"},
     }
-    return FeatureSetWriter(
-        path,
+    return dict(
         kind=OBJECT_KIND,
         dim=int(teacher.dim),
         dtype=options.dtype,
