@@ -171,6 +171,7 @@ def test_writer_refuses_nan_rows(tmp_path):
         (lambda m: {**m, "dtype": "int8"}, "stores float16 values, the manifest says int8"),
         (lambda m: {**m, "dtype": "float32"}, "the manifest says float32"),
         (lambda m: {**m, "dim": 2, "shape": [2]}, "expected 2 values/row"),
+        (lambda m: {**m, "shape": [2, 2]}, "rows of shape [4], the manifest says [2, 2]"),
         (lambda m: {**m, "num_rows": 7}, "do not add up to num_rows=7"),
         (lambda m: [m], "expected a JSON object, got a JSON list"),
         (lambda m: {k: v for k, v in m.items() if k != "dtype"}, "missing fields ['dtype']"),
@@ -198,7 +199,7 @@ def test_edited_manifest_is_one_clear_error(tmp_path, monkeypatch, capsys, chang
     code, _ = run_main(["cache", "ls", str(tmp_path)], monkeypatch, capsys)
     assert code == 0  # ls lists it (marked when the manifest itself is invalid)
     (entry,) = list_sets(tmp_path)
-    if "manifest says" not in fragment and "values/row" not in fragment:
+    if "manifest says" not in fragment and "values/row" not in fragment:  # shard-level
         assert entry.manifest is None and fragment in entry.problem
 
 

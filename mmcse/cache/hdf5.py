@@ -19,16 +19,21 @@ import numpy as np
 from mmcse.errors import CacheError
 
 SUFFIX = ".h5"
+SHAPE_ATTR = "mmcse_row_shape"
 
 
-def write_shard(path: Path, ids: list[str], rows: np.ndarray) -> None:
-    """Write ``rows`` (``[n, dim]``) keyed by ``ids``; ``track_times=False`` keeps reruns
-    byte-identical."""
+def write_shard(
+    path: Path, ids: list[str], rows: np.ndarray, shape: list[int] | None = None
+) -> None:
+    """Write ``rows`` (``[n, dim]``) keyed by ``ids`` (``shape``, the row shape, goes into an
+    attribute); ``track_times=False`` keeps reruns byte-identical."""
     with h5py.File(path, "w") as handle:
         handle.create_dataset(
             "ids", data=np.array(ids, dtype=object), dtype=h5py.string_dtype(), track_times=False
         )
-        handle.create_dataset("features", data=rows, track_times=False)
+        features = handle.create_dataset("features", data=rows, track_times=False)
+        if shape is not None:
+            features.attrs[SHAPE_ATTR] = np.asarray(shape, dtype=np.int64)
 
 
 class Shard:
@@ -43,6 +48,7 @@ class Shard:
                 features, ids = handle[features_key], handle[ids_key]
                 shape, dtype, id_count = features.shape, features.dtype, ids.shape[0]
                 offset = features.id.get_offset()
+                recorded = features.attrs.get(SHAPE_ATTR)
                 mappable = features.chunks is None and features.compression is None
         except (OSError, KeyError) as exc:
             raise CacheError(
@@ -56,6 +62,7 @@ class Shard:
         if id_count != self.num_rows:
             raise CacheError(f"{path}: {id_count} ids for {self.num_rows} feature rows")
         self.dtype = dtype
+        self.row_shape = [int(size) for size in recorded] if recorded is not None else None
         self._keys = (ids_key, features_key)
         # An empty dataset has no storage (offset None) but then nothing needs mapping either.
         self._offset = offset if mappable else None

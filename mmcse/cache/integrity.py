@@ -97,7 +97,9 @@ def _check_shard(shard_path: Path, manifest: Manifest, num_rows: int):
         if table.num_rows != num_rows:
             raise CacheError(f"{shard_path}: {table.num_rows} rows, manifest says {num_rows}")
         return table.column("id").to_numpy().astype(str), []
-    shard = open_shard(shard_path, manifest.backend, manifest.dim, manifest.dtype, num_rows)
+    shard = open_shard(
+        shard_path, manifest.backend, manifest.dim, manifest.dtype, num_rows, manifest.shape
+    )
     shard_ids = shard.read_ids()
     if len(shard_ids) != num_rows:
         raise CacheError(f"{shard_path}: {len(shard_ids)} ids, manifest says {num_rows}")

@@ -23,10 +23,22 @@ SHARD_WRITERS = {
 }
 
 
-def open_shard(path: Path, backend: str, dim: int, dtype: str, num_rows: int | None = None):
-    """The shard reader of ``path``, after checking its own schema: values per row, dtype and
-    (when given) the row count the manifest records."""
+def open_shard(
+    path: Path,
+    backend: str,
+    dim: int,
+    dtype: str,
+    num_rows: int | None = None,
+    shape: list[int] | None = None,
+):
+    """The shard reader of ``path``, after checking its own schema: values per row, dtype,
+    row shape (if the shard records it) and the row count the manifest records."""
     shard = SHARD_READERS[backend](path, dim)
+    if shape is not None and shard.row_shape is not None and list(shape) != shard.row_shape:
+        raise CacheError(
+            f"{path}: the shard holds rows of shape {shard.row_shape}, the manifest says "
+            f"{list(shape)} (manifest edited; run `mmcse cache verify`)"
+        )
     stored = shard_dtype(shard)
     if stored != np.dtype(dtype):
         raise CacheError(

@@ -147,7 +147,7 @@ class FeatureSetWriter:
         temp = temp_path(final)
         try:
             with os_errors(final):
-                self._write(temp, ids, rows)
+                self._write(temp, ids, rows, self._settings["shape"])
             publish(temp, final)
         finally:
             temp.unlink(missing_ok=True)
@@ -191,7 +191,9 @@ class FeatureSetWriter:
 
     def _open_shard(self, path: Path):
         settings = self._settings
-        return open_shard(path, settings["backend"], settings["dim"], settings["dtype"])
+        return open_shard(
+            path, settings["backend"], settings["dim"], settings["dtype"], shape=settings["shape"]
+        )
 
     def _claim_directory(self) -> None:
         """Record the settings for other ranks, or check ours against theirs."""
