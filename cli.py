@@ -210,7 +210,8 @@ def cache_ls(root: str = typer.Argument("cache", help="Directory searched for se
         size = f"{entry.num_bytes / 2**20:9.1f} MiB"
         m = entry.manifest
         if m is None:
-            typer.echo(f"{entry.path}  INVALID  {size}  {entry.problem}")
+            state = "unfinished" if "unfinished write" in (entry.problem or "") else "INVALID"
+            typer.echo(f"{entry.path}  {state}  {size}  {entry.problem}")
             continue
         typer.echo(
             f"{entry.path}  {m.kind}  {m.dataset}/{m.split}  rows={m.num_rows}  shape={m.shape}  "

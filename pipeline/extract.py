@@ -13,15 +13,23 @@ batches never cross a shard and always start at the shard's first item, so a sha
 depend on which shards ran before it. Finished shards (:meth:`FeatureSetWriter.has_shard`) are
 skipped on rerun, so a run killed at any moment and rerun ends byte-identical to an uninterrupted
 one. The inputs' id hash, shard size and batch size are part of the set's settings: a rerun with
-different inputs or sharding is refused instead of mixing shards.
+different inputs or sharding is refused instead of mixing shards, and a finished set is reused only
+when the command would write exactly it again (same teacher, weights, dtype, …; otherwise an
+error says to remove it or choose another ``--out``). Temp files of killed runs are deleted at
+the start of the next one.
 
 Scale-out. Rank ``r`` of ``W`` (``--rank/--world-size`` or torchrun's ``RANK``/``WORLD_SIZE``)
 takes shards ``k`` with ``k % W == r`` — no padding, no duplicates. Whichever rank finds every
 shard present when it is done finalizes (writes the manifest); rerunning the command with all
 shards present does the same.
 
-Bad inputs (undecodable images, unreadable caption rows) are logged and left out; the count is in
-``extra.num_errors`` of the manifest. With ``strict`` the first one stops the run.
+Bad inputs (undecodable images, unreadable caption rows, paths outside the image root, rows whose
+features are NaN/Inf) are logged and left out; the count is in ``extra.num_errors`` of the
+manifest. With ``strict`` the first one stops the run; when every input is left out, nothing is
+written and the run fails. The caption corpus is written after the image set is complete and
+holds only the captions of images that got features (the others are logged as
+``captions-dropped``), so the corpus and the features of one run always join; with several ranks
+the rank that completes the image set writes the corpus and the caption features.
 """
 
 from __future__ import annotations
