@@ -34,6 +34,7 @@ from mmcse.cache import FeatureSetWriter, Manifest
 from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of
 from mmcse.errors import MmcseError
 from mmcse.nonling.fbank import FbankConfig, read_wav, ssast_fbank
+from pipeline.datasets.base import inside, read_text
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 AUDIO_SUFFIXES = {".wav"}
@@ -83,8 +84,11 @@ def listed_files(root: str | Path, list_file: str | Path) -> list[Example]:
     """The files a list names (one path per line; its last two parts are ``class/file``, as in
     the authors' ``sampled-Imagenet.txt``), resolved under ``root``."""
     root = Path(root)
-    lines = [line.strip() for line in Path(list_file).read_text().splitlines() if line.strip()]
+    lines = [line.strip() for line in read_text(Path(list_file)).splitlines() if line.strip()]
     paths = [root.joinpath(*Path(line).parts[-2:]) for line in lines]
+    outside = [line for line, path in zip(lines, paths, strict=True) if not inside(root, path)]
+    if outside:
+        raise MmcseError(f"{list_file}: {len(outside)} paths leave {root}, e.g. {outside[0]!r}")
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise MmcseError(f"{len(missing)} listed files are missing under {root}, e.g. {missing[0]}")

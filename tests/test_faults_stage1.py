@@ -442,3 +442,27 @@ def test_os_errors_during_extraction_are_one_line(tmp_path, monkeypatch, capsys,
     )  # fmt: skip
     reason = "the disk is full" if error == errno.ENOSPC else "read-only"
     assert_one_error(code, stderr, str(tmp_path / "o"), reason)
+
+
+def test_image_list_paths_cannot_leave_the_root(tmp_path):
+    from pipeline.nonling_cache import listed_files
+
+    root = images_folder(tmp_path / "root" / "cat", 1).parent
+    listing = tmp_path / "list.txt"
+    listing.write_text("x/cat/im0.jpg\n../outside.jpg\n")
+    with pytest.raises(MmcseError, match=r"list.txt: 1 paths leave .*'../outside.jpg'"):
+        listed_files(root, listing)
+
+
+def test_row_aligned_captions_with_a_bad_line_are_refused(tmp_path):
+    import h5py
+
+    from pipeline.hdf5_import import import_hdf5_features
+
+    with h5py.File(tmp_path / "f.h5", "w") as handle:
+        handle["features"] = np.zeros((2, 3), np.float32)
+    (tmp_path / "c.txt").write_bytes(b"one\n\xff two\n")
+    with pytest.raises(MmcseError, match=r"c.txt:2: invalid UTF-8"):
+        import_hdf5_features(
+            tmp_path / "f.h5", tmp_path / "c.txt", dataset="d", split="train", out=tmp_path / "o"
+        )

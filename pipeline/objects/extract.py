@@ -43,7 +43,13 @@ from mmcse.cache.kinds import OBJECT_KIND, OBJECT_ROW, OBJECT_TEXT_COLUMNS, OBJE
 from mmcse.cache.layout import MANIFEST_NAME, publish, sha256_ids, temp_path
 from mmcse.cache.objects import ObjectsColumns
 from mmcse.errors import MmcseError
-from pipeline.datasets.base import DatasetRecords, RecordError, caption_id, select_captions
+from pipeline.datasets.base import (
+    DatasetRecords,
+    RecordError,
+    caption_id,
+    read_text,
+    select_captions,
+)
 from pipeline.errors_log import error_counts, merge_errors, read_parts, sidecar_path, write_sidecar
 from pipeline.extract import (
     CAPTIONS_DIR,
@@ -121,7 +127,7 @@ class BoxesFile:
         if not self.path.is_file():
             raise FileNotFoundError(f"boxes file {self.path} does not exist")
         self._pairs: dict[tuple[str, str], dict[str, list[list[float]]]] = {}
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        lines = read_text(self.path).splitlines()
         for line_no, line in enumerate(lines, start=1):
             if line.strip():
                 image_id, caption, phrase, box = self._parse(line, line_no)
