@@ -81,13 +81,15 @@ def register_dataset(name: str) -> Callable[[Loader], Loader]:
 def load_dataset(name: str, source: DataSource, split: str) -> DatasetRecords:
     """The records of ``name``; image paths escaping ``source.images`` become errors."""
     loader = DATASETS.get(name)
+    where = source.captions or source.text or source.images
     try:
         records = loader(source, split)
+    except FileNotFoundError:
+        raise  # the loaders' own message names the missing path and its flag
+    except OSError as exc:
+        raise MmcseError(f"{exc.filename or where}: cannot read ({exc.strerror})") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        if isinstance(exc, MmcseError):
-            raise
         detail = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        where = source.captions or source.text or source.images
         raise MmcseError(
             f"{where}: cannot read it as {name} data ({type(exc).__name__}: {detail})"
         ) from None
