@@ -205,11 +205,14 @@ def extract_images(
     # same images and the output trains as is.
     kept = set(FeatureSet.open(out / image_job.part).ids.tolist())
     corpus = _caption_rows([r for r in image_list if r.image_id in kept], caption_policy, seed)
-    log_dropped_captions(
+    dropped = log_dropped_captions(
         out, [r for r in image_list if r.image_id not in kept], caption_policy, seed
     )
     results[CAPTIONS_DIR] = ensure_corpus(
-        out / CAPTIONS_DIR, *corpus, records=records, extra=corpus_extra
+        out / CAPTIONS_DIR,
+        *corpus,
+        records=records,
+        extra={**corpus_extra, "num_dropped_captions": dropped},
     )
     if hasattr(teacher, "encode_texts"):
         text_job = _text_job(records, teacher, teacher_name, corpus[0], corpus[1], options)
@@ -220,8 +223,8 @@ def extract_images(
     return results
 
 
-def log_dropped_captions(out: Path, images: list, policy: str, seed: int) -> None:
-    """One errors.jsonl row per caption dropped because its image was left out."""
+def log_dropped_captions(out: Path, images: list, policy: str, seed: int) -> int:
+    """One errors.jsonl row per caption dropped because its image was left out; their count."""
     dropped = [
         RecordError(caption_id(r.image_id, k), str(r.path), "image left out (see its own row)")
         for r in images
@@ -229,6 +232,7 @@ def log_dropped_captions(out: Path, images: list, policy: str, seed: int) -> Non
     ]
     write_sidecar(sidecar_path(out, DROPPED_CAPTIONS_PART), dropped)
     merge_errors(out)
+    return len(dropped)
 
 
 def start_run(out: Path) -> None:
