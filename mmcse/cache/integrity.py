@@ -112,12 +112,8 @@ def _check_shard(shard_path: Path, manifest: Manifest, num_rows: int):
 
 
 def nonfinite_rows(rows: np.ndarray) -> np.ndarray:
-    """``[n]`` bool: rows holding a NaN or ±Inf (an all-ones exponent, tested on the raw bits,
-    which is several times faster than ``np.isfinite`` for float16)."""
-    bits = rows.view(f"u{rows.dtype.itemsize}")
-    exponent = {2: 0x7C00, 4: 0x7F800000, 8: 0x7FF0000000000000}[rows.dtype.itemsize]
-    mask = np.array(exponent, bits.dtype)
-    return ((bits & mask) == mask).any(axis=1)
+    """``[n]`` bool: rows holding a NaN or ±Inf."""
+    return ~np.isfinite(rows).all(axis=1)
 
 
 def _check_ids(path: Path, manifest: Manifest, ids: np.ndarray) -> list[str]:
