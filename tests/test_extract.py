@@ -463,7 +463,7 @@ def test_gpu_decode_path_logic_runs_on_any_device(tmp_path):
     dataset = DecodeDataset([str(tmp_path / n) for n in names], TINY, 10**8, decode="gpu")
     rows, decoded, reasons = collate_decoded([dataset[i] for i in range(len(names))])
     # a truncated JPEG (no end marker) never reaches nvJPEG, which may pad it with grey
-    assert list(reasons) == [2] and reasons[2].startswith("corrupt image: image file is trunc")
+    assert list(reasons) == [2] and reasons[2].startswith("corrupt image: truncated JPEG")
     assert isinstance(decoded, list)
     pixels, gpu_reasons = gpu_decode_batch(decoded, rows, dataset, torch.device("cpu"))
     assert pixels.shape == (3, 3, 32, 32) and pixels.dtype == torch.uint8
