@@ -6,8 +6,10 @@
 >>> images = FeatureSet.open("cache/coco/clip_image").require_fingerprint(recorded)
 >>> batch = images.gather(corpus.image_ids[:128])   # [128, 512] float16, joined by id
 
-See :mod:`mmcse.cache.writer` for the atomic-write and multi-rank contract, and
-:mod:`mmcse.cache.featureset` for how reads stay memory-mapped and vectorised.
+See :mod:`mmcse.cache.writer` for the atomic-write and multi-rank contract,
+:mod:`mmcse.cache.featureset` for how reads stay memory-mapped and vectorised, and
+:mod:`mmcse.cache.integrity` for why every open refuses a set that would fail
+``mmcse cache verify`` (a full check once, then a few ``stat`` calls).
 """
 
 from mmcse.cache.corpus import Corpus, write_corpus
