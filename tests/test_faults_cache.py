@@ -361,3 +361,37 @@ def test_a_set_with_zero_rows_is_not_written(tmp_path):
     with pytest.raises(CacheError, match="0 rows"):
         writer.finalize(num_shards=1)
     assert not (tmp_path / "s" / "manifest.json").exists()
+
+
+def test_train_refuses_a_corrupted_set_even_with_its_recorded_fingerprint(
+    tiny_model, tiny_world, tmp_path
+):
+    """The issue's case: verify caught a flipped byte, train used the set anyway."""
+    import shutil
+
+    from mmcse.config import TrainConfig
+    from mmcse.train import train
+
+    images = tmp_path / "image-feats"
+    shutil.copytree(tiny_world["image"], images)
+    fingerprint = FeatureSet.open(images).fingerprint
+    shard = images / "shard-00000.arrow"
+    data = bytearray(shard.read_bytes())
+    data[-250] ^= 0x40
+    shard.write_bytes(bytes(data))
+    cfg = TrainConfig(
+        model=str(tiny_model),
+        method="mcse",
+        text_corpus=tiny_world["text"],
+        caption_corpus=tiny_world["captions"],
+        features={"image": str(images)},
+        expect_fingerprints={"image": fingerprint},  # the manifest is unchanged: it matches
+        batch_size=8,
+        max_steps=2,
+        eval_data="",
+        final_eval=False,
+        output_dir=str(tmp_path / "run"),
+    )
+    with pytest.raises(CacheError, match=f"{shard}: sha256 differs"):
+        train(cfg)
+    assert not (tmp_path / "run" / "best").exists()
