@@ -36,6 +36,8 @@ from mmcse.errors import MmcseError
 from mmcse.nonling.fbank import FbankConfig, read_wav, ssast_fbank
 from pipeline.datasets.base import inside, read_text
 
+FULL_RESOLUTION = 1 << 30  # open_rgb's short side: no draft downscaling
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 AUDIO_SUFFIXES = {".wav"}
 PRODUCER = "mmcse.pipeline.nonling_cache"
@@ -141,10 +143,13 @@ def resize_center_crop(image: Any, size: int) -> np.ndarray:
 def image_row(example: Example, size: int) -> np.ndarray:
     if isinstance(example.source, np.ndarray):
         return resize_center_crop(example.source, size)
-    from PIL import Image
+    from pipeline.images import BadImageError, open_rgb
 
-    with Image.open(example.source) as image:
-        return resize_center_crop(image, size)
+    try:  # Stage 1's checked decode (size limits, truncation, 16-bit modes), at full resolution
+        image = open_rgb(example.source, FULL_RESOLUTION)
+    except BadImageError as exc:
+        raise MmcseError(f"{example.source}: {exc.reason} (id {example.id})") from None
+    return resize_center_crop(image, size)
 
 
 def fbank_row(example: Example, cfg: FbankConfig, dtype: str = "float32") -> np.ndarray:

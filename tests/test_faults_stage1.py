@@ -467,3 +467,21 @@ def test_row_aligned_captions_with_a_bad_line_are_refused(tmp_path):
         import_hdf5_features(
             tmp_path / "f.h5", tmp_path / "c.txt", dataset="d", split="train", out=tmp_path / "o"
         )
+
+
+def test_visualcse_image_cache_skips_a_truncated_image(tmp_path, monkeypatch, capsys):
+    """extract-image-tensors decodes through the same checked decoder (it skips and reports
+    unreadable files, its own policy) instead of caching libjpeg's grey padding."""
+    images_folder(tmp_path / "tree" / "cat", 2)
+    images_folder(tmp_path / "tree" / "dog", 1)
+    (tmp_path / "tree" / "dog" / "cut.jpg").write_bytes(_jpeg_bytes((200, 200), 90)[:-2])
+    out = tmp_path / "o"
+    monkeypatch.setattr(sys, "argv", ["mmcse", "extract-image-tensors", str(tmp_path / "tree"),
+                                      str(out), "--size", "16", "--workers", "0"])  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+        raise SystemExit(0)
+    assert info.value.code == 0
+    assert sorted(FeatureSet.open(out).ids) == ["cat/im0", "cat/im1", "dog/im0"]
+    output = capsys.readouterr()
+    assert "dog/cut" in output.out + output.err and "truncated JPEG" in output.out + output.err
