@@ -294,7 +294,7 @@ def export(
 
 @cache_app.command("ls")
 def cache_ls(root: str = typer.Argument("cache", help="Directory searched for sets.")) -> None:
-    """List the feature sets and corpora under ROOT (unfinished writes included)."""
+    """List the feature sets and corpora under ROOT (unfinished writes and bad manifests marked)."""
     from mmcse.cache import list_sets
     from mmcse.overview import format_cache_listing
 
@@ -306,22 +306,28 @@ def cache_ls(root: str = typer.Argument("cache", help="Directory searched for se
 
 
 @cache_app.command("verify")
-def cache_verify(path: str = typer.Argument(..., help="Feature set or corpus directory.")) -> None:
-    """Re-hash every shard and re-count rows; exit 2 naming the first problem if any."""
-    from mmcse.cache import Manifest, verify
+def cache_verify(
+    path: str = typer.Argument(..., help="A feature set or corpus, or a folder of them."),
+) -> None:
+    """Re-hash every shard, check schemas, rows, ids and NaN/Inf of one set or of every set
+    under a folder; exit 2 naming the first problem if any."""
+    from mmcse.cache import Manifest, verify_tree
     from mmcse.errors import CacheError
 
-    problems = verify(path)
+    results = verify_tree(path)
+    problems = [problem for found in results.values() for problem in found]
+    for set_path, found in results.items():
+        if not found:
+            manifest = Manifest.read(set_path)
+            typer.echo(
+                f"ok: {set_path} ({manifest.num_rows} rows, {len(manifest.shards)} shards, "
+                f"fingerprint {manifest.fingerprint})"
+            )
     if problems:
         for problem in problems[1:]:
             typer.echo(f"  also: {problem}", err=True)
         more = f" (+{len(problems) - 1} more above)" if len(problems) > 1 else ""
         raise CacheError(problems[0] + more)
-    manifest = Manifest.read(path)
-    typer.echo(
-        f"ok: {path} ({manifest.num_rows} rows, {len(manifest.shards)} shards, "
-        f"fingerprint {manifest.fingerprint})"
-    )
 
 
 @cache_app.command("rm")
@@ -360,24 +366,46 @@ def cache_merge(
 # ---- extract-images / extract-text / import-hdf5 / bench extract (Stage 1) -------------------
 
 
-def _run_options(
-    shard_size, batch_size, workers, dtype, strict, rank, world_size, decode, max_pixels, backend
-):
-    from pipeline.extract import RunOptions, resolve_rank
+def _run_options(**flags):
+    from pipeline.extract import RunOptions, default_workers, resolve_rank
 
-    rank, world_size = resolve_rank(rank, world_size)
-    return RunOptions(
-        shard_size=shard_size,
-        batch_size=batch_size,
-        workers=workers,
-        dtype=dtype,
-        strict=strict,
-        rank=rank,
-        world_size=world_size,
-        decode=decode,
-        max_pixels=max_pixels,
-        backend=backend,
-    )
+    rank, world_size = resolve_rank(flags.pop("rank", None), flags.pop("world_size", None))
+    if flags.get("workers", 0) is None:
+        flags["workers"] = default_workers()
+    return RunOptions(rank=rank, world_size=world_size, **{"workers": 0, **flags})
+
+
+def _with_run_options(*names: str, **defaults):
+    """Add the shared Stage-1 run flags ``names`` (see ``_RUN_FLAGS``) to an extract command and
+    hand it one ``options: RunOptions`` instead. One definition for every extract command;
+    ``defaults`` overrides a flag's default for one command."""
+    import functools
+    import inspect
+
+    def decorate(command):
+        signature = inspect.signature(command)
+        kept = [p for p in signature.parameters.values() if p.name != "options"]
+        added = []
+        for name in names:
+            kind, option = _RUN_FLAGS[name]
+            if name in defaults:
+                option = typer.Option(defaults[name], *option.param_decls, help=option.help)
+            added.append(
+                inspect.Parameter(
+                    name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind
+                )
+            )
+
+        @functools.wraps(command)
+        def run(**kwargs):
+            flags = {name: kwargs.pop(name) for name in names}
+            return command(**kwargs, options=_run_options(**flags))
+
+        run.__signature__ = signature.replace(parameters=kept + added)
+        run.__annotations__ = {k: v for k, v in command.__annotations__.items() if k != "options"}
+        return run
+
+    return decorate
 
 
 def _path(value: str | None):
@@ -425,6 +453,20 @@ _WORLD = typer.Option(None, help="Number of jobs (default $WORLD_SIZE or 1).")
 _DECODE = typer.Option("cpu", help="cpu: PIL in workers; gpu: nvJPEG on the teacher's GPU.")
 _MAX_PIXELS = typer.Option(89_478_485, help="Refuse images decoding larger than this many pixels.")
 _BACKEND = typer.Option("arrow", help="Shard format: arrow or hdf5.")
+_RUN_FLAGS = {  # name: (type, option) — the shared flags of the extract commands
+    "shard_size": (int, _SHARD_SIZE),
+    "batch_size": (int, _BATCH_SIZE),
+    "workers": (int, _WORKERS),
+    "dtype": (str, _DTYPE),
+    "strict": (bool, _STRICT),
+    "rank": (int, _RANK),
+    "world_size": (int, _WORLD),
+    "decode": (str, _DECODE),
+    "max_pixels": (int, _MAX_PIXELS),
+    "backend": (str, _BACKEND),
+}
+_TEXT_RUN_FLAGS = ("shard_size", "batch_size", "dtype", "strict", "rank", "world_size", "backend")
+_IMAGE_RUN_FLAGS = (*_TEXT_RUN_FLAGS, "workers", "decode", "max_pixels")
 _WEIGHTS = typer.Option("default", help="default | random | PATH to local weights.")
 _SIZE = typer.Option("real", "--teacher-size", help="real | tiny (random small model for tests).")
 _DEVICE = typer.Option("auto", help="auto | cpu | cuda | cuda:N.")
@@ -433,6 +475,7 @@ _POLICY = typer.Option("random-one", help="random-one (MCSE) | all (KDMCSE, DALR
 
 
 @app.command("extract-images")
+@_with_run_options(*_IMAGE_RUN_FLAGS)
 def extract_images_cmd(
     dataset: str = typer.Option(..., help="Registered dataset (flickr30k, coco, flickr8k, local)."),
     split: str = typer.Option("train", help="Split to extract."),
@@ -447,35 +490,14 @@ def extract_images_cmd(
     out: str = typer.Option(None, help="Output folder (default cache/<dataset>/<split>)."),
     caption_policy: str = _POLICY,
     seed: int = typer.Option(0, help="Seed of the random-one caption draw."),
-    shard_size: int = _SHARD_SIZE,
-    batch_size: int = _BATCH_SIZE,
-    workers: int = _WORKERS,
-    dtype: str = _DTYPE,
-    strict: bool = _STRICT,
-    rank: int = _RANK,
-    world_size: int = _WORLD,
-    decode: str = _DECODE,
-    max_pixels: int = _MAX_PIXELS,
-    backend: str = _BACKEND,
+    options=None,
 ) -> None:
     """Image features (+ caption features for CLIP teachers) and the caption corpus table."""
     from pathlib import Path
 
     from pipeline.datasets import load_dataset
-    from pipeline.extract import default_workers, extract_images
+    from pipeline.extract import extract_images
 
-    options = _run_options(
-        shard_size,
-        batch_size,
-        workers if workers is not None else default_workers(),
-        dtype,
-        strict,
-        rank,
-        world_size,
-        decode,
-        max_pixels,
-        backend,
-    )
     records = load_dataset(dataset, _source(images, captions, split_file), split)
     model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
     target = _path(out) or Path("cache") / dataset / split
@@ -493,6 +515,7 @@ def extract_images_cmd(
 
 
 @app.command("extract-text")
+@_with_run_options(*_TEXT_RUN_FLAGS)
 def extract_text_cmd(
     corpus: str = typer.Option(..., help="wiki1m, a caption dataset name, or a corpus table dir."),
     split: str = typer.Option("train", help="Split (dataset names only)."),
@@ -512,13 +535,7 @@ def extract_text_cmd(
     out: str = typer.Option(None, help="Output folder (default cache/<corpus>/<split>)."),
     caption_policy: str = _POLICY,
     seed: int = typer.Option(0, help="Seed of the random-one caption draw."),
-    shard_size: int = _SHARD_SIZE,
-    batch_size: int = _BATCH_SIZE,
-    dtype: str = _DTYPE,
-    strict: bool = _STRICT,
-    rank: int = _RANK,
-    world_size: int = _WORLD,
-    backend: str = _BACKEND,
+    options=None,
 ) -> None:
     """Text features of a corpus (one row per sentence id) and, if needed, its corpus table."""
     from pathlib import Path
@@ -526,9 +543,6 @@ def extract_text_cmd(
     from pipeline.datasets import load_dataset
     from pipeline.extract import extract_corpus_texts, extract_texts
 
-    options = _run_options(
-        shard_size, batch_size, 0, dtype, strict, rank, world_size, "cpu", 1, backend
-    )
     no_teacher = teacher == "none"
     if no_teacher and Path(corpus).is_dir():
         raise MmcseError(f"{corpus} is already a corpus table; --teacher none has nothing to add")
@@ -682,6 +696,7 @@ def bench_extract_cmd(
 
 
 @app.command("extract-objects")
+@_with_run_options(*_TEXT_RUN_FLAGS, shard_size=1024, batch_size=8)
 def extract_objects_cmd(
     dataset: str = Opt(None, help="Registered dataset (flickr30k, coco, local)."),
     split: str = Opt("train", help="Split to extract."),
@@ -705,22 +720,13 @@ def extract_objects_cmd(
     out: str = Opt(None, help="Output folder (default cache/<dataset>/<split>)."),
     caption_policy: str = Opt("longest", help="longest (MCSEO) | all | random-one."),
     seed: int = Opt(0, help="Seed of the random-one caption draw."),
-    shard_size: int = Opt(1024, help="Captions per shard (fixed boundaries; resume unit)."),
-    batch_size: int = Opt(8, help="Images per Florence-2/SAM2 call."),
-    dtype: str = _DTYPE,
-    strict: bool = _STRICT,
-    rank: int = _RANK,
-    world_size: int = _WORLD,
-    backend: str = _BACKEND,
+    options=None,
 ) -> None:
     """MCSEO object–phrase pairs: objects table + object features (ids = object ids)."""
     from pathlib import Path
 
     from pipeline.objects.extract import ObjectSettings, extract_objects, reencode_objects
 
-    options = _run_options(
-        shard_size, batch_size, 0, dtype, strict, rank, world_size, "cpu", 89_478_485, backend
-    )
     if from_objects:
         model = _build_teacher(teacher, weights, teacher_size, device, compute_dtype)
         target = _path(out) or Path(from_objects).parent

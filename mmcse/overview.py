@@ -59,7 +59,9 @@ def cache_row(entry) -> list[str]:
     size = f"{entry.num_bytes / 2**20:.1f} MiB"
     m = entry.manifest
     if m is None:
-        return [str(entry.path), "unfinished (no valid manifest)", *["-"] * 5, size, *["-"] * 4]
+        problem = entry.problem or "no valid manifest"
+        state = "unfinished" if "unfinished write" in problem else "INVALID"
+        return [str(entry.path), f"{state} ({problem})", *["-"] * 5, size, *["-"] * 4]
     producer = m.producer or {}
     teacher = producer.get("teacher") or (
         f"loader {producer['loader']}" if "loader" in producer else "-"

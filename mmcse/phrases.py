@@ -19,7 +19,6 @@ loss reads (contract in :mod:`mmcse.losses.object_phrase`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -29,22 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmcse.cache.kinds import OBJECT_KIND, OBJECT_ROW, OBJECT_TEXT_COLUMNS, OBJECTS_KIND
+from mmcse.cache.objects import ObjectsColumns
 from mmcse.errors import MmcseError
 
-OBJECTS_KIND = "objects"
-OBJECT_KIND = "object"
-#: the numeric row of the objects table, in column order
-OBJECT_ROW = (
-    "char_start",
-    "char_end",
-    "x0",
-    "y0",
-    "x1",
-    "y1",
-    "grounding_score",
-    "mask_score",
-)
-OBJECT_TEXT_COLUMNS = ("image_id", "image_path", "caption_id", "phrase", "span_text", "mask_rle")
+__all__ = ["OBJECT_KIND", "OBJECT_ROW", "OBJECT_TEXT_COLUMNS", "OBJECTS_KIND", "ObjectsTable"]
 
 
 @dataclass(frozen=True)
@@ -57,44 +45,14 @@ class ObjectPhrase:
     span_text: str
 
 
-class ObjectsTable:
+class ObjectsTable(ObjectsColumns):
     """The objects table, indexed by caption id (pairs in the order they were extracted)."""
 
     def __init__(self, path: Path, manifest, columns: dict[str, np.ndarray]) -> None:
-        self.path = path
-        self.manifest = manifest
-        self.fingerprint = manifest.fingerprint
-        self.columns = columns
+        super().__init__(path, manifest, columns)
         self._by_caption: dict[str, list[int]] = {}
         for row, caption_id in enumerate(columns["caption_id"]):
             self._by_caption.setdefault(caption_id, []).append(row)
-
-    @classmethod
-    def open(cls, path: str | Path) -> ObjectsTable:
-        from mmcse.cache.arrow import open_table
-        from mmcse.cache.manifest import Manifest
-
-        path = Path(path)
-        manifest = Manifest.read(path)
-        if manifest.kind != OBJECTS_KIND:
-            raise MmcseError(f"{path} is a {manifest.kind!r} set, not an objects table")
-        tables = [open_table(path / shard.file) for shard in manifest.shards]
-        names = ("id", *OBJECT_TEXT_COLUMNS)
-        columns = {
-            name: np.concatenate([t.column(name).to_numpy(zero_copy_only=False) for t in tables])
-            if tables
-            else np.array([], dtype=object)
-            for name in names
-        }
-        numeric = [
-            t.column("features").combine_chunks().flatten().to_numpy().reshape(-1, len(OBJECT_ROW))
-            for t in tables
-        ]
-        columns["row"] = np.concatenate(numeric) if numeric else np.zeros((0, len(OBJECT_ROW)))
-        return cls(path, manifest, columns)
-
-    def __len__(self) -> int:
-        return len(self.columns["id"])
 
     def pairs_for(self, caption_id: str) -> list[ObjectPhrase]:
         start, end = OBJECT_ROW.index("char_start"), OBJECT_ROW.index("char_end")
@@ -107,9 +65,6 @@ class ObjectsTable:
             )
             for r in self._by_caption.get(str(caption_id), [])
         ]
-
-    def mask(self, row: int) -> dict:
-        return json.loads(self.columns["mask_rle"][row])
 
 
 @lru_cache(maxsize=4)

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from mmcse.cache.layout import os_errors, remove_stale_temp_files, temp_path
 from pipeline.datasets.base import RecordError
 
 ERRORS_FILE = "errors.jsonl"
@@ -26,10 +27,18 @@ def sidecar_path(out: Path, part: str, shard: int | None = None) -> Path:
 
 
 def write_sidecar(path: Path, errors: Iterable[RecordError]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temp.write_text(_lines(errors), encoding="utf-8")
-    os.replace(temp, path)
+    _write_atomically(path, _lines(errors))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temp = temp_path(path)
+    try:
+        with os_errors(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def read_sidecar(path: Path) -> list[RecordError]:
@@ -57,10 +66,16 @@ def merge_errors(out: Path) -> Path:
         part = sidecar.stem.split("-shard-")[0]
         rows += [{"stage": part, **e.to_dict()} for e in read_sidecar(sidecar)]
     target = out / ERRORS_FILE
-    temp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    temp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
-    os.replace(temp, target)
+    _write_atomically(target, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     return target
+
+
+def remove_stale_temp_files_under(out: Path) -> None:
+    """Temp files of killed runs (this host, dead pid) in ``out``, its sets and ``.errors``."""
+    if not out.is_dir():
+        return
+    for folder in [out, *(p for p in out.iterdir() if p.is_dir() and not p.is_symlink())]:
+        remove_stale_temp_files(folder)
 
 
 def _lines(errors: Iterable[RecordError]) -> str:

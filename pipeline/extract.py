@@ -13,15 +13,23 @@ batches never cross a shard and always start at the shard's first item, so a sha
 depend on which shards ran before it. Finished shards (:meth:`FeatureSetWriter.has_shard`) are
 skipped on rerun, so a run killed at any moment and rerun ends byte-identical to an uninterrupted
 one. The inputs' id hash, shard size and batch size are part of the set's settings: a rerun with
-different inputs or sharding is refused instead of mixing shards.
+different inputs or sharding is refused instead of mixing shards, and a finished set is reused only
+when the command would write exactly it again (same teacher, weights, dtype, …; otherwise an
+error says to remove it or choose another ``--out``). Temp files of killed runs are deleted at
+the start of the next one.
 
 Scale-out. Rank ``r`` of ``W`` (``--rank/--world-size`` or torchrun's ``RANK``/``WORLD_SIZE``)
 takes shards ``k`` with ``k % W == r`` — no padding, no duplicates. Whichever rank finds every
 shard present when it is done finalizes (writes the manifest); rerunning the command with all
 shards present does the same.
 
-Bad inputs (undecodable images, unreadable caption rows) are logged and left out; the count is in
-``extra.num_errors`` of the manifest. With ``strict`` the first one stops the run.
+Bad inputs (undecodable images, unreadable caption rows, paths outside the image root, rows whose
+features are NaN/Inf) are logged and left out; the count is in ``extra.num_errors`` of the
+manifest. With ``strict`` the first one stops the run; when every input is left out, nothing is
+written and the run fails. The caption corpus is written after the image set is complete and
+holds only the captions of images that got features (the others are logged as
+``captions-dropped``), so the corpus and the features of one run always join; with several ranks
+the rank that completes the image set writes the corpus and the caption features.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +46,8 @@ import torch
 from tqdm.auto import tqdm
 
 from mmcse.cache import Corpus, FeatureSet, FeatureSetWriter, Manifest, write_corpus
-from mmcse.cache.layout import MANIFEST_NAME, sha256_ids
+from mmcse.cache.layout import MANIFEST_NAME, os_errors, sha256_ids
+from mmcse.cache.writer import settings_mismatch
 from mmcse.errors import CacheError, MmcseError
 from pipeline.datasets.base import (
     DatasetRecords,
@@ -52,6 +61,7 @@ from pipeline.errors_log import (
     merge_errors,
     read_parts,
     read_sidecar,
+    remove_stale_temp_files_under,
     sidecar_path,
     write_sidecar,
 )
@@ -68,6 +78,8 @@ DEFAULT_SHARD_SIZE = 4096
 DEFAULT_BATCH_SIZE = 256
 CAPTIONS_DIR = "captions"
 SENTENCES_DIR = "sentences"
+#: errors.jsonl stage of captions dropped because their image was left out
+DROPPED_CAPTIONS_PART = "captions-dropped"
 
 
 def default_workers() -> int:
@@ -173,28 +185,61 @@ def extract_images(
     have to complete).
     """
     out = Path(out)
+    start_run(out)
     image_list = sorted(records.images, key=lambda r: r.image_id)
     _refuse_duplicate_ids([r.image_id for r in image_list], "image")
     log_loader_errors(out, records.errors, options)
     corpus_extra = {"caption_policy": caption_policy, **_seed_extra(caption_policy, seed)}
-    corpus = _caption_rows(image_list, caption_policy, seed)
-    results: dict[str, Manifest | None] = {}
-    if options.rank == 0:
-        results[CAPTIONS_DIR] = ensure_corpus(
-            out / CAPTIONS_DIR, *corpus, records=records, extra=corpus_extra
-        )
     image_job = FeatureJob(
         part=f"image-{teacher_name}",
         ids=[r.image_id for r in image_list],
         inputs=[str(r.path) for r in image_list],
         settings=_settings(records, teacher, "image", options, decode=_decoder_name(options)),
     )
-    results[image_job.part] = run_job(out, image_job, teacher, options)
+    results: dict[str, Manifest | None] = {
+        image_job.part: run_job(out, image_job, teacher, options)
+    }
+    if results[image_job.part] is None:
+        return results  # the rank that completes the image set writes the captions
+    # Captions of images left out are dropped too, so the corpus and the features cover the
+    # same images and the output trains as is.
+    kept = set(FeatureSet.open(out / image_job.part).ids.tolist())
+    corpus = _caption_rows([r for r in image_list if r.image_id in kept], caption_policy, seed)
+    dropped = log_dropped_captions(
+        out, [r for r in image_list if r.image_id not in kept], caption_policy, seed
+    )
+    results[CAPTIONS_DIR] = ensure_corpus(
+        out / CAPTIONS_DIR,
+        *corpus,
+        records=records,
+        extra={**corpus_extra, "num_dropped_captions": dropped},
+    )
     if hasattr(teacher, "encode_texts"):
         text_job = _text_job(records, teacher, teacher_name, corpus[0], corpus[1], options)
         text_job.settings["extra"].update(corpus_extra)
-        results[text_job.part] = run_job(out, text_job, teacher, options)
+        # every shard here: other ranks stopped at the image set
+        whole = replace(options, rank=0, world_size=1)
+        results[text_job.part] = run_job(out, text_job, teacher, whole)
     return results
+
+
+def log_dropped_captions(out: Path, images: list, policy: str, seed: int) -> int:
+    """One errors.jsonl row per caption dropped because its image was left out; their count."""
+    dropped = [
+        RecordError(caption_id(r.image_id, k), str(r.path), "image left out (see its own row)")
+        for r in images
+        for k, _ in select_captions(r, policy, seed)
+    ]
+    write_sidecar(sidecar_path(out, DROPPED_CAPTIONS_PART), dropped)
+    merge_errors(out)
+    return len(dropped)
+
+
+def start_run(out: Path) -> None:
+    """Create ``out`` (an OS error names it) and delete temp files of killed runs."""
+    with os_errors(out, "create the output folder"):
+        out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files_under(out)
 
 
 def _caption_rows(images, policy: str, seed: int) -> tuple[list, list, list]:
@@ -233,6 +278,7 @@ def extract_texts(
     ``teacher=None`` writes the corpus table alone (no teacher pass).
     """
     out = Path(out)
+    start_run(out)
     log_loader_errors(out, records.errors, options)
     if records.sentences:
         part, extra = SENTENCES_DIR, {}
@@ -262,6 +308,7 @@ def extract_corpus_texts(
     corpus_path: Path, teacher: Any, teacher_name: str, out: Path, options: RunOptions
 ) -> dict[str, Manifest | None]:
     """Text features for an existing corpus table (e.g. the captions ``extract-images`` wrote)."""
+    start_run(Path(out))
     corpus = Corpus.open(corpus_path)
     ids = [str(i) for i in corpus.ids]
     order = sorted(range(len(ids)), key=ids.__getitem__)
@@ -328,12 +375,12 @@ def image_batches(
 def run_job(out: Path, job: FeatureJob, teacher: Any, options: RunOptions) -> Manifest | None:
     """Compute this rank's missing shards of ``job``; finalize if every shard is then present."""
     path = out / job.part
-    if (path / MANIFEST_NAME).exists():
-        return FeatureSet.open(path).manifest  # finished by an earlier run or another rank
     settings = {
         **job.settings,
         "extra": {**job.settings["extra"], "inputs_sha256": sha256_ids(job.ids)},
     }
+    if (path / MANIFEST_NAME).exists():  # finished by an earlier run or another rank
+        return reuse_finished(path, settings, options)
     writer = FeatureSetWriter(path, backend=options.backend, **settings)
     plan = ShardPlan(len(job.ids), options.shard_size)
     pending = [
@@ -356,23 +403,59 @@ def run_job(out: Path, job: FeatureJob, teacher: Any, options: RunOptions) -> Ma
     return None
 
 
+def reuse_finished(path: Path, settings: dict[str, Any], options: RunOptions) -> Manifest:
+    """The manifest of the finished set at ``path`` if this command would write the same set;
+    a :class:`CacheError` saying what differs otherwise (never a silent reuse)."""
+    manifest = FeatureSet.open(path).manifest
+    differences = settings_mismatch(manifest, **{"backend": options.backend, **settings})
+    if differences:
+        shown = "; ".join(differences[:3]) + (" …" if len(differences) > 3 else "")
+        raise CacheError(
+            f"{path} already holds a set made with other settings ({shown}); remove it with "
+            f"`mmcse cache rm {path}` to recompute it, or pass another --out"
+        )
+    return manifest
+
+
 def _shards(job, plan, batches, options, bar) -> Iterator[ShardResult]:
     """Group per-batch results into whole shards (batches arrive in shard order)."""
     current: ShardResult | None = None
     parts: list[torch.Tensor] = []
     for shard, rows, features, bad in batches:
+        features = features.detach().float().cpu()
+        features, bad = _drop_nonfinite(job, rows, features, bad)
         if bad and options.strict:
             raise strict_failure(next(iter(bad.values())))
         if current is None:
             current, parts = ShardResult(shard, [], torch.empty(0), []), []
         current.ids += [job.ids[i] for i in rows if i not in bad]
         current.errors += list(bad.values())
-        parts.append(features.detach().float().cpu())
+        parts.append(features)
         bar.update(len(rows))
         if rows[-1] == plan.rows(shard)[-1]:
             current.features = _concat(parts, job.settings["dim"])
             yield current
             current = None
+
+
+def _drop_nonfinite(job: FeatureJob, rows, features: torch.Tensor, bad: dict):
+    """Rows whose features are NaN/Inf in the storage dtype (overflow included) become errors."""
+    good_rows = [i for i in rows if i not in bad]
+    if not len(features):
+        return features, bad
+    with np.errstate(over="ignore", invalid="ignore"):
+        stored = features.reshape(len(features), -1).numpy().astype(job.settings["dtype"])
+    finite = np.isfinite(stored).all(axis=1)
+    if finite.all():
+        return features, bad
+    kind = job.settings["kind"]
+    reason = f"non-finite features: NaN or Inf from the teacher or overflow in {stored.dtype}"
+    bad = dict(bad)
+    for row, ok in zip(good_rows, finite, strict=True):
+        if not ok:
+            path = job.inputs[row] if kind == "image" else ""
+            bad[row] = RecordError(job.ids[row], path, reason)
+    return features[torch.from_numpy(finite)], bad
 
 
 def _concat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -383,6 +466,15 @@ def _concat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
 def finalize_job(out: Path, part: str, writer: FeatureSetWriter, num_shards: int) -> Manifest:
     """Write the manifest (with error counts from every shard's sidecar) and ``errors.jsonl``."""
     errors = read_parts(out, part, num_shards)
+    if not any(writer.shard_num_rows(k) for k in range(num_shards)):
+        log = merge_errors(out)
+        reasons = ", ".join(
+            f"{n} {why}" for why, n in error_counts(errors)["errors_by_reason"].items()
+        )
+        raise MmcseError(
+            f"{out / part}: every input was left out ({reasons or 'no inputs'}); no set written. "
+            f"Check the input paths (e.g. --images); each input's reason is in {log}"
+        )
     manifest = writer.finalize(extra=error_counts(errors), num_shards=num_shards)
     merge_errors(out)
     return manifest

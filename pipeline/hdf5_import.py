@@ -15,7 +15,7 @@ from pathlib import Path
 from mmcse.cache import FeatureSetWriter, Manifest, write_corpus
 from mmcse.cache.layout import sha256_file
 from mmcse.errors import MmcseError
-from pipeline.datasets.base import caption_id
+from pipeline.datasets.base import caption_id, read_text
 from pipeline.extract import CAPTIONS_DIR
 
 DEFAULT_TEACHER = "mcse-resnet50"
@@ -36,7 +36,7 @@ def import_hdf5_features(
     """Write ``out/captions`` and ``out/image-<teacher_name>`` from MCSE's release files."""
     import h5py
 
-    texts = captions.read_text(encoding="utf-8").splitlines()
+    texts = read_text(captions).splitlines()  # strict: row-aligned, nothing may be skipped
     with h5py.File(features, "r") as h5:
         if key not in h5:
             raise MmcseError(f"{features}: no dataset {key!r} (has: {', '.join(h5.keys())})")

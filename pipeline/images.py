@@ -7,14 +7,18 @@ Policy for awkward inputs (valid images are kept, only undecodable ones are erro
 
 * CMYK, grayscale, palette and alpha images are converted to RGB with PIL's ``convert("RGB")`` and
   kept. Alpha is dropped, not composited — the same as torchvision/open_clip preprocessing, so
-  features match what the teachers saw in training.
+  features match what the teachers saw in training. High-bit-depth modes are rescaled to 8 bits
+  first (PIL's own conversion clips them): ``I;16*`` and ``I`` (16-bit PNG/TIFF) by 1/257, ``F``
+  from [0, 1] (or clipped to [0, 255] when its values exceed 1).
 * Truncated or corrupt files, zero-byte files, non-images and missing files raise
-  :class:`BadImageError` with a short reason.
-* Huge images: PIL's own decompression-bomb check is replaced by ``max_pixels`` on the size that
-  will actually be decoded. JPEGs are decoded in draft mode (the DCT decodes at 1/2, 1/4 or 1/8
-  scale while still covering the resize target), so a 20,000-px JPEG costs about as much as a
-  2,500-px one and is kept. Formats that cannot be downscaled while decoding (PNG, ...) are refused
-  when their full size exceeds ``max_pixels``.
+  :class:`BadImageError` with a short reason. A decoder *warning* is an error too (PIL's warnings
+  other than the harmless palette-transparency and EXIF ones), and a JPEG whose last scan has no
+  end marker is "truncated" even where libjpeg would pad it with grey ("premature end").
+* Huge images: sizes are checked before anything is decoded. A PNG (or any non-JPEG) whose header
+  exceeds ``max_pixels`` is refused. JPEGs are decoded in draft mode (the DCT decodes at 1/2, 1/4
+  or 1/8 scale while still covering the resize target), so a 20,000-px JPEG costs about as much
+  as a 2,500-px one and is kept when its draft size is within ``max_pixels``; a JPEG header
+  beyond ``JPEG_HEADER_FACTOR`` × ``max_pixels`` (a 60000×60000 "bomb") is refused outright.
 * EXIF orientation is not applied (as in torchvision/open_clip preprocessing).
 
 Draft decoding is a small deviation from a full decode + resize (a different, block-wise
@@ -26,6 +30,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torchvision.transforms import InterpolationMode
@@ -37,6 +42,9 @@ from pipeline.teachers.base import ImagePreprocess
 DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 #: recorded in the manifest extra as the decoder of a feature set
 CPU_DECODER = "pil-draft"
+#: a JPEG header may claim up to this many times ``max_pixels`` (draft decoding shrinks it);
+#: beyond that (e.g. a 60000x60000 header) the file is refused before any decoding
+JPEG_HEADER_FACTOR = 16
 
 
 class BadImageError(Exception):
@@ -68,9 +76,13 @@ def open_rgb(
     if path.stat().st_size == 0:
         raise BadImageError("empty file")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # palette-transparency and bomb warnings: handled here
-            return _load_rgb(path, short_side, max_pixels)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            image = _load_rgb(path, short_side, max_pixels)
+        serious = [str(w.message) for w in caught if not _harmless(str(w.message))]
+        if serious:
+            raise BadImageError(f"corrupt image: decoder warning: {_first_line(serious[0])}")
+        return image
     except BadImageError:
         raise
     except UnidentifiedImageError:
@@ -79,23 +91,70 @@ def open_rgb(
         raise BadImageError(f"corrupt image: {_first_line(exc)}") from None
 
 
+_HARMLESS_WARNINGS = ("Palette images with Transparency", "EXIF", "Exif")
+
+
+def _harmless(message: str) -> bool:
+    return any(marker in message for marker in _HARMLESS_WARNINGS)
+
+
 def _load_rgb(path: Path, short_side: int, max_pixels: int) -> Image.Image:
     previous_limit = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None  # our own limit below applies to the decoded (draft) size
+    Image.MAX_IMAGE_PIXELS = None  # our own limit below, on the header, replaces PIL's
     try:
         with Image.open(path) as image:
+            width, height = image.size
+            header_limit = max_pixels * (JPEG_HEADER_FACTOR if image.format == "JPEG" else 1)
+            if width * height > header_limit:
+                raise BadImageError(
+                    f"image too large: {width}x{height} in the header = "
+                    f"{width * height / 1e6:.1f} Mpx > {header_limit / 1e6:.1f} Mpx limit "
+                    "(--max-pixels); not decoded"
+                )
             if image.format == "JPEG":
                 image.draft("RGB", _draft_size(image.size, short_side))
-            width, height = image.size
-            if width * height > max_pixels:
-                raise BadImageError(
-                    f"image too large: {width}x{height} = {width * height / 1e6:.1f} Mpx > "
-                    f"{max_pixels / 1e6:.1f} Mpx limit (only JPEG can be downscaled while decoding)"
-                )
+                draft_width, draft_height = image.size  # draft() sets the scale, decodes nothing
+                if draft_width * draft_height > max_pixels:
+                    raise BadImageError(
+                        f"image too large: {width}x{height} decodes at {draft_width}x"
+                        f"{draft_height} > {max_pixels / 1e6:.1f} Mpx limit (--max-pixels)"
+                    )
+            if image.format == "JPEG" and not jpeg_intact(path, width, height):
+                raise BadImageError("corrupt image: truncated JPEG (premature end of data)")
             image.load()
-            return image.convert("RGB")
+            return to_rgb(image)
     finally:
         Image.MAX_IMAGE_PIXELS = previous_limit
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB; high-bit-depth modes are rescaled first (``convert`` would clip them)."""
+    if image.mode.startswith("I;16") or image.mode == "I":
+        values = np.asarray(image, dtype=np.float64) / 257.0
+        image = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), "L")
+    elif image.mode == "F":
+        values = np.asarray(image, dtype=np.float64)
+        if not np.isfinite(values).all():
+            raise BadImageError("corrupt image: NaN or Inf pixel values")
+        scale = 255.0 if values.size and values.max() <= 1.0 else 1.0
+        image = Image.fromarray(np.clip(np.rint(values * scale), 0, 255).astype(np.uint8), "L")
+    return image.convert("RGB")
+
+
+def jpeg_intact(path: Path, width: int, height: int) -> bool:
+    """False for a JPEG that libjpeg would finish with a "premature end" warning (and grey
+    padding), which PIL does not report: checked before decoding.
+
+    * its last scan must end with an EOI marker (0xFFD9 after the last SOS; scan data
+      byte-stuffs 0xFF, and an EXIF thumbnail's EOI comes before the main image's SOS);
+    * the scan data must hold at least one bit per 8×8 luma block (every block codes at least
+      a DC value), so a header claiming far more pixels than the data can hold is refused."""
+    data = path.read_bytes()
+    first_scan, last_scan = data.find(b"\xff\xda"), data.rfind(b"\xff\xda")
+    if last_scan < 0 or data.rfind(b"\xff\xd9") < last_scan:
+        return False
+    blocks = -(-width // 8) * -(-height // 8)
+    return (len(data) - first_scan) * 8 >= blocks
 
 
 def _draft_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:
@@ -159,7 +218,10 @@ class DecodeDataset(torch.utils.data.Dataset):
                 if f.read(3) != _JPEG_MAGIC:
                     return False
             with Image.open(path) as image:  # header only
-                return image.width * image.height <= self.max_pixels
+                small = image.width * image.height <= self.max_pixels  # nvJPEG: no draft
+            return small and jpeg_intact(
+                Path(path), image.width, image.height
+            )  # else the CPU path names the problem
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
             return False  # let the CPU path produce the precise error
 

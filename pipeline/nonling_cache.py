@@ -12,7 +12,7 @@ Training then decodes nothing: a step gathers rows of a memory-mapped feature se
   in a class-per-folder tree (e.g. LibriSpeech converted to WAV, class = speaker).
 
 Labels: every id is ``<class>/<name>`` and the manifest's ``extra["classes"]`` lists the class
-names (sorted); the trainer derives labels from the ids (:func:`mmcse.nonling.class_of`), so
+names (sorted); the trainer derives labels from the ids (:func:`mmcse.cache.kinds.class_of`), so
 labels are joined by id like every other cached value and need no second table.
 """
 
@@ -31,9 +31,12 @@ import torch
 from tqdm.auto import tqdm
 
 from mmcse.cache import FeatureSetWriter, Manifest
+from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of
 from mmcse.errors import MmcseError
 from mmcse.nonling.fbank import FbankConfig, read_wav, ssast_fbank
-from mmcse.nonling.step import AUDIO_KIND, IMAGE_KIND, class_of
+from pipeline.datasets.base import inside, read_text
+
+FULL_RESOLUTION = 1 << 30  # open_rgb's short side: no draft downscaling
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 AUDIO_SUFFIXES = {".wav"}
@@ -83,8 +86,11 @@ def listed_files(root: str | Path, list_file: str | Path) -> list[Example]:
     """The files a list names (one path per line; its last two parts are ``class/file``, as in
     the authors' ``sampled-Imagenet.txt``), resolved under ``root``."""
     root = Path(root)
-    lines = [line.strip() for line in Path(list_file).read_text().splitlines() if line.strip()]
+    lines = [line.strip() for line in read_text(Path(list_file)).splitlines() if line.strip()]
     paths = [root.joinpath(*Path(line).parts[-2:]) for line in lines]
+    outside = [line for line, path in zip(lines, paths, strict=True) if not inside(root, path)]
+    if outside:
+        raise MmcseError(f"{list_file}: {len(outside)} paths leave {root}, e.g. {outside[0]!r}")
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise MmcseError(f"{len(missing)} listed files are missing under {root}, e.g. {missing[0]}")
@@ -137,10 +143,13 @@ def resize_center_crop(image: Any, size: int) -> np.ndarray:
 def image_row(example: Example, size: int) -> np.ndarray:
     if isinstance(example.source, np.ndarray):
         return resize_center_crop(example.source, size)
-    from PIL import Image
+    from pipeline.images import BadImageError, open_rgb
 
-    with Image.open(example.source) as image:
-        return resize_center_crop(image, size)
+    try:  # Stage 1's checked decode (size limits, truncation, 16-bit modes), at full resolution
+        image = open_rgb(example.source, FULL_RESOLUTION)
+    except BadImageError as exc:
+        raise MmcseError(f"{example.source}: {exc.reason} (id {example.id})") from None
+    return resize_center_crop(image, size)
 
 
 def fbank_row(example: Example, cfg: FbankConfig, dtype: str = "float32") -> np.ndarray:
@@ -162,7 +171,7 @@ def write_image_tensors(
     """Cache ``examples`` as an ``image_tensor`` set of ``[3, size, size]`` uint8 rows."""
     writer = FeatureSetWriter(
         out,
-        kind=IMAGE_KIND,
+        kind=IMAGE_TENSOR_KIND,
         dim=3 * size * size,
         dtype="uint8",
         dataset=dataset,
@@ -196,7 +205,7 @@ def write_audio_fbanks(
     shape = [cfg.target_frames, cfg.num_mel_bins]
     writer = FeatureSetWriter(
         out,
-        kind=AUDIO_KIND,
+        kind=AUDIO_FBANK_KIND,
         dim=math.prod(shape),
         dtype=dtype,
         dataset=dataset,

@@ -6,15 +6,17 @@
 >>> images = FeatureSet.open("cache/coco/clip_image").require_fingerprint(recorded)
 >>> batch = images.gather(corpus.image_ids[:128])   # [128, 512] float16, joined by id
 
-See :mod:`mmcse.cache.writer` for the atomic-write and multi-rank contract, and
-:mod:`mmcse.cache.featureset` for how reads stay memory-mapped and vectorised.
+See :mod:`mmcse.cache.writer` for the atomic-write and multi-rank contract,
+:mod:`mmcse.cache.featureset` for how reads stay memory-mapped and vectorised, and
+:mod:`mmcse.cache.integrity` for why every open refuses a set that would fail
+``mmcse cache verify`` (a full check once, then a few ``stat`` calls).
 """
 
 from mmcse.cache.corpus import Corpus, write_corpus
 from mmcse.cache.featureset import FeatureSet
-from mmcse.cache.hdf5 import import_hdf5
+from mmcse.cache.importer import import_hdf5
 from mmcse.cache.manifest import SCHEMA_VERSION, Manifest, ShardInfo
-from mmcse.cache.ops import CacheEntry, list_sets, merge, remove, verify
+from mmcse.cache.ops import CacheEntry, list_sets, merge, remove, verify, verify_tree
 from mmcse.cache.writer import FeatureSetWriter, write_feature_set
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "merge",
     "remove",
     "verify",
+    "verify_tree",
     "write_corpus",
     "write_feature_set",
 ]

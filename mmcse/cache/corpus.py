@@ -19,16 +19,20 @@ from pyarrow import ipc
 import mmcse
 from mmcse.cache import arrow
 from mmcse.cache.featureset import IdIndex, rows_or_raise
+from mmcse.cache.integrity import ensure_verified
+from mmcse.cache.kinds import CORPUS_COLUMNS, CORPUS_KIND
 from mmcse.cache.layout import (
     MANIFEST_NAME,
     describe_ids,
+    os_errors,
     publish,
+    remove_stale_temp_files,
     sha256_file,
     sha256_ids,
     shard_name,
     temp_path,
 )
-from mmcse.cache.manifest import CORPUS_DTYPE, CORPUS_KIND, Manifest, ShardInfo
+from mmcse.cache.manifest import CORPUS_DTYPE, Manifest, ShardInfo
 from mmcse.errors import CacheError
 
 _SCHEMA = pa.schema(
@@ -39,6 +43,7 @@ _SCHEMA = pa.schema(
         pa.field("source", pa.string()),
     ]
 )
+assert tuple(_SCHEMA.names) == CORPUS_COLUMNS
 
 
 def write_corpus(
@@ -59,7 +64,9 @@ def write_corpus(
     columns = _checked_columns(path, ids, texts, image_ids, sources)
     if (path / MANIFEST_NAME).exists():
         raise CacheError(f"{path} already holds a finished set; remove it or write elsewhere")
-    path.mkdir(parents=True, exist_ok=True)
+    with os_errors(path, "create the folder"):
+        path.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(path)
     shards = [
         _write_shard(
             path,
@@ -112,7 +119,11 @@ def _write_shard(path: Path, index: int, columns: dict[str, list]) -> ShardInfo:
     temp = temp_path(final)
     try:
         table = pa.table(columns, schema=_SCHEMA)
-        with pa.OSFile(str(temp), "wb") as sink, ipc.new_file(sink, _SCHEMA) as writer:
+        with (
+            os_errors(final),
+            pa.OSFile(str(temp), "wb") as sink,
+            ipc.new_file(sink, _SCHEMA) as writer,
+        ):
             writer.write_table(table)
         publish(temp, final)
     finally:
@@ -135,6 +146,7 @@ class Corpus:
         manifest = Manifest.read(path)
         if manifest.kind != CORPUS_KIND:
             raise CacheError(f"{path} is a {manifest.kind} feature set, not a corpus")
+        ensure_verified(path, manifest)
         tables = []
         for info in manifest.shards:
             table = arrow.open_table(path / info.file)

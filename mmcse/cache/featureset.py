@@ -1,6 +1,8 @@
 """Reading a feature set: memory-mapped shards, vectorised gathers by row or by id.
 
-Opening costs O(shards): the manifest plus each shard's footer, never the rows or ids. The id
+Opening checks the set against its manifest (:func:`mmcse.cache.integrity.ensure_verified`: a
+full check the first time, then a few ``stat`` calls while no shard changes) and maps each
+shard; the rows are never copied. The id
 index (ids sorted once, then :func:`numpy.searchsorted` per batch) is built on the first
 lookup by id. A gather maps global rows to ``(shard, local row)`` with one ``searchsorted`` on
 the shard offsets and does one fancy-indexed take per shard it touches — no Python loop over
@@ -14,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mmcse.cache import arrow, hdf5
+from mmcse.cache.integrity import ensure_verified
+from mmcse.cache.kinds import CORPUS_KIND
 from mmcse.cache.layout import describe_ids
-from mmcse.cache.manifest import CORPUS_KIND, Manifest
+from mmcse.cache.manifest import Manifest
+from mmcse.cache.shards import SHARD_READERS, open_shard
 from mmcse.errors import CacheError, MissingIdsError
 
-SHARD_READERS = {"arrow": arrow.Shard, "hdf5": hdf5.Shard}
+__all__ = ["SHARD_READERS", "FeatureSet", "IdIndex", "rows_or_raise"]
 
 
 class IdIndex:
@@ -62,22 +66,18 @@ class FeatureSet:
 
     @classmethod
     def open(cls, path: str | Path) -> FeatureSet:
+        """The set at ``path``; a :class:`CacheError` if it would fail ``mmcse cache verify``."""
         path = Path(path)
         manifest = Manifest.read(path)
         if manifest.kind == CORPUS_KIND:
             raise CacheError(f"{path} is a corpus, not a feature set; open it with Corpus.open")
-        reader = SHARD_READERS[manifest.backend]
-        shards = []
-        for info in manifest.shards:
-            if not (path / info.file).is_file():
-                raise CacheError(f"{path}: shard {info.file} is missing (run `mmcse cache verify`)")
-            shard = reader(path / info.file, manifest.dim)
-            if shard.num_rows != info.num_rows:
-                raise CacheError(
-                    f"{path}: shard {info.file} has {shard.num_rows} rows, the manifest says "
-                    f"{info.num_rows} (run `mmcse cache verify`)"
-                )
-            shards.append(shard)
+        ensure_verified(path, manifest)
+        shards = [
+            open_shard(
+                path / info.file, manifest.backend, manifest.dim, manifest.dtype, info.num_rows
+            )
+            for info in manifest.shards
+        ]
         return cls(path, manifest, shards)
 
     def __reduce__(self):

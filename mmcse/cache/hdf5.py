@@ -6,33 +6,34 @@ flattened on read. mmcse writes ``features`` contiguous and uncompressed, which 
 memory-map it like an Arrow shard; chunked or compressed files written elsewhere are read
 through h5py (one sorted read per gather).
 
-:func:`import_hdf5` turns such an external file into a feature set (it streams, so the file
-may be larger than memory).
+:func:`mmcse.cache.importer.import_hdf5` turns such an external file into a feature set.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
 
-from mmcse.cache.layout import progress
-from mmcse.cache.manifest import Manifest
 from mmcse.errors import CacheError
 
 SUFFIX = ".h5"
+SHAPE_ATTR = "mmcse_row_shape"
 
 
-def write_shard(path: Path, ids: list[str], rows: np.ndarray) -> None:
-    """Write ``rows`` (``[n, dim]``) keyed by ``ids``; ``track_times=False`` keeps reruns
-    byte-identical."""
+def write_shard(
+    path: Path, ids: list[str], rows: np.ndarray, shape: list[int] | None = None
+) -> None:
+    """Write ``rows`` (``[n, dim]``) keyed by ``ids`` (``shape``, the row shape, goes into an
+    attribute); ``track_times=False`` keeps reruns byte-identical."""
     with h5py.File(path, "w") as handle:
         handle.create_dataset(
             "ids", data=np.array(ids, dtype=object), dtype=h5py.string_dtype(), track_times=False
         )
-        handle.create_dataset("features", data=rows, track_times=False)
+        features = handle.create_dataset("features", data=rows, track_times=False)
+        if shape is not None:
+            features.attrs[SHAPE_ATTR] = np.asarray(shape, dtype=np.int64)
 
 
 class Shard:
@@ -47,6 +48,7 @@ class Shard:
                 features, ids = handle[features_key], handle[ids_key]
                 shape, dtype, id_count = features.shape, features.dtype, ids.shape[0]
                 offset = features.id.get_offset()
+                recorded = features.attrs.get(SHAPE_ATTR)
                 mappable = features.chunks is None and features.compression is None
         except (OSError, KeyError) as exc:
             raise CacheError(
@@ -60,6 +62,7 @@ class Shard:
         if id_count != self.num_rows:
             raise CacheError(f"{path}: {id_count} ids for {self.num_rows} feature rows")
         self.dtype = dtype
+        self.row_shape = [int(size) for size in recorded] if recorded is not None else None
         self._keys = (ids_key, features_key)
         # An empty dataset has no storage (offset None) but then nothing needs mapping either.
         self._offset = offset if mappable else None
@@ -81,6 +84,15 @@ class Shard:
             block = handle[self._keys[1]][unique]
         return block.reshape(len(unique), self.width)[inverse]
 
+    def iter_rows(self, block_rows: int = 65_536):
+        """``[n, width]`` blocks of the rows, in order (for scans such as finiteness)."""
+        for start in range(0, self.num_rows, block_rows):
+            stop = min(start + block_rows, self.num_rows)
+            if self._offset is not None:
+                yield self._rows()[start:stop]
+            else:
+                yield self.read_block(start, stop)[1]
+
     def read_block(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Ids and flattened rows ``start:stop`` (for streaming an external file)."""
         with h5py.File(self.path, "r") as handle:
@@ -99,28 +111,3 @@ class Shard:
                     self.path, self.dtype, mode="r", offset=self._offset, shape=shape
                 )
         return self._matrix
-
-
-def import_hdf5(
-    source: str | Path,
-    destination: str | Path,
-    *,
-    ids_key: str = "ids",
-    features_key: str = "features",
-    shard_rows: int = 100_000,
-    **meta: Any,
-) -> Manifest:
-    """Copy an external HDF5 feature file (``ids`` + ``features`` datasets) into a feature set
-    at ``destination``; ``meta`` are :class:`~mmcse.cache.FeatureSetWriter` settings (``dim``
-    and ``dtype`` default to the file's)."""
-    from mmcse.cache.writer import FeatureSetWriter  # the writer imports this module
-
-    shard = Shard(Path(source), None, ids_key, features_key)
-    meta.setdefault("dim", shard.width)
-    meta.setdefault("dtype", shard.dtype.name)
-    writer = FeatureSetWriter(destination, **meta)
-    starts = range(0, shard.num_rows, shard_rows)
-    for index, start in enumerate(progress(starts, f"import {Path(source).name}")):
-        ids, rows = shard.read_block(start, min(start + shard_rows, shard.num_rows))
-        writer.write_shard(index, ids, rows)
-    return writer.finalize(num_shards=len(starts))

@@ -8,20 +8,28 @@ reads as valid.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import secrets
-from collections.abc import Iterable
+import socket
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from mmcse.errors import CacheError
+
 MANIFEST_NAME = "manifest.json"
 PENDING_NAME = ".pending.json"
+#: the verified state of a set's shards (see :mod:`mmcse.cache.integrity`)
+VERIFIED_NAME = ".verified.json"
 _SHARD_PATTERN = re.compile(r"shard-(\d{5,})\.(arrow|h5)")
-_TEMP_PATTERN = re.compile(r"\.(shard-\d{5,}\.(arrow|h5)|manifest\.json|pending\.json)\.tmp-.*")
+_TEMP_PATTERN = re.compile(r"\..+\.tmp-.+")  # temp_path(): ".<final name>.tmp-<host>-<pid>-<hex>"
+_HOST = socket.gethostname().replace("-", "_")
 _HASH_CHUNK = 8 << 20
 
 
@@ -48,36 +56,101 @@ def is_temp_file(path: Path) -> bool:
     return _TEMP_PATTERN.fullmatch(path.name) is not None
 
 
+def is_shard_name(name: str) -> bool:
+    return _SHARD_PATTERN.fullmatch(name) is not None
+
+
 def is_layout_file(path: Path) -> bool:
     """True for every file a writer may create: manifest, pending metadata, shards, temp files."""
     name = path.name
-    return name in (MANIFEST_NAME, PENDING_NAME) or bool(
+    return name in (MANIFEST_NAME, PENDING_NAME, VERIFIED_NAME) or bool(
         _SHARD_PATTERN.fullmatch(name) or _TEMP_PATTERN.fullmatch(name)
     )
 
 
 def temp_path(final: Path) -> Path:
-    """A hidden sibling of ``final`` unique to this process (ranks never collide)."""
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    """A hidden sibling of ``final`` unique to this process (ranks never collide); the host and
+    pid in the name let a later run on the same host tell a dead writer's litter."""
+    return final.with_name(f".{final.name}.tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def remove_stale_temp_files(directory: Path) -> list[Path]:
+    """Delete temp files left by killed writers on this host (their pid is gone); files of
+    live writers and of other hosts are left alone (``finalize`` removes those)."""
+    removed = []
+    if not directory.is_dir():
+        return removed
+    for path in filter(is_temp_file, directory.iterdir()):
+        owner = path.name.split(".tmp-", 1)[1].split("-")
+        if len(owner) >= 3 and owner[0] == _HOST and owner[1].isdigit():
+            if not _process_alive(int(owner[1])):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        elif len(owner) < 3 or not owner[1].isdigit():  # an older name format: pid unknown
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def os_errors(path: Path | str, action: str = "write") -> Iterator[None]:
+    """Turn an OS error (disk full, read-only, permission) into one :class:`CacheError` line
+    naming ``path`` instead of a traceback."""
+    try:
+        yield
+    except CacheError:
+        raise
+    except OSError as exc:
+        raise CacheError(describe_os_error(exc, path, action)) from None
+
+
+def describe_os_error(exc: OSError, path: Path | str, action: str = "write") -> str:
+    hints = {
+        errno.ENOSPC: "the disk is full; free space or choose another folder",
+        errno.EDQUOT: "the disk quota is exceeded; free space or choose another folder",
+        errno.EROFS: "the file system is read-only; choose a writable folder",
+        errno.EACCES: "permission denied; choose a folder you can write to",
+        errno.EPERM: "operation not permitted; choose a folder you can write to",
+    }
+    where = getattr(exc, "filename", None) or path
+    reason = hints.get(exc.errno, exc.strerror or type(exc).__name__)
+    return f"{where}: cannot {action}: {reason}"
 
 
 def publish(temp: Path, final: Path) -> None:
     """Make a fully written ``temp`` visible as ``final`` in one atomic step (after an fsync, so
     a power loss cannot leave a renamed but empty file)."""
-    with open(temp, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(temp, final)
-    directory = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    with os_errors(final):
+        with open(temp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temp, final)
+        directory = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def write_json_atomically(path: Path, payload: dict) -> None:
     temp = temp_path(path)
-    temp.write_text(canonical_json(payload, indent=2) + "\n", encoding="utf-8")
-    publish(temp, path)
+    try:
+        with os_errors(path):
+            temp.write_text(canonical_json(payload, indent=2) + "\n", encoding="utf-8")
+        publish(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def canonical_json(payload: object, indent: int | None = None) -> str:

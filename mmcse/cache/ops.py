@@ -6,27 +6,24 @@ set; ranks writing *one* set share a directory instead (see :mod:`mmcse.cache.wr
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from mmcse.cache.arrow import open_table
-from mmcse.cache.featureset import SHARD_READERS, FeatureSet
+from mmcse.cache.featureset import FeatureSet
+from mmcse.cache.integrity import check_set, record_verified, shard_state
 from mmcse.cache.layout import (
     MANIFEST_NAME,
     PENDING_NAME,
+    VERIFIED_NAME,
     is_layout_file,
-    progress,
+    os_errors,
     publish,
-    sha256_file,
-    sha256_ids,
-    shard_files,
     temp_path,
 )
-from mmcse.cache.manifest import CORPUS_KIND, Manifest
+from mmcse.cache.manifest import Manifest
 from mmcse.cache.writer import FeatureSetWriter
 from mmcse.errors import CacheError
 
@@ -35,55 +32,44 @@ _MERGE_KEYS = ("kind", "dataset", "split", "producer", "dim", "shape", "dtype", 
 
 
 def verify(path: str | Path) -> list[str]:
-    """Re-hash every shard and re-count rows and ids; one problem per line (empty: all good)."""
+    """Re-hash every shard, check each shard's schema, re-count rows and ids and scan for
+    NaN/Inf; one problem per line (empty: all good, and recorded so opens stay cheap)."""
     path = Path(path)
     try:
         manifest = Manifest.read(path)
     except CacheError as exc:
         return [str(exc)]
-    problems, ids = [], []
-    for info in progress(manifest.shards, f"verify {path.name}"):
-        shard_path = path / info.file
-        if not shard_path.is_file():
-            problems.append(f"{shard_path}: missing")
-            continue
-        if sha256_file(shard_path) != info.sha256:
-            problems.append(
-                f"{shard_path}: sha256 differs from the manifest (corrupted or replaced)"
-            )
-            continue
-        try:
-            shard_ids = _shard_ids(shard_path, manifest)
-        except CacheError as exc:
-            problems.append(str(exc))
-            continue
-        if len(shard_ids) != info.num_rows:
-            problems.append(f"{shard_path}: {len(shard_ids)} rows, manifest says {info.num_rows}")
-        ids.append(shard_ids)
-    if not problems and sha256_ids(np.concatenate(ids) if ids else []) != manifest.ids_sha256:
-        problems.append(f"{path}: ids differ from ids_sha256 in the manifest")
-    listed = {info.file for info in manifest.shards}
-    problems += [
-        f"{shard}: shard file not listed in the manifest (left over from another write?)"
-        for shard in shard_files(path).values()
-        if shard.name not in listed
-    ]
+    before = shard_state(path, manifest)
+    problems = check_set(path, manifest)
+    if not problems:
+        record_verified(path, manifest, before)
     return problems
 
 
-def _shard_ids(shard_path: Path, manifest: Manifest) -> np.ndarray:
-    if manifest.kind == CORPUS_KIND:
-        return open_table(shard_path).column("id").to_numpy().astype(str)
-    return SHARD_READERS[manifest.backend](shard_path, manifest.dim).read_ids()
+def verify_tree(root: str | Path) -> dict[Path, list[str]]:
+    """Problems of every set under ``root`` (``root`` itself may be a set); an unfinished
+    write counts as a problem. Raises :class:`CacheError` if ``root`` holds no set at all."""
+    root = Path(root)
+    if (root / MANIFEST_NAME).exists():
+        return {root: verify(root)}
+    entries = list_sets(root)
+    if not entries:
+        raise CacheError(f"{root}: no feature set or corpus found under it (no {MANIFEST_NAME})")
+    return {
+        entry.path: verify(entry.path) if entry.manifest is not None else [entry.problem]
+        for entry in entries
+    }
 
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """A set directory under a cache root; ``manifest`` is None for an unfinished write."""
+    """A set directory under a cache root; ``manifest`` is None for an unfinished write or an
+    invalid manifest, and ``problem`` then says which."""
 
     path: Path
     manifest: Manifest | None
     num_bytes: int
+    problem: str | None = None
 
 
 def list_sets(root: str | Path) -> list[CacheEntry]:
@@ -96,23 +82,31 @@ def list_sets(root: str | Path) -> list[CacheEntry]:
         if found.intersection(directory.parents):
             continue
         if (directory / MANIFEST_NAME).is_file() or (directory / PENDING_NAME).is_file():
-            manifest = _manifest_or_none(directory)
+            manifest, problem = _manifest_or_problem(directory)
             size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
-            entries.append(CacheEntry(directory, manifest, size))
+            entries.append(CacheEntry(directory, manifest, size, problem))
             found.add(directory)
     return entries
 
 
-def _manifest_or_none(directory: Path) -> Manifest | None:
+def _manifest_or_problem(directory: Path) -> tuple[Manifest | None, str | None]:
+    if not (directory / MANIFEST_NAME).is_file():
+        return None, f"{directory}: unfinished write (no {MANIFEST_NAME} yet)"
     try:
-        return Manifest.read(directory)
-    except CacheError:
-        return None
+        return Manifest.read(directory), None
+    except CacheError as exc:
+        return None, str(exc)
 
 
 def remove(path: str | Path) -> None:
-    """Delete a set (finished or unfinished); refuses any directory holding other files."""
+    """Delete a set (finished or unfinished); refuses a symlink and any directory holding other
+    files. Everything is checked before the first file is deleted."""
     path = Path(path)
+    if path.is_symlink():
+        raise CacheError(
+            f"{path} is a symbolic link; not following it into another set (remove the link "
+            f"itself with `rm {path}`, or pass the set's own path)"
+        )
     if not path.is_dir():
         raise CacheError(f"{path}: no such directory")
     files = list(path.iterdir())
@@ -120,15 +114,21 @@ def remove(path: str | Path) -> None:
         raise CacheError(
             f"{path} is not a feature set or corpus (no {MANIFEST_NAME}); not removing"
         )
-    foreign = [f.name for f in files if not (f.is_file() and is_layout_file(f))]
+    foreign = [f.name for f in files if f.is_symlink() or not (f.is_file() and is_layout_file(f))]
     if foreign:
-        raise CacheError(f"{path} also holds files no writer made ({foreign[:3]}); not removing")
+        raise CacheError(
+            f"{path} also holds files no writer made or links ({foreign[:3]}); not removing"
+        )
+    for folder in (path, path.parent):
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise CacheError(f"{folder}: not writable, cannot remove {path}; nothing was deleted")
     # The manifest goes first, so an interrupted removal leaves an invalid set, never a partial one.
-    for name in (MANIFEST_NAME, PENDING_NAME):
-        (path / name).unlink(missing_ok=True)
-    for file in path.iterdir():
-        file.unlink()
-    path.rmdir()
+    with os_errors(path, "remove"):
+        for name in (MANIFEST_NAME, VERIFIED_NAME, PENDING_NAME):
+            (path / name).unlink(missing_ok=True)
+        for file in path.iterdir():
+            file.unlink()
+        path.rmdir()
 
 
 def merge(sources: Sequence[str | Path], destination: str | Path) -> Manifest:
@@ -160,7 +160,11 @@ def merge(sources: Sequence[str | Path], destination: str | Path) -> Manifest:
         for info in feature_set.manifest.shards:
             target = writer.shard_path(index)
             temp = temp_path(target)
-            shutil.copyfile(feature_set.path / info.file, temp)
-            publish(temp, target)
+            try:
+                with os_errors(target):
+                    shutil.copyfile(feature_set.path / info.file, temp)
+                publish(temp, target)
+            finally:
+                temp.unlink(missing_ok=True)
             index += 1
     return writer.finalize(num_shards=index)

@@ -36,16 +36,17 @@ from typing import Any
 import numpy as np
 
 import mmcse
-from mmcse.cache import arrow, hdf5
-from mmcse.cache.featureset import SHARD_READERS
+from mmcse.cache.kinds import CORPUS_KIND
 from mmcse.cache.layout import (
     MANIFEST_NAME,
     PENDING_NAME,
     canonical_json,
     describe_ids,
     is_temp_file,
+    os_errors,
     progress,
     publish,
+    remove_stale_temp_files,
     sha256_file,
     sha256_ids,
     shard_files,
@@ -53,13 +54,10 @@ from mmcse.cache.layout import (
     temp_path,
     write_json_atomically,
 )
-from mmcse.cache.manifest import BACKENDS, CORPUS_KIND, Manifest, ShardInfo
+from mmcse.cache.manifest import BACKENDS, Manifest, ShardInfo
+from mmcse.cache.shards import SHARD_WRITERS, open_shard
 from mmcse.errors import CacheError
 
-SHARD_WRITERS = {
-    "arrow": (arrow.SUFFIX, arrow.write_shard),
-    "hdf5": (hdf5.SUFFIX, hdf5.write_shard),
-}
 _NORM_TOLERANCE = 1e-2  # float16 rounding alone moves a unit norm by ~1e-3
 
 
@@ -105,7 +103,9 @@ class FeatureSetWriter:
                 f"{self.path} already holds a finished set; remove it (`mmcse cache rm`) "
                 "or write elsewhere"
             )
-        self.path.mkdir(parents=True, exist_ok=True)
+        with os_errors(self.path, "create the folder"):
+            self.path.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(self.path)
         self._claim_directory()
         self._suffix, self._write = SHARD_WRITERS[backend]
 
@@ -127,10 +127,14 @@ class FeatureSetWriter:
     def has_shard(self, index: int) -> bool:
         """True iff shard ``index`` was completely written (renamed and readable)."""
         try:
-            SHARD_READERS[self._settings["backend"]](self.shard_path(index), self._settings["dim"])
+            self._open_shard(self.shard_path(index))
         except (CacheError, OSError):
             return False
         return True
+
+    def shard_num_rows(self, index: int) -> int:
+        """Rows of the finished shard ``index`` (its footer only)."""
+        return self._open_shard(self.shard_path(index)).num_rows
 
     def write_shard(self, index: int, ids: Sequence[str], values: Any) -> Path:
         """Atomically write rows ``values`` (``[n, *shape]`` or ``[n, dim]``; numpy or CPU/GPU
@@ -142,26 +146,37 @@ class FeatureSetWriter:
         final = self.shard_path(int(index))
         temp = temp_path(final)
         try:
-            self._write(temp, ids, rows)
+            with os_errors(final):
+                self._write(temp, ids, rows, self._settings["shape"])
             publish(temp, final)
         finally:
             temp.unlink(missing_ok=True)
         return final
 
-    def finalize(self, extra: dict[str, Any] | None = None, num_shards: int | None = None):
+    def finalize(
+        self,
+        extra: dict[str, Any] | None = None,
+        num_shards: int | None = None,
+        allow_empty: bool = False,
+    ):
         """Check every shard present, then write the manifest; returns the :class:`Manifest`.
 
         ``extra`` is merged into the writer's extra (e.g. skipped/error counts known only at
-        the end). With ``num_shards``, exactly shards ``0..num_shards-1`` must be present.
+        the end). With ``num_shards``, exactly shards ``0..num_shards-1`` must be present. A set
+        of 0 rows is refused unless ``allow_empty`` (e.g. no object was detected at all).
         """
         files = self._shard_files(num_shards)
-        reader = SHARD_READERS[self._settings["backend"]]
         shards, ids = [], []
         for path in progress(files, f"finalize {self.path.name}"):
-            shard = reader(path, self._settings["dim"])
+            shard = self._open_shard(path)
             ids.append(shard.read_ids())
             shards.append(ShardInfo(path.name, shard.num_rows, sha256_file(path)))
         all_ids = np.concatenate(ids)
+        if len(all_ids) == 0 and not allow_empty:
+            raise CacheError(
+                f"{self.path}: every shard is empty; a set with 0 rows is not written "
+                "(were all inputs left out? check the input paths)"
+            )
         _refuse_duplicates(all_ids, self.path)
         settings = {**self._settings, "extra": {**self._settings["extra"], **(extra or {})}}
         manifest = Manifest(
@@ -173,6 +188,12 @@ class FeatureSetWriter:
         for leftover in filter(is_temp_file, self.path.iterdir()):
             leftover.unlink(missing_ok=True)
         return manifest
+
+    def _open_shard(self, path: Path):
+        settings = self._settings
+        return open_shard(
+            path, settings["backend"], settings["dim"], settings["dtype"], shape=settings["shape"]
+        )
 
     def _claim_directory(self) -> None:
         """Record the settings for other ranks, or check ours against theirs."""
@@ -241,6 +262,41 @@ class FeatureSetWriter:
                 f"{self.path}: normalized=True but {len(bad_ids)} rows do not have unit norm: "
                 f"{describe_ids(bad_ids)}"
             )
+
+
+def settings_mismatch(manifest: Manifest, **settings: Any) -> list[str]:
+    """How a finished set's manifest differs from the :class:`FeatureSetWriter` settings a
+    command would write it with (``"dtype: float32 in the set, float16 asked"``; empty: same).
+    Keys of ``extra`` the command does not set (e.g. error counts) are not compared."""
+    wanted = _checked_settings(
+        **{
+            "normalized": False,
+            "backend": "arrow",
+            "extra": {},
+            **settings,
+            "producer": {"code_version": mmcse.__version__, **settings["producer"]},
+            "shape": [int(size) for size in settings.get("shape") or [settings["dim"]]],
+            "dim": int(settings["dim"]),
+        }
+    )
+    have = manifest.to_dict()
+    differences = []
+    for key, value in wanted.items():
+        if key == "extra":
+            differences += [
+                f"extra.{k}: {have['extra'].get(k)!r} in the set, {v!r} asked"
+                for k, v in value.items()
+                if have["extra"].get(k) != v
+            ]
+        elif key == "producer":
+            differences += [
+                f"producer.{k}: {have['producer'].get(k)!r} in the set, {value.get(k)!r} asked"
+                for k in sorted(set(value) | set(have["producer"]))
+                if have["producer"].get(k) != value.get(k)
+            ]
+        elif have.get(key) != value:
+            differences.append(f"{key}: {have.get(key)!r} in the set, {value!r} asked")
+    return differences
 
 
 def write_feature_set(

@@ -33,14 +33,15 @@ import torch
 from torch import Tensor, nn
 
 from mmcse import distributed as dist
+from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of  # noqa: F401
 from mmcse.errors import MmcseError
 from mmcse.losses.base import LossInputs
 from mmcse.nonling.augment import ViewAugmentation, two_views
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
 from mmcse.registry import LOSSES
 
-IMAGE_KIND = "image_tensor"
-AUDIO_KIND = "audio_fbank"
+IMAGE_KIND = IMAGE_TENSOR_KIND  # the cache contract's names (mmcse.cache.kinds)
+AUDIO_KIND = AUDIO_FBANK_KIND
 OBJECTIVES = ("supcon", "simclr")
 
 
@@ -82,11 +83,6 @@ class NonLinguisticSettings:
     @property
     def modality(self) -> str:
         return "image" if self.kind == IMAGE_KIND else "audio"
-
-
-def class_of(item_id: str) -> str:
-    """Class of a cached example: its id's first path component (``n01440764/n01440764_10026``)."""
-    return item_id.split("/", 1)[0]
 
 
 def encode_tokens(backbone: nn.Module, tokens: Tensor) -> Tensor:

@@ -10,9 +10,11 @@ keeps its id whichever caption policy picks it. Rows a loader cannot read become
 
 from __future__ import annotations
 
+import codecs
+import os
 import random
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mmcse.errors import MmcseError
@@ -77,10 +79,112 @@ def register_dataset(name: str) -> Callable[[Loader], Loader]:
 
 
 def load_dataset(name: str, source: DataSource, split: str) -> DatasetRecords:
-    records = DATASETS.get(name)(source, split)
+    """The records of ``name``; image paths escaping ``source.images`` become errors."""
+    loader = DATASETS.get(name)
+    where = source.captions or source.text or source.images
+    try:
+        records = loader(source, split)
+    except FileNotFoundError:
+        raise  # the loaders' own message names the missing path and its flag
+    except OSError as exc:
+        raise MmcseError(f"{exc.filename or where}: cannot read ({exc.strerror})") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        detail = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise MmcseError(
+            f"{where}: cannot read it as {name} data ({type(exc).__name__}: {detail})"
+        ) from None
+    if source.images is not None and records.images:
+        records = confine_images(records, source.images)
     if not records.images and not records.sentences:
         raise MmcseError(f"{name} split {split!r}: no records found (check the paths and split)")
     return records
+
+
+def confine_images(records: DatasetRecords, root: Path) -> DatasetRecords:
+    """Drop (and log) image records whose path leaves ``root`` (``../``, absolute paths).
+
+    The check is on the path as written, not on resolved links, so an image folder that is
+    itself a symlink (or holds links) still works."""
+    base = os.path.normpath(os.path.abspath(root))
+    kept, errors = [], list(records.errors)
+    for record in records.images:
+        target = os.path.normpath(os.path.abspath(record.path))
+        if target == base or not target.startswith(base + os.sep):
+            errors.append(
+                RecordError(record.image_id, str(record.path), "image path outside --images")
+            )
+        else:
+            kept.append(record)
+    return replace(records, images=kept, errors=errors)
+
+
+def inside(root: Path, name: str) -> bool:
+    """True if ``root / name`` stays inside ``root`` (no absolute path, no ``..`` escape)."""
+    base = os.path.normpath(os.path.abspath(root))
+    target = os.path.normpath(os.path.abspath(root / name))
+    return target.startswith(base + os.sep)
+
+
+# ---- strict text decoding ---------------------------------------------------------------------
+
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+
+
+def text_encoding(path: Path, head: bytes) -> str:
+    """``utf-8`` unless a BOM says UTF-8-sig/16/32; a BOM-less UTF-16/32 file is refused."""
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):
+            return encoding
+    if b"\0" in head[:4096]:
+        raise MmcseError(
+            f"{path}: holds NUL bytes, so it is not UTF-8 text (UTF-16/32 without a byte-order "
+            "mark?); convert it to UTF-8, e.g. `iconv -f UTF-16LE -t UTF-8`"
+        )
+    return "utf-8"
+
+
+def read_text_lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
+    """``(line number, text, None)`` per line, or ``(line number, None, reason)`` for a line
+    that is not valid in the file's encoding (UTF-8 unless a BOM says otherwise). Line endings
+    are stripped; a line is never silently altered (no U+FFFD replacement)."""
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise MmcseError(f"{path}: is a folder, expected a text file") from None
+    encoding = text_encoding(path, data[:4096])
+    if encoding != "utf-8":
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError as exc:
+            raise MmcseError(f"{path}: not valid {encoding} text ({exc.reason})") from None
+        for number, line in enumerate(text.split("\n"), start=1):
+            if line or number == 1:
+                yield number, line.rstrip("\r").lstrip("\ufeff"), None
+        return
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for number, raw in enumerate(lines, start=1):
+        try:
+            yield number, raw.rstrip(b"\r").decode("utf-8"), None
+        except UnicodeDecodeError as exc:
+            yield number, None, f"invalid UTF-8 at byte {exc.start} of the line"
+
+
+def read_text(path: Path) -> str:
+    """The whole file decoded strictly (BOM-aware); an error names the file and line."""
+    lines = []
+    for number, text, problem in read_text_lines(path):
+        if problem:
+            raise MmcseError(f"{path}:{number}: {problem}")
+        lines.append(text)
+    return "\n".join(lines)
 
 
 def caption_id(image_id: str, k: int) -> str:
@@ -116,7 +220,7 @@ def require_path(path: Path | None, what: str, dataset: str) -> Path:
 
 def read_name_list(path: Path) -> list[str]:
     """A split list: one image file name or id per line (blank lines ignored)."""
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [line.strip() for line in read_text(path).splitlines() if line.strip()]
 
 
 def image_stem(name: str) -> str:
@@ -137,19 +241,21 @@ def parse_token_file(path: Path) -> tuple[dict[str, list[str]], dict[str, str], 
     captions: dict[str, list[tuple[int, str]]] = {}
     file_names: dict[str, str] = {}
     errors: list[RecordError] = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            key, sep, caption = line.rstrip("\n").partition("\t")
-            name, hash_sep, k = key.partition("#")
-            if not sep or not hash_sep or not k.strip().isdigit() or not caption.strip():
-                errors.append(RecordError(f"line {line_no}", str(path), "unreadable caption row"))
-                continue
-            name = name.split(".jpg")[0] + ".jpg" if ".jpg" in name else name
-            stem = image_stem(name)
-            file_names[stem] = name
-            captions.setdefault(stem, []).append((int(k), caption.strip()))
+    for line_no, line, problem in read_text_lines(path):
+        if problem:
+            errors.append(RecordError(f"line {line_no}", str(path), problem))
+            continue
+        if not line.strip():
+            continue
+        key, sep, caption = line.partition("\t")
+        name, hash_sep, k = key.partition("#")
+        if not sep or not hash_sep or not k.strip().isdigit() or not caption.strip():
+            errors.append(RecordError(f"line {line_no}", str(path), "unreadable caption row"))
+            continue
+        name = name.split(".jpg")[0] + ".jpg" if ".jpg" in name else name
+        stem = image_stem(name)
+        file_names[stem] = name
+        captions.setdefault(stem, []).append((int(k), caption.strip()))
     ordered = {stem: [c for _, c in sorted(pairs)] for stem, pairs in captions.items()}
     return ordered, file_names, errors
 

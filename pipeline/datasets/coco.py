@@ -16,7 +16,6 @@ path that is not on disk falls back to the 2017 name of the same id.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -32,10 +31,13 @@ from pipeline.datasets.base import (
     require_path,
 )
 from pipeline.datasets.formats import (
+    caption_text,
     karpathy_splits,
     parquet_captions,
+    read_json,
     read_karpathy_json,
     read_parquet_rows,
+    unreadable,
 )
 
 NAME = "coco"
@@ -65,12 +67,11 @@ def _annotation_file(folder: Path, split: str) -> Path:
 
 
 def _json(path: Path, images: Path, split: str) -> tuple[list[ImageRecord], list[RecordError]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise MmcseError(f"{path}: not valid JSON ({exc})") from None
+    data = read_json(path)
     if isinstance(data, list):
         return _albef(data, path, images)
+    if not isinstance(data, dict):
+        raise MmcseError(f"{path}: expected a JSON object or list of captions")
     if "annotations" in data:
         return _coco_captions(data, path, images)
     return read_karpathy_json(
@@ -87,17 +88,26 @@ def _coco_captions(data: dict, path: Path, images: Path) -> tuple[list, list]:
     root = images / folder if (images / folder).is_dir() else images
     by_image: dict[int, list[tuple[int, str]]] = {}
     errors = []
+    for key in ("annotations", "images"):
+        if not isinstance(data.get(key), list):
+            raise MmcseError(f"{path}: a COCO captions file needs an {key!r} list")
     for n, ann in enumerate(data["annotations"]):
         try:
-            by_image.setdefault(int(ann["image_id"]), []).append((int(ann["id"]), ann["caption"]))
-        except (KeyError, TypeError, ValueError):
-            errors.append(RecordError(f"annotations[{n}]", str(path), "unreadable caption row"))
+            caption = caption_text(ann["caption"])
+            by_image.setdefault(int(ann["image_id"]), []).append((int(ann["id"]), caption))
+        except (KeyError, TypeError, ValueError) as exc:
+            errors.append(RecordError(f"annotations[{n}]", str(path), unreadable(exc)))
     records = []
-    for image in data["images"]:
-        pairs = sorted(by_image.get(int(image["id"]), []))
+    for n, image in enumerate(data["images"]):
+        try:
+            image_id, file_name = int(image["id"]), str(image["file_name"])
+        except (KeyError, TypeError, ValueError) as exc:
+            errors.append(RecordError(f"images[{n}]", str(path), unreadable(exc)))
+            continue
+        pairs = sorted(by_image.get(image_id, []))
         if pairs:
-            captions = tuple(c.strip() for _, c in pairs)
-            records.append(ImageRecord(str(int(image["id"])), root / image["file_name"], captions))
+            captions = tuple(c for _, c in pairs)
+            records.append(ImageRecord(str(image_id), root / file_name, captions))
     return records, errors
 
 
@@ -107,12 +117,13 @@ def _albef(entries: list, path: Path, images: Path) -> tuple[list, list]:
     for n, entry in enumerate(entries):
         try:
             image_id = _coco_id(entry["image"])
-            captions = [entry["caption"]] if isinstance(entry["caption"], str) else entry["caption"]
+            raw = entry["caption"]
+            captions = [caption_text(c) for c in ([raw] if not isinstance(raw, list) else raw)]
             relative = Path(entry["image"])
             target = by_image.setdefault(image_id, (_fallback(images, relative, image_id), []))
-            target[1].extend(c.strip() for c in captions)
-        except (KeyError, TypeError, AttributeError, ValueError):
-            errors.append(RecordError(f"[{n}]", str(path), "unreadable caption row"))
+            target[1].extend(captions)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            errors.append(RecordError(f"[{n}]", str(path), unreadable(exc)))
     records = [ImageRecord(i, p, tuple(c)) for i, (p, c) in by_image.items()]
     return records, errors
 
@@ -128,8 +139,8 @@ def _parquet(path: Path, images: Path, split: str) -> tuple[list, list]:
             coco_id = int(row["cocoid"])
             image_path = _image_path(images, row.get("filepath") or "", row["filename"], coco_id)
             records.append(ImageRecord(str(coco_id), image_path, parquet_captions(row)))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            errors.append(RecordError(f"row {n}", str(path), "unreadable caption row"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            errors.append(RecordError(f"row {n}", str(path), unreadable(exc)))
     return records, errors
 
 

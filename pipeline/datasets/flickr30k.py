@@ -24,6 +24,7 @@ from pipeline.datasets.base import (
     image_stem,
     parse_token_file,
     read_name_list,
+    read_text,
     records_from_split,
     register_dataset,
     require_path,
@@ -33,6 +34,7 @@ from pipeline.datasets.formats import (
     read_karpathy_json,
     read_parquet_rows,
     unpack_parquet_images,
+    unreadable,
 )
 
 NAME = "flickr30k"
@@ -77,7 +79,7 @@ def _multi30k(folder: Path, images: Path, split: str) -> DatasetRecords:
         raise MmcseError(f"{folder}: no split {split!r} (Multi30K splits: {', '.join(known)})")
     names = read_name_list(list_path)
     caption_files = sorted(folder.glob(f"{prefix}.*.en"), key=lambda p: int(p.suffixes[-2][1:]))
-    columns = [p.read_text(encoding="utf-8").splitlines() for p in caption_files]
+    columns = [read_text(p).splitlines() for p in caption_files]
     records, errors = [], []
     for p, column in zip(caption_files, columns, strict=True):
         if len(column) != len(names):
@@ -103,7 +105,7 @@ def _parquet(path: Path, images: Path, split: str, split_file: Path | None) -> D
         try:
             records.append(ImageRecord(stem, images / row["filename"], parquet_captions(row)))
             names.add(row["filename"])
-        except (KeyError, TypeError, AttributeError):
-            errors.append(RecordError(f"row {n}", str(path), "unreadable caption row"))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            errors.append(RecordError(f"row {n}", str(path), unreadable(exc)))
     unpack_parquet_images(path, names, images)
     return DatasetRecords(NAME, split, records, errors=errors, source=f"parquet:{path.name}")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mmcse.errors import MmcseError
-from pipeline.datasets.base import ImageRecord, RecordError
+from pipeline.datasets.base import ImageRecord, RecordError, inside
 
 #: Karpathy's split names; "train" also takes "restval" (the usual 113k COCO train split)
 KARPATHY_SPLITS = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}
@@ -29,20 +29,50 @@ def read_karpathy_json(
 ) -> tuple[list[ImageRecord], list[RecordError]]:
     """``dataset_{flickr30k,coco}.json``: ``images[*]`` with ``filename``, ``split``, ``sentences``."""
     wanted = karpathy_splits(split)
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))["images"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise MmcseError(f"{path}: not a Karpathy split file ({exc})") from None
+    data = read_json(path)
+    entries = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise MmcseError(f"{path}: not a Karpathy split file (no 'images' list)")
     records, errors = [], []
     for n, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            errors.append(RecordError(f"images[{n}]", str(path), "unreadable entry: not an object"))
+            continue
         if entry.get("split") not in wanted:
             continue
         try:
-            captions = tuple(s["raw"].strip() for s in entry["sentences"])
+            captions = tuple(
+                caption_text(s["raw"] if isinstance(s, dict) else None) for s in entry["sentences"]
+            )
             records.append(ImageRecord(image_id(entry), image_path(entry), captions))
-        except (KeyError, TypeError, AttributeError):
-            errors.append(RecordError(f"images[{n}]", str(path), "unreadable caption row"))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            errors.append(RecordError(f"images[{n}]", str(path), unreadable(exc)))
     return records, errors
+
+
+def read_json(path: Path):
+    """A JSON file (UTF-8/16/32, detected as the JSON spec allows); errors name the file."""
+    try:
+        return json.loads(path.read_bytes())
+    except UnicodeDecodeError as exc:
+        raise MmcseError(f"{path}: not valid UTF-8 JSON (bad byte at offset {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise MmcseError(f"{path}: not valid JSON ({exc})") from None
+
+
+def caption_text(value: object) -> str:
+    """A caption's text, stripped; a null, non-string or blank caption is a ``ValueError``."""
+    if not isinstance(value, str):
+        raise ValueError(f"caption is {value!r}, expected text")
+    if not value.strip():
+        raise ValueError("caption is blank")
+    return value.strip()
+
+
+def unreadable(exc: Exception) -> str:
+    """The errors.jsonl reason for an entry a loader could not read."""
+    detail = f"missing key {exc.args[0]!r}" if isinstance(exc, KeyError) and exc.args else exc
+    return f"unreadable caption row: {detail}"
 
 
 def parquet_files(path: Path) -> list[Path]:
@@ -69,7 +99,7 @@ def parquet_captions(row: dict) -> tuple[str, ...]:
         if column in row and row[column] is not None:
             value = row[column]
             items = [value] if isinstance(value, str) else list(value)
-            return tuple((c["raw"] if isinstance(c, dict) else c).strip() for c in items)
+            return tuple(caption_text(c["raw"] if isinstance(c, dict) else c) for c in items)
     raise KeyError("no caption column")
 
 
@@ -92,7 +122,7 @@ def unpack_parquet_images(path: Path, file_names: set[str], image_root: Path) ->
             for name, image in zip(
                 batch.column("filename").to_pylist(), batch.column("image").to_pylist(), strict=True
             ):
-                if name in missing and image and image.get("bytes"):
+                if name in missing and image and image.get("bytes") and inside(image_root, name):
                     tmp = image_root / f".{name}.tmp"
                     tmp.write_bytes(image["bytes"])
                     tmp.replace(image_root / name)

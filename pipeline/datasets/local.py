@@ -8,6 +8,7 @@ missing image name or empty caption are reported as unreadable and skipped.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from pipeline.datasets.base import (
     ImageRecord,
     RecordError,
     image_stem,
+    read_text,
+    read_text_lines,
     register_dataset,
     require_path,
 )
@@ -33,14 +36,17 @@ def load_local(source: DataSource, split: str) -> DatasetRecords:
     rows = _read_rows(captions)
     by_image: dict[str, tuple[str, list[str]]] = {}
     errors = []
-    for line_no, row in rows:
-        if row is not None and row.get("split") not in (None, "", split):
+    for line_no, row, problem in rows:
+        if row is None:
+            errors.append(RecordError(f"line {line_no}", str(captions), problem))
             continue
-        name = (row or {}).get("image")
-        caption = (row or {}).get("caption")
-        if not isinstance(name, str) or not name or not isinstance(caption, str) or not caption:
-            errors.append(RecordError(f"line {line_no}", str(captions), "unreadable caption row"))
+        if row.get("split") not in (None, "", split):
             continue
+        reason = _row_problem(row.get("image"), row.get("caption"))
+        if reason:
+            errors.append(RecordError(f"line {line_no}", str(captions), reason))
+            continue
+        name, caption = row["image"], row["caption"]
         stem = image_stem(Path(name).name)
         stored_name, texts = by_image.setdefault(stem, (name, []))
         if stored_name != name:
@@ -51,21 +57,30 @@ def load_local(source: DataSource, split: str) -> DatasetRecords:
     return DatasetRecords(NAME, split, records, errors=errors, source=captions.name)
 
 
-def _read_rows(path: Path) -> list[tuple[int, dict | None]]:
-    """``(line number, row or None if unparsable)`` for every data line."""
+def _read_rows(path: Path) -> list[tuple[int, dict | None, str]]:
+    """``(line number, row or None if unparsable, why)`` for every data line."""
     if path.suffix == ".jsonl":
         rows = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
-                rows.append((n, _json_row(line)))
+        for n, line, problem in read_text_lines(path):
+            if problem:
+                rows.append((n, None, problem))
+            elif line.strip():
+                rows.append((n, _json_row(line), "not a JSON object"))
         return rows
     if path.suffix not in DELIMITERS:
         raise MmcseError(f"{path}: captions must be .jsonl, .csv or .tsv")
-    with path.open(encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f, delimiter=DELIMITERS[path.suffix])
-        if not {"image", "caption"} <= set(reader.fieldnames or ()):
-            raise MmcseError(f"{path}: needs 'image' and 'caption' columns")
-        return [(reader.line_num, row) for row in reader]
+    reader = csv.DictReader(io.StringIO(read_text(path)), delimiter=DELIMITERS[path.suffix])
+    if not {"image", "caption"} <= set(reader.fieldnames or ()):
+        raise MmcseError(f"{path}: needs 'image' and 'caption' columns")
+    return [(reader.line_num, row, "unreadable row") for row in reader]
+
+
+def _row_problem(name: object, caption: object) -> str | None:
+    if not isinstance(name, str) or not name.strip():
+        return f"unreadable caption row: 'image' is {name!r}, expected a file name"
+    if not isinstance(caption, str) or not caption.strip():
+        return f"unreadable caption row: 'caption' is {caption!r}, expected text"
+    return None
 
 
 def _json_row(line: str) -> dict | None:

@@ -2,8 +2,9 @@
 
 ``text`` is a local ``wiki1m_for_simcse.txt``; without it the file is fetched from the hub repo
 ``princeton-nlp/datasets-for-simcse`` (only when online). Sentence ids are the 0-based line number,
-zero-padded (``wiki1m-0000000``) so they sort in file order; blank lines are skipped (their numbers
-are not reused) and reported.
+zero-padded (``wiki1m-0000000``) so they sort in file order; blank lines and lines that are not
+valid UTF-8 are skipped (their numbers are not reused) and reported with their line number. A
+UTF-16/32 file with a byte-order mark is decoded as such; without one it is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pipeline.datasets.base import (
     DataSource,
     RecordError,
     Sentence,
+    read_text_lines,
     register_dataset,
 )
 
@@ -31,13 +33,14 @@ def load_wiki1m(source: DataSource, split: str) -> DatasetRecords:
     if not path.exists():
         raise FileNotFoundError(f"{NAME}: --text-file {path} does not exist")
     sentences, errors = [], []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f):
-            text = line.strip()
-            if text:
-                sentences.append(Sentence(f"{NAME}-{n:07d}", text))
-            else:
-                errors.append(RecordError(f"{NAME}-{n:07d}", str(path), "blank line"))
+    for line_no, line, problem in read_text_lines(path):
+        sentence_id = f"{NAME}-{line_no - 1:07d}"
+        text = (line or "").strip()
+        if problem or not text:
+            reason = f"line {line_no}: {problem}" if problem else "blank line"
+            errors.append(RecordError(sentence_id, str(path), reason))
+        else:
+            sentences.append(Sentence(sentence_id, text))
     return DatasetRecords(NAME, split, sentences=sentences, errors=errors, source=path.name)
 
 

@@ -39,10 +39,17 @@ from pyarrow import ipc
 from tqdm.auto import tqdm
 
 from mmcse.cache import FeatureSetWriter, Manifest
+from mmcse.cache.kinds import OBJECT_KIND, OBJECT_ROW, OBJECT_TEXT_COLUMNS, OBJECTS_KIND
 from mmcse.cache.layout import MANIFEST_NAME, publish, sha256_ids, temp_path
+from mmcse.cache.objects import ObjectsColumns
 from mmcse.errors import MmcseError
-from mmcse.phrases import OBJECT_KIND, OBJECT_ROW, OBJECT_TEXT_COLUMNS, OBJECTS_KIND, ObjectsTable
-from pipeline.datasets.base import DatasetRecords, RecordError, caption_id, select_captions
+from pipeline.datasets.base import (
+    DatasetRecords,
+    RecordError,
+    caption_id,
+    read_text,
+    select_captions,
+)
 from pipeline.errors_log import error_counts, merge_errors, read_parts, sidecar_path, write_sidecar
 from pipeline.extract import (
     CAPTIONS_DIR,
@@ -50,6 +57,7 @@ from pipeline.extract import (
     ShardPlan,
     ensure_corpus,
     log_loader_errors,
+    reuse_finished,
     strict_failure,
 )
 from pipeline.images import BadImageError, open_rgb
@@ -119,7 +127,7 @@ class BoxesFile:
         if not self.path.is_file():
             raise FileNotFoundError(f"boxes file {self.path} does not exist")
         self._pairs: dict[tuple[str, str], dict[str, list[list[float]]]] = {}
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        lines = read_text(self.path).splitlines()
         for line_no, line in enumerate(lines, start=1):
             if line.strip():
                 image_id, caption, phrase, box = self._parse(line, line_no)
@@ -236,7 +244,12 @@ def extract_objects(
         "batch_size": options.batch_size,
         **corpus_extra,
     }
+    producer = {"teacher": detection.get("detector", "?"), **detection}
+    table_settings = dict(kind=OBJECTS_KIND, dim=len(OBJECT_ROW), dtype="float32", **common)
     if (out / OBJECTS_DIR / MANIFEST_NAME).exists():  # detection done: encode its objects
+        reuse_finished(
+            out / OBJECTS_DIR, {**table_settings, "producer": producer, "extra": run_extra}, options
+        )
         encoded = reencode_objects(
             out / OBJECTS_DIR,
             teacher,
@@ -246,7 +259,6 @@ def extract_objects(
             options=options,
         )
         return {**results, OBJECTS_DIR: Manifest.read(out / OBJECTS_DIR), **encoded}
-    producer = {"teacher": detection.get("detector", "?"), **detection}
     table = ObjectsTableWriter(out / OBJECTS_DIR, producer=producer, extra=run_extra, **common)
     features = _feature_writer(out, teacher, teacher_name, settings, common, run_extra, options)
     fill = fill_colour(settings.background, teacher.preprocess.mean)
@@ -366,7 +378,7 @@ def reencode_objects(
     options: RunOptions,
 ) -> dict[str, Manifest | None]:
     """Object features of another teacher for an existing objects table (no detection)."""
-    table = ObjectsTable.open(objects_dir)
+    table = ObjectsColumns.open(objects_dir)
     manifest = table.manifest
     order = np.argsort(table.columns["id"].astype(str), kind="stable")
     settings = ObjectSettings(background=background)
@@ -378,8 +390,9 @@ def reencode_objects(
     }
     out = Path(out)
     part = f"object-{teacher_name}"
-    if (out / part / MANIFEST_NAME).exists():
-        return {part: Manifest.read(out / part)}
+    if (out / part / MANIFEST_NAME).exists():  # same teacher settings; extra may differ by route
+        wanted = _feature_settings(teacher, settings, common, {}, options)
+        return {part: reuse_finished(out / part, wanted, options)}
     features = _feature_writer(out, teacher, teacher_name, settings, common, run_extra, options)
     fill = fill_colour(background, teacher.preprocess.mean)
 
@@ -395,12 +408,13 @@ def reencode_objects(
     done = features.finalize(
         extra={**error_counts(errors), **_table_link(out / f"object-{teacher_name}", objects_dir)},
         num_shards=plan.num_shards,
+        allow_empty=len(table) == 0,
     )
     merge_errors(out)
     return {f"object-{teacher_name}": done}
 
 
-def _reencode_batch(table: ObjectsTable, rows: list[int], teacher, fill, output) -> None:
+def _reencode_batch(table: ObjectsColumns, rows: list[int], teacher, fill, output) -> None:
     pixels, images = [], {}
     for row in rows:
         path = str(table.columns["image_path"][row])
@@ -483,13 +497,18 @@ def _feature_writer(
     out, teacher, teacher_name, settings: ObjectSettings, common, run_extra, options
 ) -> FeatureSetWriter:
     path = out / f"object-{teacher_name}"
+    return FeatureSetWriter(
+        path, **_feature_settings(teacher, settings, common, run_extra, options)
+    )
+
+
+def _feature_settings(teacher, settings: ObjectSettings, common, run_extra, options) -> dict:
     fill = fill_colour(settings.background, teacher.preprocess.mean)
     producer = {
         **teacher.producer(),
         "cutout": {"background": settings.background, "fill_rgb": list(fill), "fit": "pad-square"},
     }
-    return FeatureSetWriter(
-        path,
+    return dict(
         kind=OBJECT_KIND,
         dim=int(teacher.dim),
         dtype=options.dtype,
@@ -503,11 +522,14 @@ def _feature_writer(
 def _finalize(out, num_shards, num_captions, table, features, teacher_name) -> dict:
     errors = read_parts(out, OBJECTS_DIR, num_shards)
     stats = _read_stats(out, num_shards)
+    # no object detected at all is a result (reported in counts), not a failed run
     table_manifest = table.finalize(
-        extra={**error_counts(errors), **_summary(stats, num_captions)}, num_shards=num_shards
+        extra={**error_counts(errors), **_summary(stats, num_captions)},
+        num_shards=num_shards,
+        allow_empty=True,
     )
     feature_manifest = features.finalize(
-        extra=_table_link(features.path, out / OBJECTS_DIR), num_shards=num_shards
+        extra=_table_link(features.path, out / OBJECTS_DIR), num_shards=num_shards, allow_empty=True
     )
     merge_errors(out)
     return {OBJECTS_DIR: table_manifest, f"object-{teacher_name}": feature_manifest}
