@@ -57,6 +57,9 @@ def train(
     device: str = Opt(None),
     precision: str = Opt(None, help="auto|bf16|fp32"),
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
+    resume: str = Opt(None, help="continue the run in RUN_DIR from its last/ checkpoint"),
+    save_every: int = Opt(None, help="steps between resumable last/ saves [0 = eval-steps]"),
+    report_to: str = Opt(None, help="none|tensorboard (writes RUN_DIR/tensorboard)"),
 ) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
     from mmcse.config import parse_pairs, parse_value, resolve_config
@@ -64,8 +67,7 @@ def train(
     from mmcse.train import train as run_training
 
     args = {k: parse_value(v) for k, v in parse_pairs(method_arg, "--method-arg").items()}
-    cfg = resolve_config(
-        config,
+    overrides = dict(
         model=model,
         method=method,
         method_args=args or None,
@@ -87,15 +89,25 @@ def train(
         pooler=pooler,
         device=device,
         precision=precision,
+        save_every=save_every,
+        report_to=report_to,
     )
+    if resume:
+        from mmcse.checkpoint import resume_config
+
+        cfg = resume_config(resume, config, overrides)
+    else:
+        cfg = resolve_config(config, **overrides)
     if dry_run:
         import json
 
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
         typer.echo(build_method(cfg.method, **cfg.method_args).describe())
         return
-    result = run_training(cfg)
+    result = run_training(cfg, resume=bool(resume))
     typer.echo(f"run directory: {result.output_dir}")
+    if result.interrupted:
+        raise typer.Exit(130)
 
 
 @bench_app.command("train")
@@ -181,8 +193,13 @@ def eval_command(
     ),
 ) -> None:
     """SentEval STS evaluation as in SimCSE/MCSE: Spearman x 100, 'all' setting."""
+    from mmcse.checkpoint import unfinished_warning
     from mmcse.evaluation import evaluate_sts, format_table, write_report
+    from mmcse.model import resolve_model_dir
 
+    warning = unfinished_warning(resolve_model_dir(model))
+    if warning:
+        typer.echo(warning, err=True)
     results = evaluate_sts(
         model,
         data_dir=data,

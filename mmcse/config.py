@@ -16,6 +16,7 @@ from mmcse.errors import MmcseError
 
 MIXINGS = ("interleave", "proportional-random", "caption-only", "text-only")
 PRECISIONS = ("auto", "bf16", "fp32")
+REPORT_TO = ("none", "tensorboard")
 
 
 @dataclass
@@ -48,6 +49,8 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "auto"
     log_every: int = 10
+    save_every: int = 0  # steps between resumable last/ checkpoints; 0 = every eval_steps
+    report_to: str = "none"  # "tensorboard" also writes RUN_DIR/tensorboard
 
     def __post_init__(self) -> None:
         if self.mixing not in MIXINGS:
@@ -56,6 +59,10 @@ class TrainConfig:
             raise MmcseError(f"--precision must be one of {', '.join(PRECISIONS)}")
         if self.batch_size < 2:
             raise MmcseError("--batch-size must be at least 2 (in-batch negatives)")
+        if self.save_every < 0:
+            raise MmcseError("--save-every must be 0 (= --eval-steps) or a positive step count")
+        if self.report_to not in REPORT_TO:
+            raise MmcseError(f"--report-to must be one of {', '.join(REPORT_TO)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
