@@ -199,3 +199,52 @@ def test_eval_of_an_unfinished_checkpoint_warns(tmp_path):
         app, ["eval", "--model", str(tmp_path / "run"), "--data", str(tmp_path / "none")]
     )
     assert "warning:" not in result.output
+
+
+def test_visualcse_resume_restores_the_auxiliary_task(
+    tiny_model, tiny_world, tmp_path, monkeypatch
+):
+    """The image task has its own AdamW, lr schedule position and heads: all resume."""
+    import numpy as np
+
+    from mmcse.cache import write_feature_set
+
+    ids = [f"{c}/{i}" for c in ("cat", "dog") for i in range(4)]
+    pixels = np.random.default_rng(0).integers(0, 255, (8, 3, 16, 16), dtype=np.uint8)
+    write_feature_set(
+        tmp_path / "images",
+        ids,
+        pixels,
+        kind="image_tensor",
+        dim=768,
+        shape=[3, 16, 16],
+        dtype="uint8",
+        dataset="toy",
+        split="train",
+        producer={"teacher": "test"},
+        extra={"classes": ["cat", "dog"]},
+    )
+    base = settings(tiny_model, tiny_world, tmp_path / "run", max_steps=4, log_every=1)
+    base.update(
+        method="visualcse",
+        method_args={"image_batch_size": 4, "image_size": 16, "vit_init": "random"},
+        features={"image_tensor": str(tmp_path / "images")},
+        mixing="text-only",
+        caption_corpus=None,
+    )
+    cfg = TrainConfig(**base)
+    real_write = metrics_log.MetricsLog.write
+
+    def write(self, record):
+        real_write(self, record)
+        if record.get("step") == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(metrics_log.MetricsLog, "write", write)
+    assert train(cfg).interrupted
+    monkeypatch.setattr(metrics_log.MetricsLog, "write", real_write)
+    train(cfg, resume=True)
+    straight = train(TrainConfig(**{**base, "output_dir": str(tmp_path / "straight")}))
+    got, want = comparable(Path(cfg.output_dir)), comparable(straight.output_dir)
+    assert any(k.startswith("image_") and k.endswith("_loss") for k in got[-1])
+    assert got == want
