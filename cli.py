@@ -59,6 +59,7 @@ def train(
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
     resume: str = Opt(None, help="continue the run in RUN_DIR from its last/ checkpoint"),
     save_every: int = Opt(None, help="steps between resumable last/ saves [0 = eval-steps]"),
+    log_every: int = Opt(None, help="steps per metrics.jsonl record (terms averaged) [10]"),
     report_to: str = Opt(None, help="none|tensorboard (writes RUN_DIR/tensorboard)"),
 ) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
@@ -90,6 +91,7 @@ def train(
         device=device,
         precision=precision,
         save_every=save_every,
+        log_every=log_every,
         report_to=report_to,
     )
     if resume:
@@ -106,8 +108,6 @@ def train(
         return
     result = run_training(cfg, resume=bool(resume))
     typer.echo(f"run directory: {result.output_dir}")
-    if result.interrupted:
-        raise typer.Exit(130)
 
 
 @bench_app.command("train")
@@ -826,6 +826,8 @@ def main() -> None:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         typer.echo(f"error: {message}", err=True)
         sys.exit(2)
+    except KeyboardInterrupt:  # training saved last/ and printed how to resume
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,6 @@ class RunResult:
     best_step: int | None
     test: dict | None
     steps: int
-    interrupted: bool = False  # SIGINT: last/ saved, resume with --resume
 
 
 def pick_device(name: str) -> torch.device:
@@ -166,11 +165,11 @@ class StopRequest:
         """Under DDP every rank must stop at the same step: they agree at sync points only."""
         if not dist.is_distributed():
             return self.requested
-        if not at_sync_point:
-            return False
-        flag = torch.tensor([float(self.requested)])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+        return at_sync_point and dist.any_rank(self.requested)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Raised after SIGINT once last/ is saved; ``mmcse`` exits 130 (the resume hint is printed)."""
 
 
 class Run:
@@ -252,7 +251,7 @@ class Run:
                     if stopping:
                         progress.close()
                         log.close()
-                        return self._interrupted()
+                        self._interrupted()
         progress.close()
         log.close()
         return self._finish(self.step)
@@ -337,9 +336,12 @@ class Run:
         return steps if steps and steps[-1] == self.total else [*steps, self.total]
 
     def _log(self, log: MetricsLog, progress: Progress, epoch: int, scheduler) -> None:
-        window = self.window.flush()  # the one host sync of the window; raises on NaN/Inf
-        if dist.is_distributed():  # a rank that raised stops every rank at the same point
-            torch.distributed.barrier()
+        try:
+            window, error = self.window.flush(), None  # the window's one host sync
+        except MmcseError as exc:  # a non-finite loss, named by its step
+            window, error = None, exc
+        if dist.any_rank(error is not None):  # every rank stops at the same point
+            raise error or MmcseError("the loss became non-finite on another rank")
         if not dist.is_main():
             return
         record = {"step": self.step, "epoch": epoch, "time": time.time()}
@@ -457,14 +459,14 @@ class Run:
         ckpt.set_rng_states(state["rng"])
         return state["epoch"], state["next_index"]
 
-    def _interrupted(self) -> RunResult:
+    def _interrupted(self) -> None:
+        message = (
+            f"interrupted after step {self.step} of {self.total}; last/ saved. "
+            f"Continue with: mmcse train --resume {self.out}"
+        )
         if dist.is_main():
-            print(
-                f"interrupted after step {self.step} of {self.total}; last/ saved. "
-                f"Continue with: mmcse train --resume {self.out}",
-                flush=True,
-            )
-        return RunResult(self.out, self.best_dev, self.best_step, None, self.step, True)
+            print(message, flush=True)
+        raise TrainingInterrupted(message)
 
     def _finish(self, steps: int) -> RunResult:
         test = None

@@ -18,7 +18,7 @@ from mmcse import metrics_log
 from mmcse.config import TrainConfig
 from mmcse.errors import MmcseError
 from mmcse.model import BEST_DIR, RUN_INFO_FILE
-from mmcse.train import train
+from mmcse.train import TrainingInterrupted, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
@@ -30,7 +30,7 @@ import json, os, signal, sys
 sys.path.insert(0, {root!r})
 from mmcse import checkpoint as ckpt, metrics_log
 from mmcse.config import TrainConfig
-from mmcse.train import train
+from mmcse.train import TrainingInterrupted, train
 
 cfg = TrainConfig(**json.loads(sys.argv[1]))
 mode, n = sys.argv[2], int(sys.argv[3])
@@ -134,13 +134,12 @@ def test_sigint_stops_after_the_step_and_resumes(tiny_model, tiny_world, tmp_pat
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(metrics_log.MetricsLog, "write", write)
-    stopped = train(cfg)
-    assert stopped.interrupted and stopped.steps == 3
+    with pytest.raises(TrainingInterrupted, match="after step 3 of 5.*--resume"):
+        train(cfg)
     cfg_dir = Path(cfg.output_dir)
     assert json.loads((cfg_dir / "last" / RUN_INFO_FILE).read_text())["step"] == 3
     monkeypatch.setattr(metrics_log.MetricsLog, "write", real_write)
-    resumed = train(cfg, resume=True)
-    assert not resumed.interrupted and resumed.steps == 5
+    assert train(cfg, resume=True).steps == 5
     straight = train(TrainConfig(**{**cfg.to_dict(), "output_dir": str(tmp_path / "straight")}))
     assert comparable(cfg_dir) == comparable(straight.output_dir)
 
@@ -241,7 +240,8 @@ def test_visualcse_resume_restores_the_auxiliary_task(
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(metrics_log.MetricsLog, "write", write)
-    assert train(cfg).interrupted
+    with pytest.raises(TrainingInterrupted):
+        train(cfg)
     monkeypatch.setattr(metrics_log.MetricsLog, "write", real_write)
     train(cfg, resume=True)
     straight = train(TrainConfig(**{**base, "output_dir": str(tmp_path / "straight")}))
