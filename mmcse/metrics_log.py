@@ -152,6 +152,12 @@ class MetricsLog:
                 str(Path(run_dir) / "tensorboard"), purge_step=purge_step
             )
 
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -251,6 +257,12 @@ class Progress:
             self.bar.write(text, file=sys.stderr)
         else:
             print(text, file=sys.stderr, flush=True)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         if self.bar is not None:

@@ -5,6 +5,12 @@ it twice in one forward (the two dropout views), let every active term of the me
 losses from the embeddings, step AdamW on the weighted sum. Every ``eval_steps`` the student is
 scored on STS-B dev and the best checkpoint kept; at the end the best one is scored on the 7 STS
 test sets. The same command runs under ``torchrun`` (DDP; in-batch negatives gathered across ranks).
+
+The step never waits for the device: its loss terms are summed on the device and read back once
+per ``log_every`` window (:mod:`mmcse.metrics_log`, which also catches a non-finite loss there),
+and the next batch is gathered on a worker thread meanwhile (:mod:`mmcse.prefetch`). Checkpoints
+are written beside and renamed into place; ``last/`` (every ``save_every`` steps) holds what
+``--resume`` needs to continue exactly (:mod:`mmcse.checkpoint`). SIGINT stops after the step.
 """
 
 from __future__ import annotations
@@ -231,7 +237,7 @@ class Run:
         epoch0, index0 = self._start(optimizer, scheduler)
         log = self._open_log(global_batch)
         progress = Progress(self.total, self.step, f"train {cfg.method}", dist.is_main())
-        with StopRequest() as stop:
+        with StopRequest() as stop, log, progress:
             for epoch in range(epoch0, cfg.epochs):
                 skip = index0 if epoch == epoch0 else 0
                 for index, batch, waited in self._batches(epoch, global_batch, skip):
@@ -249,11 +255,7 @@ class Run:
                         self._save_last(epoch, index + 1, optimizer, scheduler)
                     progress.update(self.step)
                     if stopping:
-                        progress.close()
-                        log.close()
                         self._interrupted()
-        progress.close()
-        log.close()
         return self._finish(self.step)
 
     def _step(
