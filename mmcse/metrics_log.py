@@ -14,6 +14,7 @@ per window (:meth:`LossWindow.flush`), where a non-finite loss is also caught an
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -79,6 +80,13 @@ class LossWindow:
         sums = dict(zip(keys, host[: len(keys)], strict=True))
         sums.update({k: float(v) for k, v in self.sums.items() if not isinstance(v, Tensor)})
         check_finite(host[len(keys) :], self.steps)
+        first, last = self.steps[0][0], self.steps[-1][0]
+        for key, value in sums.items():
+            if not math.isfinite(value):
+                raise MmcseError(
+                    f"{key} became {value} in steps {first}-{last}; lower the lr (for an "
+                    "auxiliary task's image_/audio_ terms, its own lr)"
+                )
         elapsed = max(time.perf_counter() - self.started - self.excluded, 1e-9)
         kinds = [kind for _, kind in self.steps]
         record: dict[str, Any] = {"kind": kinds[0] if len(set(kinds)) == 1 else "mixed"}
@@ -126,7 +134,7 @@ def _loss_first(key: str) -> tuple[int, str]:
 
 def check_finite(totals: list[float], steps: list[tuple[int, str]]) -> None:
     for value, (step, kind) in zip(totals, steps, strict=True):
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             first, last = steps[0][0], steps[-1][0]
             raise MmcseError(
                 f"loss became {value} at step {step} (a {kind} batch; logging window steps "

@@ -79,6 +79,14 @@ def test_a_non_finite_loss_is_named_by_its_step():
         window.flush()
 
 
+def test_a_non_finite_auxiliary_term_is_caught_at_the_window():
+    window = LossWindow()
+    window.add(5, "text", {"loss": torch.tensor(1.0), "image_supcon_loss": torch.tensor(1.0)})
+    window.add(6, "text", {"loss": torch.tensor(1.0), "image_supcon_loss": torch.tensor(np.inf)})
+    with pytest.raises(MmcseError, match="image_supcon_loss became inf in steps 5-6"):
+        window.flush()
+
+
 def test_window_state_survives_a_round_trip():
     a, b = LossWindow(), LossWindow()
     a.add(1, "text", {"loss": torch.tensor(1.0), "x_loss": torch.tensor(4.0), "lr2": 0.1})
