@@ -83,14 +83,17 @@ def train(
     adam_eps: float = Opt(None, help="AdamW epsilon [1e-6, transformers.AdamW's]"),
     drop_last: bool = Opt(None, "--drop-last/--keep-last", help="last partial batch [kept]"),
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
+    resume: str = Opt(None, help="continue the run in RUN_DIR from its last/ checkpoint"),
+    save_every: int = Opt(None, help="steps between resumable last/ saves [0 = eval-steps]"),
+    log_every: int = Opt(None, help="steps per metrics.jsonl record (terms averaged) [10]"),
+    report_to: str = Opt(None, help="none|tensorboard (writes RUN_DIR/tensorboard)"),
 ) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
     from mmcse.config import parse_pairs, parse_value, resolve_config
     from mmcse.train import train as run_training
 
     args = {k: parse_value(v) for k, v in parse_pairs(method_arg, "--method-arg").items()}
-    cfg = resolve_config(
-        config,
+    overrides = dict(
         model=model,
         method=method,
         method_args=args or None,
@@ -115,7 +118,16 @@ def train(
         precision=precision,
         adam_eps=adam_eps,
         drop_last=drop_last,
+        save_every=save_every,
+        log_every=log_every,
+        report_to=report_to,
     )
+    if resume:
+        from mmcse.checkpoint import resume_config
+
+        cfg = resume_config(resume, config, overrides)
+    else:
+        cfg = resolve_config(config, **overrides)
     if dry_run:
         import json
 
@@ -126,7 +138,7 @@ def train(
         typer.echo(method.describe())
         typer.echo("preflight: every input checked")
         return
-    result = run_training(cfg)
+    result = run_training(cfg, resume=bool(resume))
     typer.echo(f"run directory: {result.output_dir}")
 
 
@@ -258,8 +270,13 @@ def eval_command(
     ),
 ) -> None:
     """SentEval STS evaluation as in SimCSE/MCSE: Spearman x 100, 'all' setting."""
+    from mmcse.checkpoint import unfinished_warning
     from mmcse.evaluation import evaluate_sts, format_table, write_report
+    from mmcse.model import resolve_model_dir
 
+    warning = unfinished_warning(resolve_model_dir(model))
+    if warning:
+        typer.echo(warning, err=True)
     results = evaluate_sts(
         model,
         data_dir=data,
@@ -958,6 +975,8 @@ def main() -> None:
         _fail(os_error_message(exc))
     except (MmcseError, ValueError, KeyError) as exc:
         _fail(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    except KeyboardInterrupt:  # training saved last/ and printed how to resume
+        sys.exit(130)
 
 
 def _fail(message) -> None:

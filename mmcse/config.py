@@ -195,6 +195,7 @@ def _check_range(value: Any, meta: typing.Mapping[str, Any], label: str) -> None
     if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
         allowed = meta.get("hint", meta["pattern"])
         raise SettingError(f"{label} must be {allowed}, not {value!r}")
+REPORT_TO = ("none", "tensorboard")
 
 
 @dataclass
@@ -242,6 +243,10 @@ class TrainConfig:
     device: str = field(default="auto", metadata={"pattern": DEVICE_PATTERN, "hint": DEVICES})
     precision: str = field(default="auto", metadata={"choices": PRECISIONS})
     log_every: int = field(default=10, metadata={"min": 1})
+    # steps between resumable last/ checkpoints; 0 = every eval_steps
+    save_every: int = field(default=0, metadata={"min": 0})
+    # "tensorboard" also writes RUN_DIR/tensorboard
+    report_to: str = field(default="none", metadata={"choices": REPORT_TO})
 
     def __post_init__(self) -> None:
         for name, value in check_settings(TrainConfig, self.__dict__).items():

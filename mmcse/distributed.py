@@ -87,3 +87,15 @@ def init_from_env(backend: str | None = None) -> bool:
     if torch.cuda.is_available():
         torch.cuda.set_device(env_int("LOCAL_RANK", 0))
     return True
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any (one small all-reduce; False alone)."""
+    if not is_distributed():
+        return flag
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())

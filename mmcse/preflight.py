@@ -35,7 +35,7 @@ from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
 
 #: what a training run writes into its output folder (``--overwrite`` removes only these)
-RUN_ENTRIES = ("metrics.jsonl", "config.json", "results.json", "best", "last")
+RUN_ENTRIES = ("metrics.jsonl", "config.json", "plan.json", "results.json", "best", "last", "tensorboard")
 #: a hub id is ``name`` or ``org/name``; anything else that does not exist is a missing path
 HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")
 HUB_PROBE_SECONDS = 3.0
