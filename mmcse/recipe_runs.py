@@ -16,7 +16,7 @@ from typing import Any
 from mmcse.errors import MmcseError
 
 #: fields that differ per run by design, never a departure from the recipe
-_PER_RUN = ("seed", "output_dir", "overwrite")  # where a run goes, not what it trains
+_PER_RUN = ("seed", "output_dir", "overwrite", "save_every", "report_to")  # where a run goes and how it is watched, not what it trains
 
 
 def departures(
