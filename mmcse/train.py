@@ -140,9 +140,14 @@ def grad_scaler_for(device: torch.device, precision: str) -> torch.amp.GradScale
 def adamw_groups(student: nn.Module) -> list[dict]:
     """One AdamW group per module whose parameters step together (the encoder, each loss
     term's heads): parameters of a group share their step count, which ε's scaling needs."""
-    groups = [{"params": list(student.encoder.parameters())}]
-    groups += [{"params": list(m.parameters())} for m in student.losses.values()]
-    return [g for g in groups if g["params"]]
+    seen: set[int] = set()  # a head shared by several terms (DALR) joins the first group only
+    groups = []
+    for module in (student.encoder, *student.losses.values()):
+        params = [p for p in module.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in params)
+        if params:
+            groups.append({"params": params})
+    return groups
 
 
 def use_transformers_eps(optimizer: torch.optim.Optimizer, eps: float) -> None:

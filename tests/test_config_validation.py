@@ -37,7 +37,7 @@ BAD_SETTINGS = [
     ("device", "bogus", "auto, cpu, cuda"),
     ("device", "cuda:x", "auto, cpu, cuda"),
     ("mixing", "random", "one of interleave"),
-    ("precision", "fp16", "one of auto"),
+    ("precision", "fp8", "one of auto"),
     ("final_eval", "yes", "true or false"),
     ("features", ["image"], "an object"),
     ("features", {"image": 3}, "an object"),

@@ -281,7 +281,10 @@ def test_missing_image_role_gets_no_teachers_hint(
 def test_corpus_smaller_than_a_batch_is_refused_before_training(
     tiny_model, tiny_world, tmp_path, monkeypatch, capsys, no_model_load
 ):
-    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--batch-size", "4096")
+    # the last partial batch is kept by default (one partial batch); --drop-last leaves none
+    args = train_args(
+        tiny_model, tiny_world, tmp_path / "run", "--batch-size", "4096", "--drop-last"
+    )
     refused(args, monkeypatch, capsys, "fewer than one global batch", "--batch-size")
 
 
