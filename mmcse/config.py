@@ -16,6 +16,7 @@ from mmcse.errors import MmcseError
 
 MIXINGS = ("interleave", "proportional-random", "caption-only", "text-only")
 PRECISIONS = ("auto", "bf16", "fp32")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 @dataclass
@@ -47,6 +48,11 @@ class TrainConfig:
     dropout: float = 0.1
     device: str = "auto"
     precision: str = "auto"
+    attn_implementation: str = "sdpa"  # encoder attention: sdpa (fused kernel) | eager (HF's)
+    compile_encoder: bool = False  # torch.compile the encoder (slow first steps)
+    fused_adamw: bool = True  # AdamW's fused kernel on CUDA (same update; ignored on CPU)
+    tf32: bool = False  # TF32 matmuls in fp32 runs on CUDA (faster, ~1e-3 relative error)
+    dynamic_padding: bool = True  # pad a batch to its longest sentence, not max_seq_length
     log_every: int = 10
 
     def __post_init__(self) -> None:
@@ -54,6 +60,11 @@ class TrainConfig:
             raise MmcseError(f"--mixing must be one of {', '.join(MIXINGS)}, not {self.mixing!r}")
         if self.precision not in PRECISIONS:
             raise MmcseError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise MmcseError(
+                f"--attn-implementation must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, "
+                f"not {self.attn_implementation!r}"
+            )
         if self.batch_size < 2:
             raise MmcseError("--batch-size must be at least 2 (in-batch negatives)")
 

@@ -205,7 +205,7 @@ class TrainData:
     # -- batches ---------------------------------------------------------------------------
     def batch(self, kind: str, rows: np.ndarray, device: torch.device) -> Batch:
         src = self.sources[kind]
-        width = int(src.lengths[rows].max())
+        width = batch_width(src.lengths[rows], self.cfg.max_seq_length, self.cfg.dynamic_padding)
         ids = torch.from_numpy(src.input_ids[rows, :width].astype(np.int64))
         mask = (torch.arange(width)[None, :] < torch.from_numpy(src.lengths[rows])[:, None]).long()
         features = {
@@ -230,6 +230,12 @@ class TrainData:
                 key = f"feature:{role}" + (f"[{i}]" if len(sets) > 1 else "")
                 out[key] = {"path": str(fs.path), "fingerprint": fs.fingerprint}
         return out
+
+
+def batch_width(lengths: np.ndarray, max_length: int, dynamic: bool) -> int:
+    """Padded width of a batch: its longest sentence (dynamic padding: no work on padding
+    columns every row has), else ``max_length`` (one static shape, e.g. for ``--compile``)."""
+    return int(lengths.max()) if dynamic else max_length
 
 
 def mix_batches(

@@ -26,6 +26,7 @@ from mmcse import distributed as dist
 from mmcse.config import TrainConfig
 from mmcse.data import Batch, TrainData
 from mmcse.errors import MmcseError
+from mmcse.fastpath import apply_fast_paths, fused_adamw
 from mmcse.losses.base import LossInputs
 from mmcse.methods import Method, build_method
 from mmcse.model import BEST_DIR, SentenceEncoder, load_tokenizer
@@ -136,10 +137,13 @@ class Run:
         seed_everything(cfg.seed)
         self.method = build_method(cfg.method, **cfg.method_args)
         self.tokenizer = load_tokenizer(cfg.model)
-        encoder = SentenceEncoder.from_pretrained(cfg.model, cfg.pooler, cfg.dropout)
+        encoder = SentenceEncoder.from_pretrained(
+            cfg.model, cfg.pooler, cfg.dropout, attn_implementation=cfg.attn_implementation
+        )
         self.data = TrainData(cfg, self.tokenizer, self.method)
         dims = {role: int(fs.dim) for role, fs in self.data.feature_sets.items()}
         self.student = Student(encoder, self.method, dims).to(self.device)
+        apply_fast_paths(cfg, encoder, self.device)
         self.model = self.student
         if dist.is_distributed():
             self.model = nn.parallel.DistributedDataParallel(
@@ -171,7 +175,10 @@ class Run:
         if self.aux is not None:
             self.aux.total_steps = total  # the auxiliary task's own lr schedule spans the run
         optimizer = torch.optim.AdamW(
-            self.student.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+            self.student.parameters(),
+            lr=cfg.learning_rate,
+            weight_decay=cfg.weight_decay,
+            fused=fused_adamw(cfg, self.device),
         )
         scheduler = linear_schedule(optimizer, cfg.warmup_steps, total)
         self._prepare_output()
