@@ -104,12 +104,17 @@ class Captions:
     images: dict[str, Path]  # image id → file (for the object extraction)
 
 
+def synthetic_vocab() -> list[str]:
+    """BERT-base's vocabulary size (30,522: the embedding and its gradient cost the same)."""
+    return SPECIAL_TOKENS + [f"w{i}" for i in range(30522 - len(SPECIAL_TOKENS))]
+
+
 def synthetic_world(
     root: Path, size: str, seq_len: int, rows: int, needs: set, varied: bool = False
 ) -> BenchWorld:
     """A student, a caption corpus of exactly ``seq_len`` tokens, and the ``(role, dim)`` sets
     (``varied``: also ``root / "captions-varied"``, lengths varied, for SimCSE runs)."""
-    vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(30522 - len(SPECIAL_TOKENS))]
+    vocab = synthetic_vocab()
     model = build_tiny_bert(root / "model", size=size, vocab=vocab, max_position_embeddings=512)
     rng = np.random.default_rng(0)
     num_words = len(vocab) - len(SPECIAL_TOKENS)
@@ -128,8 +133,9 @@ def write_captions(
     """Captions of ``seq_len - 2`` distinct words (so phrases match once), ids sorted as the
     Stage-1 extraction orders them, and one random image file per ``CAPTIONS_PER_IMAGE``.
 
-    ``varied``: word counts uniform in ``[seq_len // 4, seq_len - 2]`` (corpus ``captions-varied``),
-    so batches differ in their longest sentence, as real ones do (dynamic padding's case)."""
+    ``varied`` (corpus ``captions-varied``): word counts drawn from a normal of mean
+    ``0.4 · seq_len`` and sd ``0.15 · seq_len``, clipped to ``[4, seq_len - 2]`` — short captions
+    (COCO-like) whose batches stop well short of ``seq_len``: dynamic padding's good case."""
     from PIL import Image
 
     from pipeline.datasets.base import caption_id
@@ -143,13 +149,17 @@ def write_captions(
         pixels = rng.integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(images[image_id])
         for k in range(CAPTIONS_PER_IMAGE):
-            count = rng.integers(max(4, seq_len // 4), seq_len - 1) if varied else seq_len - 2
+            count = varied_length(rng, seq_len) if varied else seq_len - 2
             words = rng.choice(num_words, size=count, replace=False)
             ids.append(caption_id(image_id, k))
             texts.append(" ".join(f"w{i}" for i in words))
             image_ids.append(image_id)
     write_corpus(root / name, ids, texts, image_ids=image_ids, dataset="bench", split="train")
     return Captions(ids, texts, image_ids, images)
+
+
+def varied_length(rng, seq_len: int) -> int:
+    return int(np.clip(round(rng.normal(0.4 * seq_len, 0.15 * seq_len)), 4, seq_len - 2))
 
 
 def write_role(root: Path, role: str, dim: int, captions: Captions, rng) -> Path:
