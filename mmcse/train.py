@@ -246,7 +246,7 @@ class Run:
         score = None
         if dist.is_main():
             if self.eval_dir is not None:
-                from mmcse.evaluation import dev_score
+                from mmcse.dev_eval import dev_score  # dev data prepared once per run
 
                 score = dev_score(self.encoder, self.tokenizer, self.eval_dir)
             if score is None or self.best_dev is None or score > self.best_dev:

@@ -106,3 +106,34 @@ def test_bad_attention_flag_is_one_error_line(monkeypatch, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --attn-implementation must be one of sdpa, eager, not 'flash'"]
+
+
+# ---- STS-B dev evaluation prepared once per run ----------------------------------------------
+
+SENTEVAL_MINI = __import__("pathlib").Path(__file__).parent / "fixtures" / "senteval_mini"
+
+
+def test_prepared_dev_score_equals_the_evaluation_modules(tiny_model):
+    from mmcse import dev_eval
+    from mmcse.evaluation import dev_score
+
+    encoder = SentenceEncoder.from_pretrained(str(tiny_model))
+    tokenizer = load_tokenizer(str(tiny_model))
+    encoder.train()  # the trainer calls it on its live model
+    expected = dev_score(encoder, tokenizer, SENTEVAL_MINI, batch_size=4)
+    evaluator = dev_eval.DevEvaluator(encoder, tokenizer, SENTEVAL_MINI, batch_size=4)
+    assert len(evaluator.batches) > 1  # several batches of different widths
+    assert evaluator(encoder) == expected
+    assert encoder.training  # mode restored
+    # the drop-in reuses its prepared batches across calls, and follows the weights
+    assert dev_eval.dev_score(encoder, tokenizer, SENTEVAL_MINI) == dev_score(
+        encoder, tokenizer, SENTEVAL_MINI
+    )
+    prepared = dev_eval._EVALUATORS[id(tokenizer), str(SENTEVAL_MINI / "downstream")]
+    with torch.no_grad():
+        for p in encoder.parameters():
+            p.mul_(0.5)
+    assert dev_eval.dev_score(encoder, tokenizer, SENTEVAL_MINI) == dev_score(
+        encoder, tokenizer, SENTEVAL_MINI
+    )
+    assert dev_eval._EVALUATORS[id(tokenizer), str(SENTEVAL_MINI / "downstream")] is prepared
