@@ -137,3 +137,65 @@ def test_prepared_dev_score_equals_the_evaluation_modules(tiny_model):
         encoder, tokenizer, SENTEVAL_MINI
     )
     assert dev_eval._EVALUATORS[id(tokenizer), str(SENTEVAL_MINI / "downstream")] is prepared
+
+
+# ---- heads fused across the two dropout views --------------------------------------------------
+
+B, H, L, P = 6, 16, 9, 3
+FUSED_LOSSES = {  # registered loss → (module that calls project_views, its feature dims)
+    "simcse": ("info_nce", {}),
+    "image_text_info_nce": ("image_text_info_nce", {"image": 12}),
+    "adaptive_angular_margin": ("adaptive_angular_margin", {"clip_image": 12, "clip_text": 10}),
+    "intra_modal_alignment": ("intra_modal_alignment", {}),
+    "list_mle_distillation": ("list_mle_distillation", {}),
+    "object_phrase_info_nce": ("object_phrase", {"object": 12}),
+}
+
+
+def _loss_inputs(dims: dict):
+    from mmcse.losses.base import LossInputs
+
+    g = torch.Generator().manual_seed(0)
+    features = {role: torch.randn(B, dim, generator=g) for role, dim in dims.items()}
+    features["object"] = torch.randn(B, P, 12, generator=g)
+    for role in ("text_teacher_diffcse", "text_teacher_simcse"):
+        features[role] = torch.randn(B, 20, generator=g)
+    spans = torch.tensor([[1, 3], [3, 4], [5, 8]]).expand(B, P, 2).clone()
+    return LossInputs(
+        view1=torch.randn(B, H, generator=g, requires_grad=True),
+        view2=torch.randn(B, H, generator=g, requires_grad=True),
+        features=features,
+        batch_kind="caption",
+        token_states=(torch.randn(B, L, H, generator=g), torch.randn(B, L, H, generator=g)),
+        attention_mask=torch.ones(B, L, dtype=torch.long),
+        extras={"phrase_spans": spans, "phrase_mask": torch.ones(B, P, dtype=torch.bool)},
+    )
+
+
+@pytest.mark.parametrize("name", sorted(FUSED_LOSSES))
+def test_one_head_call_for_both_views_changes_no_loss_or_gradient(name, monkeypatch):
+    import importlib
+
+    from mmcse.registry import LOSSES
+
+    module_name, dims = FUSED_LOSSES[name]
+    module = importlib.import_module(f"mmcse.losses.{module_name}")
+    torch.manual_seed(0)
+    loss = LOSSES.get(name)(hidden_size=H, feature_dims=dims)
+    results = {}
+    for how in ("fused", "separate"):
+        if how == "separate":  # the code before the fusion: the head called once per view
+            monkeypatch.setattr(module, "project_views", lambda head, a, b: (head(a), head(b)))
+        inputs = _loss_inputs(dims)
+        terms = loss(inputs)
+        total = sum(terms.values())
+        total.backward()
+        grads = [inputs.view1.grad] + [p.grad.clone() for p in loss.parameters()]
+        loss.zero_grad()
+        results[how] = ({k: v.detach() for k, v in terms.items()}, grads)
+    fused, separate = results["fused"], results["separate"]
+    assert fused[0].keys() == separate[0].keys()
+    for key in fused[0]:
+        torch.testing.assert_close(fused[0][key], separate[0][key])
+    for a, b in zip(fused[1], separate[1], strict=True):
+        torch.testing.assert_close(a, b)

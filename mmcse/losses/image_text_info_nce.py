@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
-from mmcse.losses.base import Loss, LossInputs, l2_normalize
+from mmcse.losses.base import Loss, LossInputs, l2_normalize, project_views
 from mmcse.losses.info_nce import MLPHead, info_nce
 from mmcse.registry import register_loss
 
@@ -58,5 +58,5 @@ class ImageTextInfoNCELoss(Loss):
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
         image = inputs.feature(self.feature_role)
         v = self.image_head(image.to(self.image_head[0].weight.dtype))
-        views = [self.text_head(inputs.view1), self.text_head(inputs.view2)]
+        views = project_views(self.text_head, inputs.view1, inputs.view2)
         return {"image_text_loss": self.compute_loss_from_embeddings(views, v, self.temperature)}

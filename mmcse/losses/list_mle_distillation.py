@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
-from mmcse.losses.base import Loss, LossInputs, cosine_matrix
+from mmcse.losses.base import Loss, LossInputs, cosine_matrix, project_views
 from mmcse.losses.info_nce import MLPHead
 from mmcse.losses.intra_modal_alignment import (
     DEFAULT_TEXT_TEACHERS,
@@ -76,8 +76,7 @@ class ListMLEDistillationLoss(Loss):
         return list_mle(cosine_matrix(h1, h2) / temperature, teacher_similarity)
 
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
-        h1 = gather_across_ranks(self.mlp(inputs.view1))
-        h2 = gather_across_ranks(self.mlp(inputs.view2))
+        h1, h2 = map(gather_across_ranks, project_views(self.mlp, inputs.view1, inputs.view2))
         with torch.no_grad():
             teacher = mixed_teacher_similarity(inputs, self.text_teachers)
         loss = self.compute_loss_from_embeddings(h1, h2, teacher, self.temperature)

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmcse.losses.base import Loss, LossInputs, l2_normalize
+from mmcse.losses.base import Loss, LossInputs, l2_normalize, project_views
 from mmcse.losses.info_nce import MLPHead
 from mmcse.registry import register_loss
 
@@ -103,10 +103,8 @@ class ObjectPhraseInfoNCELoss(Loss):
         spans, mask = inputs.extras["phrase_spans"], inputs.extras["phrase_mask"]
         objects = inputs.feature(self.feature_role)
         o = self.object_head(objects.to(self.object_head[0].weight.dtype))
-        loss = sum(
-            self.compute_loss_from_embeddings(
-                self.phrase_head(mean_over_spans(states, spans)), o, mask, self.temperature
-            )
-            for states in inputs.token_states
+        phrases = project_views(
+            self.phrase_head, *(mean_over_spans(s, spans) for s in inputs.token_states)
         )
+        loss = sum(self.compute_loss_from_embeddings(p, o, mask, self.temperature) for p in phrases)
         return {"object_phrase_loss": loss}
