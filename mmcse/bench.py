@@ -408,6 +408,29 @@ def time_variants(
     return stats
 
 
+def count_ops(state: BenchState) -> int:
+    """Leaf ``aten::`` operators one step dispatches outside the optimizer: on a GPU each is at
+    least one kernel launch, so this counts what a launch-bound step pays for (on CUDA the
+    optimizer is one fused kernel). Deterministic, so it compares methods on any machine."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        state.step()
+    events = prof.events()
+    optimizer = [
+        (e.time_range.start, e.time_range.end) for e in events if e.name.startswith("Optimizer.")
+    ]
+
+    def is_leaf_op(e) -> bool:
+        if not e.name.startswith("aten::") or any(
+            c.name.startswith("aten::") for c in e.cpu_children
+        ):
+            return False
+        return not any(start <= e.time_range.start <= end for start, end in optimizer)
+
+    return sum(1 for e in events if is_leaf_op(e))
+
+
 def step_report(stats: StepStats, state: BenchState, batch: int, peak: float | None) -> dict:
     """One run's figures: step ms, tokens/s, counted FLOPs and MFU, data wait, peak memory."""
     shape = EncoderShape.of(state.run.encoder.backbone.config)
@@ -443,8 +466,10 @@ def bench_methods(
     states = {n: BenchState.of(world, n, batch, seq_len, device, precision) for n in names}
     stats = time_variants(states, torch.device(device), steps, warmup, rounds)
     reports = {n: step_report(stats[n], states[n], batch, peak) for n in names}
-    for report in reports.values():
+    for name, report in reports.items():
         report["ratio"] = report["step_ms"] / reports["simcse"]["step_ms"]
+        report["ops_per_step"] = count_ops(states[name])
+        report["ops_ratio"] = report["ops_per_step"] / reports["simcse"]["ops_per_step"]
     return reports
 
 

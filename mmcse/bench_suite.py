@@ -527,15 +527,17 @@ def _md_train(section: dict) -> list[str]:
         lines += [
             f"### {key.replace('_', ' ')}",
             "",
-            "| method | step ms | ÷ SimCSE | steps/s | tokens/s | MFU | data wait | peak MiB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| method | step ms | ÷ SimCSE | steps/s | tokens/s | MFU | data wait | peak MiB "
+            "| ops/step (÷ SimCSE) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, r in methods.items():
             lines.append(
                 f"| {name} | {_fmt(r['step_ms'], 2)} | {r['ratio']:.3f} | "
                 f"{_fmt(r['steps_per_s'], 2)} | {_fmt(r['tokens_per_s'], 0)} | "
                 f"{_pct(r['mfu'])} | {_pct(r['data_wait_share'])} | "
-                f"{_mib(r['peak_memory_bytes'])} |"
+                f"{_mib(r['peak_memory_bytes'])} | "
+                f"{r['ops_per_step']:,} ({r['ops_ratio']:.2f}) |"
             )
         lines.append("")
     return lines + [f"Settings: {section['settings']}"]

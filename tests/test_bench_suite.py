@@ -151,6 +151,9 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
             assert r["flops_per_step"] == flops.train_step_flops(
                 flops.EncoderShape(32, 2, 64), batch, 16
             )
+            assert r["ops_per_step"] > 0
+        # MCSE adds a term to SimCSE's: strictly more operators per step (deterministic)
+        assert methods["mcse"]["ops_per_step"] > methods["simcse"]["ops_per_step"]
 
     fast = data["fast_paths"]
     assert fast["sdpa"]["on_ms"] > 0 and fast["sdpa"]["off_ms"] > 0
@@ -159,7 +162,7 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     assert fast["dynamic_padding"]["off_mean_width"] == 16
     assert "skipped" in fast["fused_adamw"] and "skipped" in fast["compile"]
 
-    assert data["dev_eval"]["seconds"] > 0
+    assert data["dev_eval"]["seconds"] > 0 and data["dev_eval"]["seconds_unprepared"] > 0
     assert 0 < data["dev_eval"]["share_every_125_steps_derived"] < 1
     assert data["sts_eval"]["seconds"] > 0 and data["sts_eval"]["sentences_encoded"] > 0
 
