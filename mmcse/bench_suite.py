@@ -199,7 +199,12 @@ def text_section(options: SuiteOptions, size: SuiteSize) -> dict:
     )
     return {
         TEXT_TEACHER: {"sentences_per_s": rates["text"]},
-        "settings": {"sentences": size.sentences, "words": "8-24", "max_length": 32},
+        "settings": {
+            "sentences": size.sentences,
+            "words": "8-24",
+            "max_length": 32,
+            "teacher_size": size.teachers,
+        },
     }
 
 
@@ -501,7 +506,7 @@ def _md_extract(section: dict) -> list[str]:
 def _md_text(section: dict) -> list[str]:
     rate = section[TEXT_TEACHER]["sentences_per_s"]
     return [
-        "## Text teacher (BERT-base architecture)",
+        f"## Text teacher ({section['settings'].get('teacher_size')} size; real = BERT-base)",
         "",
         f"{TEXT_TEACHER}: {_fmt(rate)} sentences/s ({section['settings']})",
     ]
