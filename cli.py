@@ -82,6 +82,13 @@ def train(
     precision: str = Opt(None, help="auto|bf16|fp16|fp32 (auto: bf16 on CUDA)"),
     adam_eps: float = Opt(None, help="AdamW epsilon [1e-6, transformers.AdamW's]"),
     drop_last: bool = Opt(None, "--drop-last/--keep-last", help="last partial batch [kept]"),
+    attn_implementation: str = Opt(None, help="encoder attention: sdpa (default) | eager"),
+    compile_encoder: bool = Opt(None, "--compile/--no-compile", help="torch.compile the encoder"),
+    fused_adamw: bool = Opt(None, "--fused-adamw/--no-fused-adamw", help="fused AdamW (CUDA)"),
+    tf32: bool = Opt(None, "--tf32/--no-tf32", help="TF32 matmuls for fp32 runs on CUDA"),
+    dynamic_padding: bool = Opt(
+        None, "--dynamic-padding/--no-dynamic-padding", help="pad batches to their longest"
+    ),
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
     resume: str = Opt(None, help="continue the run in RUN_DIR from its last/ checkpoint"),
     save_every: int = Opt(None, help="steps between resumable last/ saves [0 = eval-steps]"),
@@ -121,6 +128,11 @@ def train(
         save_every=save_every,
         log_every=log_every,
         report_to=report_to,
+        attn_implementation=attn_implementation,
+        compile_encoder=compile_encoder,
+        fused_adamw=fused_adamw,
+        tf32=tf32,
+        dynamic_padding=dynamic_padding,
     )
     if resume:
         from mmcse.checkpoint import resume_config
@@ -163,6 +175,39 @@ def _show_config_defaults(command) -> None:
 
 
 _show_config_defaults(train)
+
+
+@bench_app.command("all")
+def bench_all_cmd(
+    device: str = Opt("cpu", help="cpu|cuda"),
+    size: str = Opt(None, help="real|small|tiny [default: real on CUDA, tiny on CPU]"),
+    out: str = Opt(
+        None, help="JSON path (Markdown beside it) [default: bench/results-DEVICE.json]"
+    ),
+    sections: str = Opt(None, help="comma-separated subset of the sections (default: all)"),
+    method: list[str] = Opt(None, "--method", help="restrict the train section to these"),
+    eval_data: str = Opt(None, help="SentEval dir ('' skips the eval sections)"),
+    peak_tflops: float = Opt(None, help="declare the device's peak (for MFU where none is known)"),
+    compile_on_cpu: bool = Opt(False, help="also measure --compile on CPU (slow)"),
+) -> None:
+    """Every speed figure in one run: extraction, objects, training steps (ratios, MFU, data
+    wait, memory), fast paths on/off, dev and STS evaluation -> JSON + Markdown."""
+    from pathlib import Path
+
+    from mmcse.bench_suite import SECTIONS, SuiteOptions, run_suite
+
+    options = SuiteOptions(
+        device=device,
+        size=size or ("real" if device.startswith("cuda") else "tiny"),
+        sections=tuple(s.strip() for s in sections.split(",")) if sections else SECTIONS,
+        methods=tuple(method or ()),
+        eval_data=eval_data,
+        peak_tflops=peak_tflops,
+        compile_on_cpu=compile_on_cpu,
+    )
+    target = Path(out or f"bench/results-{device.split(':')[0]}.json")
+    run_suite(options, target, echo=typer.echo)
+    typer.echo(f"wrote {target} and {target.with_suffix('.md')}")
 
 
 @bench_app.command("train")

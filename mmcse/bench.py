@@ -15,7 +15,8 @@ through the real Stage-1 writers at the dims the papers' teachers have:
   second, non-linguistic pass they take by design.
 
 Rounds alternate between methods so drift (thermal, other load) hits all alike; the reported
-step time is the median. Random init: speed does not depend on weights.
+step time is the median (:mod:`mmcse.timing`). Random init: speed does not depend on weights.
+FLOPs and MFU: :mod:`mmcse.flops`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import dataclasses
 import json
 import statistics
 import tempfile
-import time
 import wave
 from pathlib import Path
 
@@ -34,9 +34,11 @@ import torch
 from mmcse.cache import write_corpus, write_feature_set
 from mmcse.config import TrainConfig
 from mmcse.errors import MmcseError
+from mmcse.flops import EncoderShape, mfu, peak_flops, train_step_flops
 from mmcse.methods import Method, build_method
 from mmcse.registry import METHODS
-from mmcse.tiny import SIZES, SPECIAL_TOKENS, build_tiny_bert
+from mmcse.timing import Timing, peak_memory_bytes, repeat, reset_peak_memory, timed_result
+from mmcse.tiny import SPECIAL_TOKENS, build_tiny_bert
 
 #: cache kind of each role the methods read: it decides the join key (image sets join on the
 #: caption's image id, text sets on the sentence id) and which writer builds the set
@@ -62,8 +64,6 @@ PHRASES_PER_CAPTION = 4
 NONLING_EXAMPLES = 48  # one batch of the papers' 48
 NONLING_CLASSES = 8
 AUDIO_RATE = 16000
-#: dense bf16 peak FLOP/s per GPU model, for MFU
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 def role_kind(role: str) -> str:
@@ -104,39 +104,62 @@ class Captions:
     images: dict[str, Path]  # image id → file (for the object extraction)
 
 
-def synthetic_world(root: Path, size: str, seq_len: int, rows: int, needs: set) -> BenchWorld:
-    """A student, a caption corpus of exactly ``seq_len`` tokens, and the ``(role, dim)`` sets."""
-    vocab = SPECIAL_TOKENS + [f"w{i}" for i in range(30522 - len(SPECIAL_TOKENS))]
+def synthetic_vocab() -> list[str]:
+    """BERT-base's vocabulary size (30,522: the embedding and its gradient cost the same)."""
+    return SPECIAL_TOKENS + [f"w{i}" for i in range(30522 - len(SPECIAL_TOKENS))]
+
+
+def synthetic_world(
+    root: Path, size: str, seq_len: int, rows: int, needs: set, varied: bool = False
+) -> BenchWorld:
+    """A student, a caption corpus of exactly ``seq_len`` tokens, and the ``(role, dim)`` sets
+    (``varied``: also ``root / "captions-varied"``, lengths varied, for SimCSE runs)."""
+    vocab = synthetic_vocab()
     model = build_tiny_bert(root / "model", size=size, vocab=vocab, max_position_embeddings=512)
     rng = np.random.default_rng(0)
-    captions = write_captions(root, rng, rows, seq_len, len(vocab) - len(SPECIAL_TOKENS))
+    num_words = len(vocab) - len(SPECIAL_TOKENS)
+    captions = write_captions(root, rng, rows, seq_len, num_words)
     features = {}
     for role, dim in sorted(needs):
         features[role, dim] = str(write_role(root, role, dim, captions, rng))
+    if varied:
+        write_captions(root, rng, rows, seq_len, num_words, varied=True)
     return BenchWorld(root, model, root / "captions", features)
 
 
-def write_captions(root: Path, rng, rows: int, seq_len: int, num_words: int) -> Captions:
+def write_captions(
+    root: Path, rng, rows: int, seq_len: int, num_words: int, varied: bool = False
+) -> Captions:
     """Captions of ``seq_len - 2`` distinct words (so phrases match once), ids sorted as the
-    Stage-1 extraction orders them, and one random image file per ``CAPTIONS_PER_IMAGE``."""
+    Stage-1 extraction orders them, and one random image file per ``CAPTIONS_PER_IMAGE``.
+
+    ``varied`` (corpus ``captions-varied``): word counts drawn from a normal of mean
+    ``0.4 · seq_len`` and sd ``0.15 · seq_len``, clipped to ``[4, seq_len - 2]`` — short captions
+    (COCO-like) whose batches stop well short of ``seq_len``: dynamic padding's good case."""
     from PIL import Image
 
     from pipeline.datasets.base import caption_id
 
-    (root / "images").mkdir()
+    name = "captions-varied" if varied else "captions"
+    (root / f"images-{name}").mkdir()
     ids, texts, image_ids, images = [], [], [], {}
     for n in range(-(-rows // CAPTIONS_PER_IMAGE)):
         image_id = f"img{n:06d}"
-        images[image_id] = root / "images" / f"{image_id}.png"
+        images[image_id] = root / f"images-{name}" / f"{image_id}.png"
         pixels = rng.integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(images[image_id])
         for k in range(CAPTIONS_PER_IMAGE):
-            words = rng.choice(num_words, size=seq_len - 2, replace=False)
+            count = varied_length(rng, seq_len) if varied else seq_len - 2
+            words = rng.choice(num_words, size=count, replace=False)
             ids.append(caption_id(image_id, k))
             texts.append(" ".join(f"w{i}" for i in words))
             image_ids.append(image_id)
-    write_corpus(root / "captions", ids, texts, image_ids=image_ids, dataset="bench", split="train")
+    write_corpus(root / name, ids, texts, image_ids=image_ids, dataset="bench", split="train")
     return Captions(ids, texts, image_ids, images)
+
+
+def varied_length(rng, seq_len: int) -> int:
+    return int(np.clip(round(rng.normal(0.4 * seq_len, 0.15 * seq_len)), 4, seq_len - 2))
 
 
 def write_role(root: Path, role: str, dim: int, captions: Captions, rng) -> Path:
@@ -255,14 +278,26 @@ def args_of(name: str) -> dict:
     return METHOD_ARGS.get(name, {})
 
 
-def make_run(world: BenchWorld, method: str, batch: int, seq_len: int, device: str, precision):
+def make_run(
+    world: BenchWorld,
+    method: str,
+    batch: int,
+    seq_len: int,
+    device: str,
+    precision,
+    captions: Path | None = None,
+    **fast_paths,
+):
+    """A :class:`~mmcse.train.Run` + its optimizer, scheduler and batch schedule;
+    ``fast_paths`` are :class:`~mmcse.config.TrainConfig` fields (e.g. ``attn_implementation``)."""
+    from mmcse.fastpath import fused_adamw
     from mmcse.train import Run
 
     cfg = TrainConfig(
         model=str(world.model),
         method=method,
         method_args=args_of(method),
-        caption_corpus=str(world.captions),
+        caption_corpus=str(captions or world.captions),
         features={role: world.features[role, dim] for role, dim in method_needs(method)},
         mixing="caption-only",
         batch_size=batch,
@@ -272,25 +307,170 @@ def make_run(world: BenchWorld, method: str, batch: int, seq_len: int, device: s
         device=device,
         precision=precision,
         output_dir=str(world.root / "runs" / method),
+        **fast_paths,
     )
     run = Run(cfg)
-    optimizer = torch.optim.AdamW(run.student.parameters(), lr=1e-5)
+    fused = fused_adamw(cfg, run.device)
+    optimizer = torch.optim.AdamW(run.student.parameters(), lr=1e-5, fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     batches = run.data.schedule(0, batch)
     return run, optimizer, scheduler, batches
 
 
-def time_steps(state, start: int, n: int, device: torch.device) -> list[float]:
-    run, optimizer, scheduler, batches = state
-    times = []
-    for i in range(start, start + n):
-        kind, rows = batches[i % len(batches)]
-        t0 = time.perf_counter()
-        run._step(kind, rows, optimizer, scheduler)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return times
+class DataWaitMeter:
+    """Host seconds a run spends building its batches (id gather, cached features, the method's
+    extras) — the part of a step a prefetcher would hide — and the widths it padded to."""
+
+    def __init__(self, run) -> None:
+        self.seconds, self.widths = 0.0, []
+        batch, extras = run.data.batch, run.method.batch_extras
+
+        def timed_batch(*args, **kwargs):
+            out, seconds = timed_result(lambda: batch(*args, **kwargs))
+            self.seconds += seconds
+            self.widths.append(int(out.input_ids.shape[1]))
+            return out
+
+        def timed_extras(*args, **kwargs):
+            out, seconds = timed_result(lambda: extras(*args, **kwargs))
+            self.seconds += seconds
+            return out
+
+        run.data.batch, run.method.batch_extras = timed_batch, timed_extras
+
+    def reset(self) -> None:
+        self.seconds, self.widths = 0.0, []
+
+
+@dataclasses.dataclass
+class BenchState:
+    run: object
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    batches: list
+    meter: DataWaitMeter
+    next_batch: int = 0
+
+    @classmethod
+    def of(cls, world: BenchWorld, method: str, batch: int, seq_len: int, device, precision, **kw):
+        run, optimizer, scheduler, batches = make_run(
+            world, method, batch, seq_len, device, precision, **kw
+        )
+        return cls(run, optimizer, scheduler, batches, DataWaitMeter(run))
+
+    def step(self) -> None:
+        kind, rows = self.batches[self.next_batch % len(self.batches)]
+        self.next_batch += 1
+        self.run._step(kind, rows, self.optimizer, self.scheduler)
+
+
+@dataclasses.dataclass
+class StepStats:
+    """Timed steps of one run: median step, data-wait share, padded widths, peak memory."""
+
+    timing: Timing = dataclasses.field(default_factory=Timing)
+    data_wait_s: float = 0.0
+    widths: list[int] = dataclasses.field(default_factory=list)
+    peak_memory_bytes: int | None = None
+
+    @property
+    def step_s(self) -> float:
+        return self.timing.seconds
+
+    @property
+    def data_wait_share(self) -> float:
+        return self.data_wait_s / sum(self.timing.samples)
+
+    @property
+    def mean_width(self) -> float:
+        return statistics.fmean(self.widths)
+
+
+def time_variants(
+    states: dict[str, BenchState], device, steps: int, warmup: int, rounds: int
+) -> dict[str, StepStats]:
+    """Warm every state up, then time them in alternating rounds (drift hits all alike)."""
+    for state in states.values():
+        for _ in range(warmup):
+            state.step()
+    stats = {name: StepStats() for name in states}
+    per_round = max(1, steps // rounds)
+    for _ in range(rounds):
+        for name, state in states.items():
+            state.meter.reset()
+            reset_peak_memory(device)
+            stats[name].timing.extend(repeat(state.step, device, warmup=0, repeats=per_round))
+            stats[name].data_wait_s += state.meter.seconds
+            stats[name].widths += state.meter.widths
+            peak = peak_memory_bytes(device)
+            if peak is not None:
+                stats[name].peak_memory_bytes = max(stats[name].peak_memory_bytes or 0, peak)
+    return stats
+
+
+def count_ops(state: BenchState) -> int:
+    """Leaf ``aten::`` operators one step dispatches outside the optimizer: on a GPU each is at
+    least one kernel launch, so this counts what a launch-bound step pays for (on CUDA the
+    optimizer is one fused kernel). Deterministic, so it compares methods on any machine."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        state.step()
+    events = prof.events()
+    optimizer = [
+        (e.time_range.start, e.time_range.end) for e in events if e.name.startswith("Optimizer.")
+    ]
+
+    def is_leaf_op(e) -> bool:
+        if not e.name.startswith("aten::") or any(
+            c.name.startswith("aten::") for c in e.cpu_children
+        ):
+            return False
+        return not any(start <= e.time_range.start <= end for start, end in optimizer)
+
+    return sum(1 for e in events if is_leaf_op(e))
+
+
+def step_report(stats: StepStats, state: BenchState, batch: int, peak: float | None) -> dict:
+    """One run's figures: step ms, tokens/s, counted FLOPs and MFU, data wait, peak memory."""
+    shape = EncoderShape.of(state.run.encoder.backbone.config)
+    width = stats.mean_width
+    flops = train_step_flops(shape, batch, round(width))
+    return {
+        "step_ms": 1000 * stats.step_s,
+        "steps_per_s": 1 / stats.step_s,
+        "tokens_per_s": batch * width / stats.step_s,
+        "mean_width": width,
+        "flops_per_step": flops,
+        "mfu": mfu(flops, stats.step_s, peak),
+        "data_wait_share": stats.data_wait_share,
+        "peak_memory_bytes": stats.peak_memory_bytes,
+        "samples_ms": [1000 * t for t in stats.timing.samples],
+    }
+
+
+def bench_methods(
+    world: BenchWorld,
+    names: list[str],
+    batch: int,
+    seq_len: int,
+    device: str,
+    precision: str = "auto",
+    steps: int = 20,
+    warmup: int = 3,
+    rounds: int = 4,
+    peak: float | None = None,
+) -> dict[str, dict]:
+    """:func:`step_report` per method plus ``ratio`` (its step ÷ SimCSE's, same run)."""
+    names = ["simcse", *[n for n in names if n != "simcse"]]
+    states = {n: BenchState.of(world, n, batch, seq_len, device, precision) for n in names}
+    stats = time_variants(states, torch.device(device), steps, warmup, rounds)
+    reports = {n: step_report(stats[n], states[n], batch, peak) for n in names}
+    for name, report in reports.items():
+        report["ratio"] = report["step_ms"] / reports["simcse"]["step_ms"]
+        report["ops_per_step"] = count_ops(states[name])
+        report["ops_ratio"] = report["ops_per_step"] / reports["simcse"]["ops_per_step"]
+    return reports
 
 
 def bench_train(
@@ -303,49 +483,30 @@ def bench_train(
     seq_len: int = 32,
     methods: list[str] | None = None,
     precision: str = "auto",
+    peak_tflops: float | None = None,
 ) -> dict:
-    """Median step seconds per method, ratios to SimCSE, and SimCSE steps/s (+ MFU on CUDA)."""
+    """Median step seconds per method, ratios to SimCSE, SimCSE steps/s, MFU where a peak is
+    known (:func:`mmcse.flops.peak_flops`), and every method's full :func:`step_report`."""
     names = methods or METHODS.names()
     names = ["simcse", *[n for n in names if n != "simcse"]]
-    dev = torch.device(device)
+    peak, peak_source = peak_flops(device, peak_tflops)
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
         needs = set().union(*(method_needs(n) for n in names))
         world = synthetic_world(Path(tmp), size, seq_len, batch * 8, needs)
-        states = {n: make_run(world, n, batch, seq_len, device, precision) for n in names}
-        for n in names:
-            time_steps(states[n], 0, warmup, dev)
-        times: dict[str, list[float]] = {n: [] for n in names}
-        per_round = max(1, steps // rounds)
-        for r in range(rounds):
-            for n in names:
-                times[n] += time_steps(states[n], warmup + r * per_round, per_round, dev)
-    step_s = {n: statistics.median(t) for n, t in times.items()}
+        reports = bench_methods(
+            world, names, batch, seq_len, device, precision, steps, warmup, rounds, peak
+        )
     result = {
         "size": size,
         "device": device,
         "batch": batch,
         "seq_len": seq_len,
-        "step_seconds": step_s,
-        "ratios": {n: step_s[n] / step_s["simcse"] for n in names},
-        "simcse_steps_per_s": 1.0 / step_s["simcse"],
+        "step_seconds": {n: r["step_ms"] / 1000 for n, r in reports.items()},
+        "ratios": {n: r["ratio"] for n, r in reports.items()},
+        "simcse_steps_per_s": reports["simcse"]["steps_per_s"],
+        "peak_source": peak_source,
+        "methods": reports,
     }
-    mfu = simcse_mfu(size, batch, seq_len, step_s["simcse"], dev)
-    if mfu is not None:
-        result["simcse_mfu"] = mfu
+    if reports["simcse"]["mfu"] is not None:
+        result["simcse_mfu"] = reports["simcse"]["mfu"]
     return result
-
-
-def simcse_mfu(size: str, batch: int, seq_len: int, step_s: float, device: torch.device):
-    """Model FLOPs utilisation of a SimCSE step (6·params·tokens + attention), CUDA only."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-    if peak is None:
-        return None
-    c = SIZES[size]
-    h, layers, ff = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"]
-    params = layers * (4 * h * h + 2 * h * ff)
-    tokens = 2 * batch * seq_len  # two dropout views
-    flops = 6 * params * tokens + 12 * layers * h * seq_len * tokens
-    return flops / step_s / peak

@@ -195,7 +195,10 @@ def _check_range(value: Any, meta: typing.Mapping[str, Any], label: str) -> None
     if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
         allowed = meta.get("hint", meta["pattern"])
         raise SettingError(f"{label} must be {allowed}, not {value!r}")
+
+
 REPORT_TO = ("none", "tensorboard")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 @dataclass
@@ -242,6 +245,13 @@ class TrainConfig:
     dropout: float = field(default=0.1, metadata={"min": 0, "below": 1})
     device: str = field(default="auto", metadata={"pattern": DEVICE_PATTERN, "hint": DEVICES})
     precision: str = field(default="auto", metadata={"choices": PRECISIONS})
+    # encoder attention: sdpa (fused kernel) | eager (HF's)
+    attn_implementation: str = field(default="sdpa", metadata={"choices": ATTN_IMPLEMENTATIONS})
+    # torch.compile the encoder (slow first steps)
+    compile_encoder: bool = field(default=False, metadata={"flag": "--compile"})
+    fused_adamw: bool = True  # AdamW's fused kernel on CUDA (same update; ignored on CPU)
+    tf32: bool = False  # TF32 matmuls in fp32 runs on CUDA (faster, ~1e-3 relative error)
+    dynamic_padding: bool = True  # pad a batch to its longest sentence, not max_seq_length
     log_every: int = field(default=10, metadata={"min": 1})
     # steps between resumable last/ checkpoints; 0 = every eval_steps
     save_every: int = field(default=0, metadata={"min": 0})

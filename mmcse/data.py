@@ -252,7 +252,7 @@ class TrainData:
     # -- batches ---------------------------------------------------------------------------
     def batch(self, kind: str, rows: np.ndarray, device: torch.device) -> Batch:
         src = self.sources[kind]
-        width = int(src.lengths[rows].max())
+        width = batch_width(src.lengths[rows], self.cfg.max_seq_length, self.cfg.dynamic_padding)
         ids = torch.from_numpy(src.input_ids[rows, :width].astype(np.int64))
         mask = (torch.arange(width)[None, :] < torch.from_numpy(src.lengths[rows])[:, None]).long()
         features = {
@@ -296,6 +296,12 @@ def train_mix_counts(text_batches: int, caption_batches: int) -> dict[str, int]:
     steps = text_batches + caption_batches
     captions = (steps - 1) // every + 1
     return {TEXT: steps - captions, CAPTION: captions}
+
+
+def batch_width(lengths: np.ndarray, max_length: int, dynamic: bool) -> int:
+    """Padded width of a batch: its longest sentence (dynamic padding: no work on padding
+    columns every row has), else ``max_length`` (one static shape, e.g. for ``--compile``)."""
+    return int(lengths.max()) if dynamic else max_length
 
 
 def mix_batches(

@@ -67,8 +67,14 @@ class SentenceEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path_or_id: str, pooler: str | None = "cls_before_pooler", dropout: float | None = None
+        cls,
+        path_or_id: str,
+        pooler: str | None = "cls_before_pooler",
+        dropout: float | None = None,
+        attn_implementation: str | None = None,
     ) -> SentenceEncoder:
+        """``attn_implementation``: ``"sdpa"`` (PyTorch's fused attention kernels; the same
+        function as ``"eager"``, HF's reference matmul–softmax–matmul), ``None`` = HF default."""
         from transformers import AutoConfig, AutoModel
 
         quiet_transformers()
@@ -82,7 +88,8 @@ class SentenceEncoder(nn.Module):
             for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
                 if hasattr(config, key):
                     setattr(config, key, dropout)
-        return cls(AutoModel.from_pretrained(source, config=config), pooler)
+        kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        return cls(AutoModel.from_pretrained(source, config=config, **kwargs), pooler)
 
     @property
     def hidden_size(self) -> int:

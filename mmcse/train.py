@@ -34,6 +34,7 @@ from mmcse import distributed as dist
 from mmcse.config import TrainConfig
 from mmcse.data import Batch, TrainData
 from mmcse.errors import MmcseError
+from mmcse.fastpath import apply_fast_paths, fused_adamw
 from mmcse.io_errors import naming_os_errors
 from mmcse.losses.base import LossInputs
 from mmcse.methods import Method, build_method
@@ -251,10 +252,13 @@ class Run:
         self.cfg = cfg = dataclasses.replace(cfg, pooler=pooler)
         self.tokenizer = load_tokenizer(cfg.model)
         source = str(self.out / ckpt.LAST_DIR) if resume else cfg.model
-        encoder = SentenceEncoder.from_pretrained(source, cfg.pooler, cfg.dropout)
+        encoder = SentenceEncoder.from_pretrained(
+            source, cfg.pooler, cfg.dropout, attn_implementation=cfg.attn_implementation
+        )
         self.data = TrainData(cfg, self.tokenizer, self.method)
         dims = {role: int(fs.dim) for role, fs in self.data.feature_sets.items()}
         self.student = Student(encoder, self.method, dims).to(self.device)
+        apply_fast_paths(cfg, encoder, self.device)
         self.model = self.student
         if dist.is_distributed():
             self.model = nn.parallel.DistributedDataParallel(
@@ -296,6 +300,7 @@ class Run:
             lr=cfg.learning_rate,
             weight_decay=cfg.weight_decay,
             eps=cfg.adam_eps,
+            fused=fused_adamw(cfg, self.device),
         )
         scheduler = linear_schedule(optimizer, cfg.warmup_steps, self.total)
         epoch0, index0 = self._start(optimizer, scheduler)
@@ -433,7 +438,7 @@ class Run:
         score = None
         if dist.is_main():
             if self.eval_dir is not None:
-                from mmcse.evaluation import dev_score
+                from mmcse.dev_eval import dev_score  # dev data prepared once per run
 
                 score = dev_score(self.encoder, self.tokenizer, self.eval_dir)
             if score is None or self.best_dev is None or score > self.best_dev:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from mmcse.errors import MmcseError
+from mmcse.timing import steady_rate, timed
 from pipeline.teachers import build_teacher
 
 FLICKR_SIZE = (500, 375)  # width, height: the typical Flickr30k/COCO photo
@@ -60,24 +60,6 @@ def synthetic_captions(count: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choices(words, k=rng.randint(8, 24))) + " ." for _ in range(count)]
 
 
-def steady_rate(batches: Iterable[int]) -> float:
-    """Items/s over all batches after the first (``batches`` yields each batch's item count
-    once its work is done); with a single batch, that batch alone."""
-    start = time.perf_counter()
-    first_done, counted = None, 0
-    for count in batches:
-        if first_done is None:
-            first_done, first_count = time.perf_counter(), count
-        else:
-            counted += count
-    end = time.perf_counter()
-    if first_done is None:
-        raise MmcseError("nothing to time: use at least one item")
-    if counted == 0:
-        return first_count / (end - start)
-    return counted / (end - first_done)
-
-
 def image_loader(paths: list[str], teacher, batch_size: int, num_workers: int):
     from torch.utils.data import DataLoader
 
@@ -107,8 +89,6 @@ def teacher_batches(teacher, count: int, batch_size: int) -> Iterable[int]:
     for start in range(0, count, batch_size):
         batch = pixels[: min(batch_size, count - start)]
         teacher.encode_images(batch)
-        if teacher.device.type == "cuda":
-            torch.cuda.synchronize(teacher.device)
         yield len(batch)
 
 
@@ -122,9 +102,7 @@ def text_rate(teacher, sentences: list[str]) -> float:
     """Sentences/s of one ``encode_texts`` call over all of them (its length-sorted batching
     included), after a one-batch warm-up."""
     teacher.encode_texts(sentences[: teacher.batch_size])
-    start = time.perf_counter()
-    teacher.encode_texts(sentences)
-    return len(sentences) / (time.perf_counter() - start)
+    return len(sentences) / timed(lambda: teacher.encode_texts(sentences), teacher.device)
 
 
 def run_extract_bench(
@@ -165,10 +143,11 @@ def image_rates(teacher, images: int, batch_size: int, num_workers: int, echo) -
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as folder:
         paths = write_synthetic_jpegs(Path(folder), images)
         loader = image_loader(paths, teacher, batch_size, num_workers)
+        device = teacher.device
         rates = {
             "decode": steady_rate(decode_batches(loader)),
-            "teacher": steady_rate(teacher_batches(teacher, images, batch_size)),
-            "end-to-end": steady_rate(end_to_end_batches(teacher, loader)),
+            "teacher": steady_rate(teacher_batches(teacher, images, batch_size), device),
+            "end-to-end": steady_rate(end_to_end_batches(teacher, loader), device),
         }
     for name, rate in rates.items():
         echo(f"{name}: {rate:.1f} images/s")

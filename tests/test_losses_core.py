@@ -14,7 +14,8 @@ from mmcse.registry import LOSSES, METHODS
 
 def cos(a, b):
     return float(
-        sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+        sum(x * y for x, y in zip(a, b, strict=True))
+        / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
     )
 
 

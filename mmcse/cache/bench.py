@@ -9,7 +9,6 @@ index build separately.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from mmcse.cache.featureset import FeatureSet
 from mmcse.cache.layout import progress
 from mmcse.cache.writer import FeatureSetWriter
+from mmcse.timing import timed, timed_result
 
 _GENERATE_ROWS = 16_384  # rows generated at a time inside one shard (bounds float32 scratch)
 
@@ -37,24 +37,19 @@ def gather_throughput(
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-", dir=directory) as temp:
         path = Path(temp) / "set"
-        started = time.perf_counter()
-        _write_synthetic(path, num_rows, dim, dtype, num_shards, backend, rng)
-        write_s = time.perf_counter() - started
-
-        started = time.perf_counter()
-        FeatureSet.open(path)  # the first open verifies the whole set and records it
-        verify_open_s = time.perf_counter() - started
-        started = time.perf_counter()
-        features = FeatureSet.open(path)
-        open_s = time.perf_counter() - started
-        started = time.perf_counter()
-        features.rows_for(["0"])  # builds the id index once, as the first training batch would
-        index_s = time.perf_counter() - started
+        write_s = timed(
+            lambda: _write_synthetic(path, num_rows, dim, dtype, num_shards, backend, rng)
+        )
+        # the first open verifies the whole set and records it; later opens read that record
+        verify_open_s = timed(lambda: FeatureSet.open(path))
+        features, open_s = timed_result(lambda: FeatureSet.open(path))
+        # builds the id index once, as the first training batch would
+        index_s = timed(lambda: features.rows_for(["0"]))
 
         batches = rng.integers(0, num_rows, size=(num_batches, batch))
         id_batches = [[str(row) for row in rows] for rows in batches]
-        by_ids_s = _time(lambda: [features.gather(ids) for ids in id_batches])
-        by_rows_s = _time(lambda: [features.take(rows) for rows in batches])
+        by_ids_s = timed(lambda: [features.gather(ids) for ids in id_batches])
+        by_rows_s = timed(lambda: [features.take(rows) for rows in batches])
     rows = num_batches * batch
     return {
         "rows_per_s": rows / by_ids_s,
@@ -89,9 +84,3 @@ def _write_synthetic(path, num_rows, dim, dtype, num_shards, backend, rng) -> No
             block[:] = rng.standard_normal(block.shape, dtype=np.float32)
         writer.write_shard(index, [str(i) for i in range(start, stop)], rows)
     writer.finalize(num_shards=num_shards)
-
-
-def _time(work) -> float:
-    started = time.perf_counter()
-    work()
-    return time.perf_counter() - started

@@ -57,7 +57,7 @@ from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
 from mmcse.losses.arc_margin_info_nce import angular_margin_logits
-from mmcse.losses.base import Loss, LossInputs, cosine_matrix, l2_normalize
+from mmcse.losses.base import Loss, LossInputs, cosine_matrix, l2_normalize, project_views
 from mmcse.losses.info_nce import MLPHead
 from mmcse.registry import register_loss
 
@@ -131,7 +131,10 @@ class AdaptiveAngularMarginLoss(Loss):
 
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
         # project locally, then gather (as MCSE's term does): every rank's loss is the global one
-        views = [gather_across_ranks(self.grounding(v)) for v in (inputs.view1, inputs.view2)]
+        views = [
+            gather_across_ranks(v)
+            for v in project_views(self.grounding, inputs.view1, inputs.view2)
+        ]
         image, image_keys = self._gathered(inputs, self.image_role, self.image_head)
         if self.text_role is None:
             loss = self.compute_loss_from_embeddings(

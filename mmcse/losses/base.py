@@ -77,3 +77,10 @@ def l2_normalize(x: Tensor) -> Tensor:
 def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
     """``[N, M]`` cosine similarities between the rows of ``a`` and ``b``."""
     return l2_normalize(a) @ l2_normalize(b).T
+
+
+def project_views(head: nn.Module, view1: Tensor, view2: Tensor) -> tuple[Tensor, Tensor]:
+    """``head(view1), head(view2)`` in one call: a row-wise head (Linear, activation; no
+    BatchNorm) gives the same rows, with one matmul instead of two (fewer kernels per step)."""
+    both = head(torch.cat([view1, view2]))
+    return both[: len(view1)], both[len(view1) :]

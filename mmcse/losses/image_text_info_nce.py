@@ -29,7 +29,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
-from mmcse.losses.base import Loss, LossInputs, l2_normalize
+from mmcse.losses.base import Loss, LossInputs, l2_normalize, project_views
 from mmcse.losses.heads import resolve_head
 from mmcse.losses.info_nce import info_nce
 from mmcse.registry import register_loss
@@ -87,6 +87,6 @@ class ImageTextInfoNCELoss(Loss):
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
         image = inputs.feature(self.feature_role)
         v = self.image_head(image.to(self.image_head[0].weight.dtype))
-        views = [self.text_head(inputs.view1), self.text_head(inputs.view2)]
+        views = list(project_views(self.text_head, inputs.view1, inputs.view2))
         loss = self.compute_loss_from_embeddings(views, v, self.temperature, self.views)
         return {"image_text_loss": loss}

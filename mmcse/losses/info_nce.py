@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
-from mmcse.losses.base import Loss, LossInputs, cosine_matrix
+from mmcse.losses.base import Loss, LossInputs, cosine_matrix, project_views
 from mmcse.losses.heads import HEAD_INITS, MLPHead, resolve_head  # noqa: F401  (re-exported)
 from mmcse.registry import register_loss
 
@@ -60,5 +60,5 @@ class SimCSELoss(Loss):
         return info_nce(gather_across_ranks(h1), gather_across_ranks(h2), temperature)
 
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
-        h1, h2 = self.mlp(inputs.view1), self.mlp(inputs.view2)
+        h1, h2 = project_views(self.mlp, inputs.view1, inputs.view2)
         return {"simcse_loss": self.compute_loss_from_embeddings(h1, h2, self.temperature)}

@@ -50,7 +50,7 @@ from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
 from mmcse.losses.arc_margin_info_nce import angular_margin_logits
-from mmcse.losses.base import Loss, LossInputs, cosine_matrix
+from mmcse.losses.base import Loss, LossInputs, cosine_matrix, project_views
 from mmcse.losses.heads import resolve_head
 from mmcse.registry import register_loss
 
@@ -155,8 +155,7 @@ class IntraModalAlignmentLoss(Loss):
         return teacher_kl(student, teacher_similarity / teacher_temperature)
 
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
-        h1 = gather_across_ranks(self.mlp(inputs.view1))
-        h2 = gather_across_ranks(self.mlp(inputs.view2))
+        h1, h2 = map(gather_across_ranks, project_views(self.mlp, inputs.view1, inputs.view2))
         teacher = mixed_teacher_similarity(inputs, self.text_teachers, self.teacher_mix)
         loss = self.compute_loss_from_embeddings(
             h1, h2, teacher, self.temperature, self.teacher_temperature, self.margin

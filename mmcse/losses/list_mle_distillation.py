@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
-from mmcse.losses.base import Loss, LossInputs
+from mmcse.losses.base import Loss, LossInputs, project_views
 from mmcse.losses.heads import resolve_head
 from mmcse.losses.intra_modal_alignment import (
     DEFAULT_TEXT_TEACHERS,
@@ -96,8 +96,7 @@ class ListMLEDistillationLoss(Loss):
         return list_mle(student_scores(h1, h2, margin) / temperature, teacher_similarity)
 
     def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
-        h1 = gather_across_ranks(self.mlp(inputs.view1))
-        h2 = gather_across_ranks(self.mlp(inputs.view2))
+        h1, h2 = map(gather_across_ranks, project_views(self.mlp, inputs.view1, inputs.view2))
         with torch.no_grad():
             teacher = mixed_teacher_similarity(inputs, self.text_teachers, self.teacher_mix)
         loss = self.compute_loss_from_embeddings(h1, h2, teacher, self.temperature, self.margin)

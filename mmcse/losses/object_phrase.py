@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmcse.losses.base import Loss, LossInputs, l2_normalize
+from mmcse.losses.base import Loss, LossInputs, l2_normalize, project_views
 from mmcse.losses.image_text_info_nce import VIEW_REDUCTIONS
 from mmcse.losses.info_nce import MLPHead
 from mmcse.registry import register_loss
@@ -111,12 +111,12 @@ class ObjectPhraseInfoNCELoss(Loss):
         spans, mask = inputs.extras["phrase_spans"], inputs.extras["phrase_mask"]
         objects = inputs.feature(self.feature_role)
         o = self.object_head(objects.to(self.object_head[0].weight.dtype))
-        views = inputs.token_states[:1] if self.views == "first" else inputs.token_states
+        pooled = [mean_over_spans(states, spans) for states in inputs.token_states]
+        phrases = project_views(self.phrase_head, *pooled)  # one matmul for both views
+        if self.views == "first":
+            phrases = phrases[:1]
         losses = [
-            self.compute_loss_from_embeddings(
-                self.phrase_head(mean_over_spans(states, spans)), o, mask, self.temperature
-            )
-            for states in views
+            self.compute_loss_from_embeddings(p, o, mask, self.temperature) for p in phrases
         ]
         loss = sum(losses) / len(losses) if self.views == "mean" else sum(losses)
         return {"object_phrase_loss": loss}

@@ -4,16 +4,16 @@ Models are built from configs with random weights (``real`` = Florence-2-large, 
 and the real-size image teacher; ``tiny`` = the test models), so no download is needed; speed
 does not depend on the weights. Florence-2 generates a fixed number of new tokens (EOS is never
 allowed to stop it early), so every run does the same work. Each stage runs once to warm up, then
-is timed over ``images`` images in batches of ``batch_size``.
+is timed over ``images`` images (:func:`mmcse.timing.repeat`) in batches of ``batch_size``.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from mmcse.timing import repeat
 
 PROMPT_TOKENS = 24  # "Locate the phrases in the caption: " + a typical Flickr30k caption
 BOXES_PER_IMAGE = 4  # MCSEO reports 4.2 object–phrase pairs per image
@@ -24,17 +24,6 @@ class BenchResult:
     stage: str
     images_per_s: float
     detail: str
-
-
-def _timed(step: Callable[[], None], device: torch.device) -> float:
-    step()  # warm-up (allocations, kernels)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
 
 
 def _batches(images: int, batch_size: int) -> list[int]:
@@ -75,7 +64,7 @@ def bench_florence(size: str, device, images: int, batch_size: int, new_tokens: 
                     do_sample=False,
                 )
 
-    seconds = _timed(run, device)
+    seconds = repeat(run, device, warmup=1, repeats=1).seconds
     return BenchResult("florence2 grounding", images / seconds, f"{new_tokens} tokens, 3 beams")
 
 
@@ -101,7 +90,7 @@ def bench_sam2(size: str, device, images: int, batch_size: int):
                         multimask_output=False,
                     )
 
-    seconds = _timed(run, device)
+    seconds = repeat(run, device, warmup=1, repeats=1).seconds
     return BenchResult("sam2 masks", images / seconds, f"{BOXES_PER_IMAGE} boxes per image")
 
 
@@ -125,7 +114,7 @@ def bench_encoding(size: str, device, images: int, batch_size: int, teacher_name
             ]
             teacher.encode_images(torch.stack(crops).to(device))
 
-    seconds = _timed(run, device)
+    seconds = repeat(run, device, warmup=1, repeats=1).seconds
     return BenchResult(
         f"object cut-out + {teacher_name}",
         images / seconds,
