@@ -179,10 +179,31 @@ def eval_command(
     align_uniform: bool = typer.Option(
         False, "--align-uniform", help="Also report alignment and uniformity on STS-B."
     ),
+    tasks: str = typer.Option(
+        "sts", help="Comma-separated: sts, transfer (or some of MR,CR,SUBJ,MPQA,SST2,TREC,MRPC), retrieval."
+    ),
+    transfer_mode: str = typer.Option(
+        "test", help="SimCSE's transfer setting: test (the papers': 10-fold, Adam) | fasttest."
+    ),
+    images_features: str | None = typer.Option(
+        None, help="Retrieval: cached image feature set of held-out images (keyed by image id)."
+    ),
+    captions: str | None = typer.Option(
+        None, help="Retrieval: caption corpus of those images (extract-images, --caption-policy all)."
+    ),
+    head: str | None = typer.Option(None, help="Retrieval: which loss term's heads [default: first]."),
 ) -> None:
-    """SentEval STS evaluation as in SimCSE/MCSE: Spearman x 100, 'all' setting."""
+    """SentEval STS (Spearman x 100, 'all'), transfer tasks and cross-modal retrieval."""
     from mmcse.evaluation import evaluate_sts, format_table, write_report
+    from mmcse.evaluation.suites import parse_suites, run_extra_suites
 
+    suites = parse_suites(tasks, images_features, captions)
+    if "sts" not in suites:
+        run_extra_suites(
+            model, suites, data, out, pooler, batch_size, device, transfer_mode,
+            images_features, captions, head,
+        )  # fmt: skip
+        return
     results = evaluate_sts(
         model,
         data_dir=data,
@@ -194,7 +215,12 @@ def eval_command(
         progress=True,
     )
     typer.echo(format_table(results))
-    if out:
+    if len(suites) > 1:
+        run_extra_suites(
+            model, suites, data, out, pooler, batch_size, device, transfer_mode,
+            images_features, captions, head, sts=results,
+        )  # fmt: skip
+    elif out:
         typer.echo(f"wrote {write_report(results, out)}")
 
 
