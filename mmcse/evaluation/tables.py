@@ -131,13 +131,14 @@ def write_tables(
     stem: str | Path,
     extra_columns: Sequence[str] = (),
     measured: Sequence[int] | None = None,
+    formats: Sequence[str] = tuple(FORMATS),
 ) -> list[Path]:
-    """``<stem>.md``, ``<stem>.csv`` and ``<stem>.tex`` of the same table."""
+    """``<stem>.md``, ``<stem>.csv`` and ``<stem>.tex`` of the same table (those in ``formats``)."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
-    for fmt, suffix in FORMATS.items():
-        path = stem.with_suffix(suffix)
+    for fmt in formats:
+        path = stem.with_suffix(FORMATS[fmt])
         path.write_text(render(rows, columns, fmt, extra_columns, measured) + "\n")
         paths.append(path)
     return paths
