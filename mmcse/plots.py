@@ -46,20 +46,24 @@ def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def loss_series(records: list[dict]) -> dict[str, tuple[list[float], list[float]]]:
+    """``{"loss": ..., "<term>_loss": ...}`` → (steps, values), for every key any record has."""
+    terms = sorted({k for r in records for k in r if k.endswith("_loss")})
+    series = {key: _series(records, key) for key in ("loss", *terms)}
+    return {key: value for key, value in series.items() if value[0]}
+
+
 def plot_training_curves(run: Run, path: str | Path) -> Path | None:
     """Loss terms, lr and STS-B dev of one run; ``None`` when it logged nothing yet."""
     records = run.metrics()
     if not records:
         return None
     plt = _pyplot()
-    terms = sorted({k for r in records for k in r if k.endswith("_loss")})
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     loss_ax, lr_ax, dev_ax = axes
-    for key in ("loss", *terms):
-        steps, values = _series(records, key)
-        if steps:
-            style = {"color": "black", "linewidth": 2} if key == "loss" else {}
-            loss_ax.plot(steps, values, label="total (weighted)" if key == "loss" else key, **style)
+    for key, (steps, values) in loss_series(records).items():
+        style = {"color": "black", "linewidth": 2} if key == "loss" else {}
+        loss_ax.plot(steps, values, label="total (weighted)" if key == "loss" else key, **style)
     loss_ax.set(title="loss terms", xlabel="step", ylabel="loss")
     if loss_ax.lines:
         loss_ax.legend(fontsize=8)
