@@ -201,7 +201,7 @@ def eval_command(
     from mmcse.evaluation import evaluate_sts, format_table, write_report
     from mmcse.evaluation.suites import parse_suites, run_extra_suites
 
-    suites = parse_suites(tasks, images_features, captions)
+    suites = parse_suites(tasks, images_features, captions, data)
     if "sts" not in suites:
         run_extra_suites(
             model, suites, data, out, pooler, batch_size, device, transfer_mode,

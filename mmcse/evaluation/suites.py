@@ -13,14 +13,17 @@ import typer
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.report import write_report
-from mmcse.evaluation.transfer import TRANSFER_TASKS, parse_tasks
+from mmcse.evaluation.transfer import TRANSFER_TASKS, check_task_folders, parse_tasks
 
 SUITES = ("sts", "transfer", "retrieval")
 RUN_FILES = {"sts": "results.json", "transfer": "transfer.json", "retrieval": "retrieval.json"}
 
 
 def parse_suites(
-    text: str, images_features: str | None = None, captions: str | None = None
+    text: str,
+    images_features: str | None = None,
+    captions: str | None = None,
+    data_dir: str | None = None,
 ) -> dict[str, list[str] | None]:
     """``"sts,transfer"`` → ``{"sts": None, "transfer": [all 7]}``; transfer task names select
     a subset (``"sts,MR,TREC"``). Retrieval needs both of its folders."""
@@ -46,6 +49,8 @@ def parse_suites(
         raise MmcseError("--tasks is empty; use sts, transfer, retrieval")
     if "retrieval" in suites and not (images_features and captions):
         raise MmcseError("--tasks retrieval needs --images-features DIR and --captions DIR")
+    if "transfer" in suites:  # a missing folder fails now, not after the STS tasks
+        check_task_folders(data_dir, suites["transfer"])
     return suites
 
 

@@ -26,6 +26,7 @@ encoder joined with single spaces (SimCSE's batcher).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -241,6 +242,16 @@ def resolve_transfer_dir(data_dir) -> Path:
     return root / "downstream" if (root / "downstream").is_dir() else root
 
 
+def check_task_folders(data_dir, names: Sequence[str]) -> Path:
+    """Fail early (before any model work) when a task's folder is missing."""
+    downstream = resolve_transfer_dir(data_dir)
+    for name in names:
+        folder = downstream / TASK_FOLDERS[name]
+        if not folder.is_dir():
+            raise MmcseError(f"SentEval task folder {folder} is missing (task {name})")
+    return downstream
+
+
 def load_transfer_tasks(data_dir, names: Sequence[str]) -> list[TransferTask]:
     downstream = resolve_transfer_dir(data_dir)
     return [load_transfer_task(downstream, name) for name in names]
@@ -294,8 +305,6 @@ def evaluate_transfer(
         details[task.name] = probe_task(task, vectors, row, settings)
         details[task.name]["seconds"] = round(time.perf_counter() - t0, 2)
         if progress:
-            import sys
-
             print(f"{task.name}: {details[task.name]['acc']:.2f}", file=sys.stderr)
     results: dict = {name: details[name]["acc"] for name in details}
     results["avg"] = average_of_printed(results[name] for name in details)
