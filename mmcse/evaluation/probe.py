@@ -4,8 +4,9 @@ This follows SentEval (Conneau & Kiela, 2018; ``senteval/tools/classifier.py`` a
 ``validation.py``) with ``usepytorch=True`` and ``nhid=0`` — the setting SimCSE's
 ``evaluation.py`` uses — so the numbers are the ones SimCSE/MCSE/DALR print:
 
-* :class:`LinearProbe`: one ``nn.Linear(D, C)`` trained with cross-entropy (mean over the batch)
-  and the optimizer's ``weight_decay = l2reg``; passes of ``epoch_size`` epochs over shuffled
+* :class:`LinearProbe`: one ``nn.Linear(D, C)`` trained with cross-entropy averaged over the
+  batch and the optimizer's ``weight_decay = l2reg`` (SentEval sets ``size_average = False``
+  *after* building the loss, which PyTorch >= 0.4.1 ignores; SimCSE ran such versions); passes of ``epoch_size`` epochs over shuffled
   mini-batches, scored on a validation set after each pass, the best-scoring weights kept.
   Training stops once the validation accuracy failed to improve more than ``tenacity`` times
   *in total* (SentEval never resets that counter) or after ``max_epoch`` epochs.
@@ -18,7 +19,10 @@ This follows SentEval (Conneau & Kiela, 2018; ``senteval/tools/classifier.py`` a
   (5 % early-stopping split); score the given test set.
 * :func:`split` (SST-2): ``l2reg`` picked on the dev set; refit early-stopping on dev; score test.
 
-Seeds as in SentEval: folds ``StratifiedKFold(shuffle=True, random_state=1111)``; every probe
+Same seeds and call order as SentEval, so the folds and mini-batch orders are SentEval's (the
+folds as drawn by the installed scikit-learn); the weights can still differ in the last bits
+from a GPU run of SentEval, which is where the published numbers were measured. Seeds as in
+SentEval: folds ``StratifiedKFold(shuffle=True, random_state=1111)``; every probe
 reseeds its own NumPy stream and torch's initialisation with 1111 (SentEval calls
 ``np.random.seed``/``torch.manual_seed``; here a private ``RandomState`` and a forked torch RNG
 give the same streams without touching global state). Accuracies are rounded to 2 decimals where
