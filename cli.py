@@ -313,15 +313,40 @@ def eval_command(
     align_uniform: bool = typer.Option(
         False, "--align-uniform", help="Also report alignment and uniformity on STS-B."
     ),
+    tasks: str = typer.Option(
+        "sts",
+        help="Comma-separated: sts, transfer (or some of MR,CR,SUBJ,MPQA,SST2,TREC,MRPC), retrieval.",
+    ),
+    transfer_mode: str = typer.Option(
+        "test", help="SimCSE's transfer setting: test (the papers': 10-fold, Adam) | fasttest."
+    ),
+    images_features: str | None = typer.Option(
+        None, help="Retrieval: cached image feature set of held-out images (keyed by image id)."
+    ),
+    captions: str | None = typer.Option(
+        None,
+        help="Retrieval: caption corpus of those images (extract-images, --caption-policy all).",
+    ),
+    head: str | None = typer.Option(
+        None, help="Retrieval: which loss term's heads [default: first]."
+    ),
 ) -> None:
-    """SentEval STS evaluation as in SimCSE/MCSE: Spearman x 100, 'all' setting."""
+    """SentEval STS (Spearman x 100, 'all'), transfer tasks and cross-modal retrieval."""
     from mmcse.checkpoint import unfinished_warning
     from mmcse.evaluation import evaluate_sts, format_table, write_report
+    from mmcse.evaluation.suites import parse_suites, run_extra_suites
     from mmcse.model import resolve_model_dir
 
+    suites = parse_suites(tasks, images_features, captions, data)
     warning = unfinished_warning(resolve_model_dir(model))
     if warning:
         typer.echo(warning, err=True)
+    if "sts" not in suites:
+        run_extra_suites(
+            model, suites, data, out, pooler, batch_size, device, transfer_mode,
+            images_features, captions, head,
+        )  # fmt: skip
+        return
     results = evaluate_sts(
         model,
         data_dir=data,
@@ -333,7 +358,12 @@ def eval_command(
         progress=True,
     )
     typer.echo(format_table(results))
-    if out:
+    if len(suites) > 1:
+        run_extra_suites(
+            model, suites, data, out, pooler, batch_size, device, transfer_mode,
+            images_features, captions, head, sts=results,
+        )  # fmt: skip
+    elif out:
         typer.echo(f"wrote {write_report(results, out)}")
 
 
@@ -349,6 +379,46 @@ def export(
 
     path, used = export_run(run, out, pooler=pooler, overwrite=overwrite)
     typer.echo(f"exported {run} to {path} (pooling {used}); model card {path}/README.md")
+
+
+# ---- compare / plot --------------------------------------------------------------------------
+
+
+@app.command()
+def compare(
+    runs: list[str] = typer.Argument(..., help="Run directories, or folders of seed runs."),
+    table_format: str = typer.Option("md", "--format", help="md | csv | latex"),
+    out: str | None = typer.Option(None, help="Also write the table to this file."),
+) -> None:
+    """STS (+ transfer, + retrieval) of runs in one table: mean ± std over seeds, best marked."""
+    from pathlib import Path
+
+    from mmcse.evaluation.compare_runs import compare_table
+
+    table = compare_table(runs, table_format)
+    typer.echo(table)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(table + "\n")
+        typer.echo(f"wrote {out}")
+
+
+@app.command()
+def plot(
+    runs: list[str] = typer.Argument(..., help="Run directories, seed folders or ablation dirs."),
+    out_dir: str | None = typer.Option(
+        None, help="Where the multi-run scatter goes [default: beside the first run]."
+    ),
+    align_uniform: bool = typer.Option(
+        False, "--align-uniform", help="Compute alignment/uniformity on STS-B where missing."
+    ),
+    data: str | None = typer.Option(None, help="SentEval data folder (for --align-uniform)."),
+) -> None:
+    """PNG training curves per run, the alignment–uniformity scatter, ablation bar charts."""
+    from mmcse.plots import write_run_plots
+
+    for path in write_run_plots(runs, out_dir, compute_align_uniform=align_uniform, data_dir=data):
+        typer.echo(f"wrote {path}")
 
 
 # ---- cache -----------------------------------------------------------------------------------

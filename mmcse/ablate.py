@@ -224,4 +224,11 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
     md = Path(path)
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(ablation.markdown())
+    from mmcse.evaluation.tables import write_tables  # .csv/.tex beside it, as mmcse compare
+    from mmcse.published import COLUMNS
+
+    extra = ["p (Welch vs full)", "published avg"]
+    write_tables(
+        ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex")
+    )
     return md, write_report(ablation.to_dict(), md.with_suffix(".json"))

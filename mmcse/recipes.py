@@ -447,6 +447,11 @@ def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tupl
         "comparison": [r.to_dict() for r in rows],
     }
     write_report(report, Path(output_dir) / "results.json")
+    from mmcse.evaluation.tables import write_tables  # results.md/.csv/.tex, as mmcse compare
+    from mmcse.published import COLUMNS
+
+    this_run = [i for i, r in enumerate(rows) if r.label.startswith("this run")]
+    write_tables(rows, COLUMNS, Path(output_dir) / "results", ("source",), this_run)
     table = markdown_table(rows, extra_columns=("source",))
     notes = [n for n in (departure_note(changes), pooling_hint(recipe, **given)) if n]
     return runs, table + "".join(f"\n\n{n}" for n in notes)

@@ -1,0 +1,214 @@
+"""Cross-modal retrieval in a trained run's grounded space (the analyses of MCSE §5 / DALR).
+
+A grounding method (MCSE, DALR, ...) trains two heads next to the student: ``text_head``
+(``H -> d``) on the sentence embedding and ``image_head`` (``D -> d``) on the cached image
+feature, both Linear + Tanh, compared by cosine. After training they are saved in
+``mmcse_heads.safetensors``; here captions of a held-out image–caption set are embedded by the
+student, both sides go through the heads, and every caption is ranked against every image:
+
+* text→image: for each caption, the rank of *its* image among all images;
+* image→text: for each image, the best rank of *any* of its captions among all captions (an
+  image with 5 captions is a hit at k when one of them is in the top k — the usual COCO/Flickr
+  protocol).
+
+Recall@k (%, k = 1, 5, 10) is the share of queries whose rank is < k (ranks start at 0); the
+median rank is reported 1-based (``floor(median(rank)) + 1``, as VSE++/SentEval's COCO task).
+A rank counts the candidates with a strictly higher cosine (ties resolved in the query's
+favour). The zero-shot baseline compares the raw sentence embedding with the raw image feature,
+only when their dimensions match; otherwise it is reported as not applicable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmcse.errors import MmcseError
+from mmcse.evaluation.encode import encode_sentences
+from mmcse.evaluation.sts import load_encoder
+
+KS = (1, 5, 10)
+
+
+@dataclass(frozen=True)
+class GroundingHeads:
+    """The text and image heads of one loss term of a run (Linear + Tanh each)."""
+
+    term: str
+    text_weight: torch.Tensor  # [d, H]
+    text_bias: torch.Tensor
+    image_weight: torch.Tensor  # [d, D]
+    image_bias: torch.Tensor
+
+    def text(self, x: np.ndarray) -> np.ndarray:
+        return _head(x, self.text_weight, self.text_bias)
+
+    def image(self, x: np.ndarray) -> np.ndarray:
+        return _head(x, self.image_weight, self.image_bias)
+
+
+def _head(x: np.ndarray, weight: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        out = torch.tanh(torch.as_tensor(x, dtype=torch.float32) @ weight.float().T + bias.float())
+    return out.numpy()
+
+
+def load_heads(model_dir: str | Path, term: str | None = None) -> GroundingHeads:
+    """The grounding heads saved with a checkpoint (the first term having both, or ``term``)."""
+    from safetensors.torch import load_file
+
+    from mmcse.model import HEADS_FILE
+
+    path = Path(model_dir) / HEADS_FILE
+    if not path.is_file():
+        raise MmcseError(
+            f"{model_dir} has no {HEADS_FILE}: retrieval needs a run trained with a grounding "
+            "method (mcse, dalr, ...), not a plain HF model"
+        )
+    state = load_file(str(path))
+    terms = sorted(
+        {k.split(".")[1] for k in state if k.startswith("losses.") and ".text_head.0." in k}
+    )
+    terms = [t for t in terms if f"losses.{t}.image_head.0.weight" in state]
+    if not terms:
+        raise MmcseError(
+            f"{path} holds no text_head + image_head pair: the run's method has no image "
+            "grounding term, so there is no shared text–image space to retrieve in"
+        )
+    chosen = term or terms[0]
+    if chosen not in terms:
+        raise MmcseError(f"no grounding heads named {chosen!r} in {path}; it has {terms}")
+    p = f"losses.{chosen}."
+    return GroundingHeads(
+        chosen,
+        state[p + "text_head.0.weight"],
+        state[p + "text_head.0.bias"],
+        state[p + "image_head.0.weight"],
+        state[p + "image_head.0.bias"],
+    )
+
+
+def load_pairs(images_features: str | Path, captions: str | Path):
+    """Caption texts, each caption's image index, the image ids and their features."""
+    from mmcse.cache import Corpus, FeatureSet
+
+    for path, what in ((captions, "--captions"), (images_features, "--images-features")):
+        if not Path(path).is_dir():
+            raise MmcseError(f"{what} {path} is not a directory")
+    corpus = Corpus.open(captions)
+    image_of = corpus.image_ids
+    if any(i is None for i in image_of):
+        raise MmcseError(f"{captions}: captions without an image id cannot be scored")
+    image_ids = list(dict.fromkeys(image_of))
+    features = FeatureSet.open(images_features).gather(image_ids).astype(np.float32)
+    index = {image: row for row, image in enumerate(image_ids)}
+    return corpus.texts, np.array([index[i] for i in image_of]), image_ids, features
+
+
+def ranks(similarity: np.ndarray, caption_image: np.ndarray) -> dict[str, np.ndarray]:
+    """0-based ranks: ``t2i`` per caption (``similarity`` is ``[images, captions]``), ``i2t``
+    per image (best of its captions)."""
+    correct = similarity[caption_image, np.arange(similarity.shape[1])]  # [captions]
+    t2i = (similarity > correct[None, :]).sum(axis=0)
+    i2t = np.empty(similarity.shape[0], dtype=np.int64)
+    for image in range(similarity.shape[0]):
+        own = similarity[image, caption_image == image]
+        if own.size == 0:
+            raise MmcseError(f"image row {image} has no caption")
+        i2t[image] = int((similarity[image] > own.max()).sum())
+    return {"t2i": t2i, "i2t": i2t}
+
+
+def recall_table(rank: np.ndarray) -> dict[str, float]:
+    out = {f"R@{k}": float(100.0 * np.mean(rank < k)) for k in KS}
+    out["medr"] = float(np.floor(np.median(rank)) + 1)
+    return out
+
+
+def cosine(images: np.ndarray, texts: np.ndarray) -> np.ndarray:
+    a = images / np.linalg.norm(images, axis=1, keepdims=True).clip(min=1e-12)
+    b = texts / np.linalg.norm(texts, axis=1, keepdims=True).clip(min=1e-12)
+    return a @ b.T
+
+
+def score_space(images: np.ndarray, texts: np.ndarray, caption_image: np.ndarray) -> dict:
+    r = ranks(cosine(images, texts), caption_image)
+    return {"t2i": recall_table(r["t2i"]), "i2t": recall_table(r["i2t"])}
+
+
+def evaluate_retrieval(
+    model: str | Path,
+    images_features: str | Path,
+    captions: str | Path,
+    pooler: str | None = None,
+    batch_size: int = 128,
+    device: str | None = None,
+    head: str | None = None,
+    progress: bool = False,
+) -> dict:
+    """Recall@1/5/10 and median rank both ways, grounded space and raw zero-shot baseline."""
+    from mmcse.model import resolve_model_dir
+
+    started = time.perf_counter()
+    heads = load_heads(resolve_model_dir(str(model)), head)  # fail before encoding anything
+    texts, caption_image, image_ids, features = load_pairs(images_features, captions)
+    if heads.image_weight.shape[1] != features.shape[1]:
+        raise MmcseError(
+            f"the run's image head takes {heads.image_weight.shape[1]}-d features but "
+            f"{images_features} holds {features.shape[1]}-d ones: use the teacher it trained on"
+        )
+    encoder, tokenizer, pooler, model_dir = load_encoder(model, pooler, device)
+    sentences = encode_sentences(
+        encoder, tokenizer, texts, batch_size=batch_size, device=device, pooler=pooler,
+        progress=progress,
+    )  # fmt: skip
+    grounded = score_space(heads.image(features), heads.text(sentences), caption_image)
+    if sentences.shape[1] == features.shape[1]:
+        raw = score_space(features, sentences, caption_image)
+    else:
+        raw = f"n/a: sentence dim {sentences.shape[1]} != image feature dim {features.shape[1]}"
+    return {
+        "grounded": grounded,
+        "raw": raw,
+        "details": {
+            "model": str(model_dir),
+            "pooler": pooler,
+            "head": heads.term,
+            "images": len(image_ids),
+            "captions": len(texts),
+            "captions_per_image": round(len(texts) / len(image_ids), 2),
+            "images_features": str(images_features),
+            "captions_dir": str(captions),
+            "seconds": round(time.perf_counter() - started, 2),
+        },
+    }
+
+
+def format_retrieval_table(results: dict) -> str:
+    from mmcse.evaluation.report import _render
+
+    header = ["space", "t2i R@1", "R@5", "R@10", "medr", "i2t R@1", "R@5", "R@10", "medr"]
+    rows = []
+    for space in ("grounded", "raw"):
+        r = results[space]
+        if isinstance(r, str):
+            rows.append([space, *(["–"] * 8)])
+            continue
+        cells = [space]
+        for direction in ("t2i", "i2t"):
+            d = r[direction]
+            cells += [f"{d['R@1']:.2f}", f"{d['R@5']:.2f}", f"{d['R@10']:.2f}", f"{d['medr']:.0f}"]
+        rows.append(cells)
+    lines = _render(header, rows)
+    d = results["details"]
+    if isinstance(results["raw"], str):
+        lines.append(f"raw baseline {results['raw']}")
+    lines.append(
+        f"retrieval | heads {d['head']} | {d['images']} images, {d['captions']} captions | "
+        f"model {d['model']} | {d['seconds']:.1f} s"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,338 @@
+"""SentEval transfer tasks (MR, CR, SUBJ, MPQA, SST-2, TREC, MRPC) as SimCSE reports them.
+
+A frozen sentence embedding is probed with SentEval's logistic regression
+(:mod:`mmcse.evaluation.probe`); the table is SimCSE's Table 2 / DALR's transfer table: test
+accuracy x 100 per task and their average (of the printed 2-decimal values, as SimCSE's
+``evaluation.py``). Two settings, SimCSE's ``--mode``:
+
+* ``test`` (the papers' numbers): ``kfold=10``, Adam, batch 64, tenacity 5, epoch_size 4;
+* ``fasttest``: ``kfold=5``, RMSprop, batch 128, tenacity 3, epoch_size 2.
+
+Protocol per task (SentEval ``binary.py``, ``sst.py``, ``trec.py``, ``mrpc.py``):
+
+* MR, CR, SUBJ, MPQA: ``pos`` then ``neg`` file (SUBJ: objective = label 1), read as Latin-1,
+  whitespace-tokenised; nested k-fold cross-validation (``kfold`` outer and inner folds).
+* SST-2 (``SST/binary``): the given train/dev/test; the regulariser and early stopping on dev.
+* TREC: coarse labels (6 classes) of ``train_5500.label``; k-fold on train, test on
+  ``TREC_10.label``.
+* MRPC: features ``[|u - v|, u * v]`` of the two sentences (SentEval's ``mrpc.py`` — u and v
+  themselves are not concatenated); k-fold on train, test on the test file; accuracy is the
+  table's number, F1 is kept in the details.
+
+Each split is sorted by (token count, label) before embedding, as SentEval does; the order
+decides the folds, so it is kept to reproduce SentEval's splits exactly. Sentences reach the
+encoder joined with single spaces (SimCSE's batcher).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import f1_score
+
+from mmcse.errors import MmcseError
+from mmcse.evaluation import probe
+from mmcse.evaluation.encode import encode_sentences
+from mmcse.evaluation.sts import (
+    DEFAULT_POOLER,
+    average_of_printed,
+    load_encoder,
+    resolve_downstream,
+)
+from mmcse.pooling import POOLERS
+
+TRANSFER_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
+TRANSFER_TITLES = {task: ("SST" if task == "SST2" else task) for task in TRANSFER_TASKS}
+BINARY_FILES = {
+    "MR": ("MR", "rt-polarity.pos", "rt-polarity.neg"),
+    "CR": ("CR", "custrev.pos", "custrev.neg"),
+    "SUBJ": ("SUBJ", "subj.objective", "subj.subjective"),
+    "MPQA": ("MPQA", "mpqa.pos", "mpqa.neg"),
+}
+TREC_CLASSES = {"ABBR": 0, "DESC": 1, "ENTY": 2, "HUM": 3, "LOC": 4, "NUM": 5}
+
+
+@dataclass(frozen=True)
+class Split:
+    """Tokenised sentences (or sentence pairs for MRPC) and integer labels, SentEval-sorted."""
+
+    sentences: list[list[str]]
+    labels: np.ndarray
+    second: list[list[str]] | None = None  # MRPC's sentence B
+
+
+@dataclass(frozen=True)
+class TransferTask:
+    name: str
+    splits: dict[str, Split]  # "all" (cross-validated) or "train"/"dev"/"test"
+
+    def texts(self) -> list[str]:
+        out = []
+        for split in self.splits.values():
+            out += [" ".join(s) for s in split.sentences]
+            out += [" ".join(s) for s in split.second or []]
+        return out
+
+
+# ---- reading SentEval's files ------------------------------------------------------------------
+
+
+def _lines(path: Path, encoding: str) -> list[str]:
+    if not path.is_file():
+        raise MmcseError(f"missing SentEval transfer file {path}")
+    try:
+        return path.read_text(encoding=encoding).splitlines()
+    except UnicodeDecodeError as exc:
+        raise MmcseError(f"{path}: not {encoding} (byte {exc.start})") from None
+
+
+def _sorted(sentences, labels, second=None) -> Split:
+    if second is None:
+        order = sorted(range(len(labels)), key=lambda i: (len(sentences[i]), labels[i]))
+        return Split([sentences[i] for i in order], np.asarray([labels[i] for i in order]))
+    order = sorted(range(len(labels)), key=lambda i: (len(sentences[i]), len(second[i]), labels[i]))
+    return Split(
+        [sentences[i] for i in order],
+        np.asarray([labels[i] for i in order]),
+        [second[i] for i in order],
+    )
+
+
+def load_binary(downstream: Path, name: str) -> TransferTask:
+    folder, positive, negative = BINARY_FILES[name]
+    pos = [line.split() for line in _lines(downstream / folder / positive, "latin-1")]
+    neg = [line.split() for line in _lines(downstream / folder / negative, "latin-1")]
+    return TransferTask(name, {"all": _sorted(pos + neg, [1] * len(pos) + [0] * len(neg))})
+
+
+def load_sst2(downstream: Path) -> TransferTask:
+    splits = {}
+    for key, file in (("train", "train"), ("dev", "dev"), ("test", "test")):
+        path = downstream / "SST" / "binary" / f"sentiment-{file}"
+        sentences, labels = [], []
+        for number, line in enumerate(_lines(path, "utf-8"), start=1):
+            cells = line.strip().split("\t")
+            if len(cells) != 2 or cells[1] not in ("0", "1"):
+                raise MmcseError(f"{path}:{number}: expected 'sentence<TAB>0|1'")
+            sentences.append(cells[0].split())
+            labels.append(int(cells[1]))
+        splits[key] = _sorted(sentences, labels)
+    return TransferTask("SST2", splits)
+
+
+def load_trec(downstream: Path) -> TransferTask:
+    splits = {}
+    for key, file in (("train", "train_5500.label"), ("test", "TREC_10.label")):
+        path = downstream / "TREC" / file
+        sentences, labels = [], []
+        for number, line in enumerate(_lines(path, "latin-1"), start=1):
+            target, _, rest = line.strip().partition(":")
+            if target not in TREC_CLASSES or " " not in rest:
+                raise MmcseError(f"{path}:{number}: expected 'COARSE:fine question'")
+            sentences.append(rest.split(" ", 1)[1].split())
+            labels.append(TREC_CLASSES[target])
+        splits[key] = _sorted(sentences, labels)
+    return TransferTask("TREC", splits)
+
+
+def load_mrpc(downstream: Path) -> TransferTask:
+    splits = {}
+    for key, file in (("train", "msr_paraphrase_train.txt"), ("test", "msr_paraphrase_test.txt")):
+        path = downstream / "MRPC" / file
+        first, second, labels = [], [], []
+        for number, line in enumerate(_lines(path, "utf-8")[1:], start=2):
+            cells = line.strip().split("\t")
+            if len(cells) < 5 or cells[0] not in ("0", "1"):
+                raise MmcseError(f"{path}:{number}: expected 'label<TAB>id<TAB>id<TAB>s1<TAB>s2'")
+            first.append(cells[3].split())
+            second.append(cells[4].split())
+            labels.append(int(cells[0]))
+        splits[key] = _sorted(first, labels, second)
+    return TransferTask("MRPC", splits)
+
+
+TASK_FOLDERS = {
+    **{n: f for n, (f, _, _) in BINARY_FILES.items()},
+    "SST2": "SST",
+    "TREC": "TREC",
+    "MRPC": "MRPC",
+}
+
+
+def load_transfer_task(downstream: Path, name: str) -> TransferTask:
+    folder = downstream / TASK_FOLDERS.get(name, name)
+    if name in TASK_FOLDERS and not folder.is_dir():
+        raise MmcseError(f"SentEval task folder {folder} is missing (task {name})")
+    if name in BINARY_FILES:
+        return load_binary(downstream, name)
+    loaders = {"SST2": load_sst2, "TREC": load_trec, "MRPC": load_mrpc}
+    if name not in loaders:
+        raise MmcseError(f"unknown transfer task {name!r}; choose from {', '.join(TRANSFER_TASKS)}")
+    return loaders[name](downstream)
+
+
+# ---- probing -----------------------------------------------------------------------------------
+
+
+def _embed(split: Split, vectors: np.ndarray, row: dict[str, int], second: bool = False):
+    sentences = split.second if second else split.sentences
+    return vectors[[row[" ".join(s)] for s in sentences]]
+
+
+def mrpc_features(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """SentEval's MRPC pair features ``[|a - b|, a * b]``."""
+    return np.c_[np.abs(a - b), a * b]
+
+
+def probe_task(
+    task: TransferTask, vectors: np.ndarray, row: dict[str, int], settings: probe.ProbeSettings
+) -> dict:
+    """Run SentEval's classifier of ``task`` on precomputed ``vectors[row[sentence]]``."""
+    s = task.splits
+    if "all" in s:
+        x, y = _embed(s["all"], vectors, row), s["all"].labels
+        out = probe.inner_kfold(x, y, settings)
+        return {**out, "ndev": len(y), "ntest": len(y)}
+    if task.name == "SST2":
+        x = {name: _embed(s[key], vectors, row) for name, key in
+             (("train", "train"), ("valid", "dev"), ("test", "test"))}  # fmt: skip
+        y = {"train": s["train"].labels, "valid": s["dev"].labels, "test": s["test"].labels}
+        out = probe.split(x, y, settings)
+        return {**out, "ndev": len(y["valid"]), "ntest": len(y["test"])}
+    if task.name == "MRPC":
+        feats = {
+            k: mrpc_features(_embed(s[k], vectors, row), _embed(s[k], vectors, row, second=True))
+            for k in ("train", "test")
+        }
+    else:
+        feats = {k: _embed(s[k], vectors, row) for k in ("train", "test")}
+    out = probe.kfold(feats["train"], s["train"].labels, feats["test"], s["test"].labels, settings)
+    predictions = out.pop("predictions")
+    if task.name == "MRPC":
+        out["f1"] = round(100 * float(f1_score(s["test"].labels, predictions)), 2)
+    return {**out, "ndev": len(s["train"].labels), "ntest": len(s["test"].labels)}
+
+
+def parse_tasks(tasks: Sequence[str] | str | None) -> list[str]:
+    if tasks is None:
+        return list(TRANSFER_TASKS)
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks)]
+    names = ["SST2" if n.upper() in ("SST", "SST-2", "SST2") else n.upper() for n in names if n]
+    unknown = [n for n in names if n not in TRANSFER_TASKS]
+    if unknown or not names:
+        raise MmcseError(
+            f"unknown transfer task(s) {', '.join(unknown) or '(none)'}; "
+            f"choose from {', '.join(TRANSFER_TASKS)}"
+        )
+    return names
+
+
+def resolve_transfer_dir(data_dir) -> Path:
+    """The ``downstream`` folder of a SentEval data folder (or of the shared default)."""
+    if data_dir is None:
+        return resolve_downstream(None)
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise MmcseError(f"SentEval data folder {root} does not exist")
+    return root / "downstream" if (root / "downstream").is_dir() else root
+
+
+def check_task_folders(data_dir, names: Sequence[str]) -> Path:
+    """Fail early (before any model work) when a task's folder is missing."""
+    downstream = resolve_transfer_dir(data_dir)
+    for name in names:
+        folder = downstream / TASK_FOLDERS[name]
+        if not folder.is_dir():
+            raise MmcseError(f"SentEval task folder {folder} is missing (task {name})")
+    return downstream
+
+
+def load_transfer_tasks(data_dir, names: Sequence[str]) -> list[TransferTask]:
+    downstream = resolve_transfer_dir(data_dir)
+    return [load_transfer_task(downstream, name) for name in names]
+
+
+def evaluate_transfer(
+    encoder_or_path,
+    tokenizer=None,
+    data_dir: str | Path | None = None,
+    mode: str = "test",
+    tasks: Sequence[str] | str | None = None,
+    pooler: str | None = None,
+    batch_size: int = 128,
+    device: str | None = None,
+    probe_device: str = "cpu",
+    progress: bool = False,
+) -> dict:
+    """SentEval transfer accuracies x 100: ``{task: acc, ..., "avg": ..., "details": {...}}``.
+
+    ``mode`` is SimCSE's ``test`` or ``fasttest`` (:data:`mmcse.evaluation.probe.SETTINGS`).
+    ``details`` holds SentEval's ``devacc``/``acc`` (and MRPC's ``f1``), the regulariser chosen,
+    sizes, settings and seconds. ``probe_device`` trains the probes (``cuda`` where available).
+    """
+    started = time.perf_counter()
+    if mode not in probe.SETTINGS:
+        raise MmcseError(f"unknown transfer mode {mode!r}; choose {' or '.join(probe.SETTINGS)}")
+    if pooler is not None and pooler not in POOLERS:
+        raise MmcseError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+    settings = probe.SETTINGS[mode]
+    settings = probe.ProbeSettings(**{**settings.__dict__, "device": probe_device})
+    loaded = load_transfer_tasks(data_dir, parse_tasks(tasks))  # bad data fails before the model
+    if isinstance(encoder_or_path, str | Path):
+        encoder, tokenizer, pooler, model_name = load_encoder(encoder_or_path, pooler, device)
+    elif tokenizer is None:
+        raise MmcseError("evaluate_transfer needs a tokenizer with an in-memory encoder")
+    else:
+        encoder = encoder_or_path
+        model_name = getattr(getattr(encoder, "backbone", encoder).config, "name_or_path", "")
+        pooler = pooler or getattr(encoder, "pooler", DEFAULT_POOLER)
+
+    unique = list(dict.fromkeys(t for task in loaded for t in task.texts()))
+    vectors = encode_sentences(
+        encoder, tokenizer, unique, batch_size=batch_size, device=device, pooler=pooler,
+        progress=progress,
+    )  # fmt: skip
+    row = {sentence: i for i, sentence in enumerate(unique)}
+    encoded = time.perf_counter()
+    details = {}
+    for task in loaded:
+        t0 = time.perf_counter()
+        details[task.name] = probe_task(task, vectors, row, settings)
+        details[task.name]["seconds"] = round(time.perf_counter() - t0, 2)
+        if progress:
+            print(f"{task.name}: {details[task.name]['acc']:.2f}", file=sys.stderr)
+    results: dict = {name: details[name]["acc"] for name in details}
+    results["avg"] = average_of_printed(results[name] for name in details)
+    results["details"] = {
+        "model": str(model_name),
+        "pooler": pooler,
+        "mode": mode,
+        "settings": {k: v for k, v in settings.__dict__.items() if k != "device"},
+        "sentences_encoded": len(unique),
+        "encode_seconds": round(encoded - started, 2),
+        "seconds": round(time.perf_counter() - started, 2),
+        "tasks": details,
+    }
+    return results
+
+
+def format_transfer_table(results: dict) -> str:
+    """SimCSE Table 2 layout: ``MR CR SUBJ MPQA SST TREC MRPC Avg.`` plus a summary line."""
+    from mmcse.evaluation.report import _render
+
+    tasks = [t for t in TRANSFER_TASKS if t in results]
+    titles = [TRANSFER_TITLES[t] for t in tasks] + ["Avg."]
+    values = [f"{results[t]:.2f}" for t in tasks] + [f"{results['avg']:.2f}"]
+    lines = _render(titles, [values])
+    d = results["details"]
+    lines.append(
+        f"transfer {d['mode']} (SentEval LR probe, kfold {d['settings']['kfold']}, "
+        f"{d['settings']['optim']}) | model {d['model']} | pooler {d['pooler']} | "
+        f"{d['sentences_encoded']} sentences | {d['seconds']:.1f} s"
+    )
+    return "\n".join(lines)
