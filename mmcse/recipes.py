@@ -29,7 +29,7 @@ batch every ⌊N_text/N_caption⌋ text batches): ``--set mixing=interleave`` ru
 Training loop, optimizer and precision: every recipe records the code it reproduces
 (:data:`MCSE_CODE_TRAIN` for MCSE/KDMCSE/DALR/MCSEO, :data:`HF_TRAINER_TRAIN` for VisualCSE and
 AudioCSE) and its ``source``; ``mmcse recipes show NAME`` prints all of it, and
-``docs/fidelity-training.md`` tabulates paper vs released code vs mmcse.
+``docs/fidelity.md`` tabulates paper vs released code vs mmcse.
 """
 
 from __future__ import annotations
