@@ -192,16 +192,19 @@ PUBLISHED: dict[str, tuple[Published, ...]] = _build_published()
 # ---- ablations: recipe name → ``--drop`` spec → published rows of that reduced method ---------
 
 _DALR_T3, _DALR_T8 = f"{DALR_PAPER}, Table 3", f"{DALR_PAPER}, Table 8 (App. E.1)"
-#: DALR's ablation rows in the paper's order, as ``--drop`` specs of the ``dalr`` method
+#: DALR's ablation rows in the paper's order, as ``--drop`` specs of the ``dalr`` method. In the
+#: released composition the image–text term sits inside the λ bracket (``image_text_in_cross_modal``),
+#: so "w/o L_CML" — which keeps ℓ_Info — drops the bracket's own terms, not ``cross_modal`` (whose
+#: weight λ would zero the image–text term too).
 _DALR_ABLATION_SPECS = (
     ("image_text", "w/o L_Info"),
-    ("cross_modal", "w/o L_CML"),
+    ("consistency+cma", "w/o L_CML"),
     ("consistency", "w/o L_consistency"),
     ("cma", "w/o L_CMA"),
     ("intra_modal", "w/o L_IML"),
     ("rank", "w/o L_rank"),
     ("ima", "w/o L_IMA"),
-    ("intra_modal+cross_modal", "w/o L_IML & L_CML"),
+    ("intra_modal+consistency+cma", "w/o L_IML & L_CML"),
 )
 _DALR_ABLATION_AVGS = {
     # full method first, then the rows above (STS Avg. ± std over 5 runs)
