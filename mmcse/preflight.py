@@ -360,8 +360,9 @@ def check_join(cfg: TrainConfig, method: Method) -> None:
 
     try:
         data = TrainData(cfg, _NoTokenizer(), method)
-    except MmcseError as exc:
-        raise MmcseError(f"{exc}{_join_hint(cfg, method)}") from None
+    except MmcseError as exc:  # same class (e.g. CacheError), the hint appended
+        exc.args = (f"{exc}{_join_hint(cfg, method)}",)
+        raise
     data.batches_per_epoch(cfg.batch_size * (distributed.env_int("WORLD_SIZE", 1) or 1))
 
 
