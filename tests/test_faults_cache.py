@@ -7,14 +7,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from cli_helpers import assert_one_error, run_main
 
-import cli
 from mmcse.cache import (
     Corpus,
     FeatureSet,
@@ -45,25 +44,6 @@ def edit_manifest(path: Path, change) -> None:
     payload = json.loads(manifest.read_text())
     payload = change(payload)
     manifest.write_text(json.dumps(payload))
-
-
-def run_main(args: list[str], monkeypatch, capsys) -> tuple[int, list[str]]:
-    """``mmcse ARGS`` through the real entry point; returns the exit code and stderr lines."""
-    monkeypatch.setattr(sys, "argv", ["mmcse", *args])
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        cli.main()
-        raise SystemExit(0)
-    return info.value.code, capsys.readouterr().err.splitlines()
-
-
-def assert_one_error(code: int, stderr: list[str], *fragments: str) -> str:
-    errors = [line for line in stderr if line.startswith("error:")]
-    assert code == 2 and len(errors) == 1, stderr
-    assert not any("Traceback" in line for line in stderr)
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
 
 
 def refused_everywhere(path: Path, monkeypatch, capsys, *fragments: str) -> None:

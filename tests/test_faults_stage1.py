@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_helpers import assert_one_error, run_main
 from PIL import Image
 
 import cli
@@ -72,24 +73,6 @@ def local_records(tmp_path: Path, extra_rows: list[dict] = (), count: int = 4):
     rows = [{"image": f"im{i}.jpg", "caption": f"caption number {i}"} for i in range(count)]
     captions = captions_file(tmp_path / "c.jsonl", rows + list(extra_rows))
     return load_dataset("local", DataSource(images, captions), "train")
-
-
-def run_main(args: list[str], monkeypatch, capsys) -> tuple[int, list[str]]:
-    monkeypatch.setattr(sys, "argv", ["mmcse", *args])
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        cli.main()
-        raise SystemExit(0)
-    return info.value.code, capsys.readouterr().err.splitlines()
-
-
-def assert_one_error(code: int, stderr: list[str], *fragments: str) -> str:
-    errors = [line for line in stderr if line.startswith("error:")]
-    assert code == 2 and len(errors) == 1, stderr
-    assert not any("Traceback" in line for line in stderr)
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
 
 
 def errors_jsonl(out: Path) -> list[dict]:
