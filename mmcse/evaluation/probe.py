@@ -201,6 +201,18 @@ def _folds(settings: ProbeSettings, x: np.ndarray, y: np.ndarray):
     return skf.split(x, y)
 
 
+def _kfold_score(settings: ProbeSettings, x: np.ndarray, y: np.ndarray, classes, reg) -> float:
+    """Mean held-out accuracy x 100 (rounded as SentEval does) of probes with L2 ``reg`` over
+    the stratified folds of ``(x, y)``, each stopped early on its held-out fold."""
+    fold_scores = []
+    for train_idx, test_idx in _folds(settings, x, y):
+        probe = make_probe(settings, x.shape[1], classes, reg)
+        held_out = (x[test_idx], y[test_idx])
+        probe.fit(x[train_idx], y[train_idx], validation_data=held_out)
+        fold_scores.append(probe.score(*held_out))
+    return round(100 * float(np.mean(fold_scores)), 2)
+
+
 @one_thread
 def inner_kfold(x: np.ndarray, y: np.ndarray, settings: ProbeSettings) -> dict:
     """MR/CR/SUBJ/MPQA: nested stratified k-fold; ``{"devacc", "acc"}`` x 100."""
@@ -208,15 +220,7 @@ def inner_kfold(x: np.ndarray, y: np.ndarray, settings: ProbeSettings) -> dict:
     dev_results, test_results, chosen = [], [], []
     for train_idx, test_idx in _folds(settings, x, y):
         x_train, y_train = x[train_idx], y[train_idx]
-        scores = []
-        for reg in regs:
-            fold_scores = []
-            for in_train, in_test in _folds(settings, x_train, y_train):
-                probe = make_probe(settings, x.shape[1], classes, reg)
-                held_out = (x_train[in_test], y_train[in_test])
-                probe.fit(x_train[in_train], y_train[in_train], validation_data=held_out)
-                fold_scores.append(probe.score(*held_out))
-            scores.append(round(100 * float(np.mean(fold_scores)), 2))
+        scores = [_kfold_score(settings, x_train, y_train, classes, reg) for reg in regs]
         best = regs[int(np.argmax(scores))]
         chosen.append(best)
         dev_results.append(max(scores))
@@ -240,15 +244,7 @@ def kfold(
 ) -> dict:
     """TREC/MRPC: k-fold on train picks the regulariser; ``{"devacc", "acc", "predictions"}``."""
     regs, classes = _grid(settings, kfold_grid=True), _classes(train_y, test_y)
-    scores = []
-    for reg in regs:
-        fold_scores = []
-        for tr, te in _folds(settings, train_x, train_y):
-            probe = make_probe(settings, train_x.shape[1], classes, reg)
-            held_out = (train_x[te], train_y[te])
-            probe.fit(train_x[tr], train_y[tr], validation_data=held_out)
-            fold_scores.append(probe.score(*held_out))
-        scores.append(round(100 * float(np.mean(fold_scores)), 2))
+    scores = [_kfold_score(settings, train_x, train_y, classes, reg) for reg in regs]
     best = regs[int(np.argmax(scores))]
     probe = make_probe(settings, train_x.shape[1], classes, best)
     probe.fit(train_x, train_y, validation_split=0.05)

@@ -307,6 +307,26 @@ def load_encoder(path: str | Path, pooler: str | None, device: str | None):
     return encoder.to(device or default_device()), tokenizer, pooler, model_dir
 
 
+def checked_pooler(pooler: str | None) -> str | None:
+    """A known pooler name made canonical (``mean`` -> ``avg``); ``None``/``auto``: the model's."""
+    if pooler is None:
+        return None
+    pooler = check_pooler(pooler, allow_auto=True)
+    return None if pooler == "auto" else pooler
+
+
+def resolve_encoder(encoder_or_path, tokenizer, pooler: str | None, device, caller: str):
+    """``(encoder, tokenizer, pooler, model name)``: a path is loaded (with its own pooling when
+    ``pooler`` is None); an in-memory encoder is used as is and needs its tokenizer."""
+    if isinstance(encoder_or_path, str | Path):
+        return load_encoder(encoder_or_path, pooler, device)
+    if tokenizer is None:
+        raise MmcseError(f"{caller} needs a tokenizer with an in-memory encoder")
+    encoder = encoder_or_path
+    model_name = getattr(getattr(encoder, "backbone", encoder).config, "name_or_path", "")
+    return encoder, tokenizer, pooler or getattr(encoder, "pooler", DEFAULT_POOLER), model_name
+
+
 def evaluate_sts(
     encoder_or_path,
     tokenizer=None,
@@ -329,20 +349,13 @@ def evaluate_sts(
     pooler; ``device=None`` keeps an in-memory encoder where it is.
     """
     started = time.perf_counter()
-    if pooler is not None:
-        pooler = check_pooler(pooler, allow_auto=True)
-        pooler = None if pooler == "auto" else pooler
+    pooler = checked_pooler(pooler)
     device = None if device == "auto" else device
     check_eval_settings(batch_size, device)
     tasks = load_tasks(data_dir, mode)  # fail on bad data before loading a model
-    if isinstance(encoder_or_path, str | Path):
-        encoder, tokenizer, pooler, model_name = load_encoder(encoder_or_path, pooler, device)
-    elif tokenizer is None:
-        raise MmcseError("evaluate_sts needs a tokenizer with an in-memory encoder")
-    else:
-        encoder = encoder_or_path
-        model_name = getattr(getattr(encoder, "backbone", encoder).config, "name_or_path", "")
-        pooler = pooler or getattr(encoder, "pooler", DEFAULT_POOLER)
+    encoder, tokenizer, pooler, model_name = resolve_encoder(
+        encoder_or_path, tokenizer, pooler, device, "evaluate_sts"
+    )
 
     # alignment/uniformity use the full STS-B; its sentences join the one encoding pass
     full_stsb = []

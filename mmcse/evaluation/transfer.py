@@ -39,12 +39,11 @@ from mmcse.errors import MmcseError
 from mmcse.evaluation import probe
 from mmcse.evaluation.encode import encode_sentences
 from mmcse.evaluation.sts import (
-    DEFAULT_POOLER,
     average_of_printed,
-    load_encoder,
+    checked_pooler,
     resolve_downstream,
+    resolve_encoder,
 )
-from mmcse.pooling import POOLERS
 
 TRANSFER_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 TRANSFER_TITLES = {task: ("SST" if task == "SST2" else task) for task in TRANSFER_TASKS}
@@ -278,19 +277,13 @@ def evaluate_transfer(
     started = time.perf_counter()
     if mode not in probe.SETTINGS:
         raise MmcseError(f"unknown transfer mode {mode!r}; choose {' or '.join(probe.SETTINGS)}")
-    if pooler is not None and pooler not in POOLERS:
-        raise MmcseError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+    pooler = checked_pooler(pooler)
     settings = probe.SETTINGS[mode]
     settings = probe.ProbeSettings(**{**settings.__dict__, "device": probe_device})
     loaded = load_transfer_tasks(data_dir, parse_tasks(tasks))  # bad data fails before the model
-    if isinstance(encoder_or_path, str | Path):
-        encoder, tokenizer, pooler, model_name = load_encoder(encoder_or_path, pooler, device)
-    elif tokenizer is None:
-        raise MmcseError("evaluate_transfer needs a tokenizer with an in-memory encoder")
-    else:
-        encoder = encoder_or_path
-        model_name = getattr(getattr(encoder, "backbone", encoder).config, "name_or_path", "")
-        pooler = pooler or getattr(encoder, "pooler", DEFAULT_POOLER)
+    encoder, tokenizer, pooler, model_name = resolve_encoder(
+        encoder_or_path, tokenizer, pooler, device, "evaluate_transfer"
+    )
 
     unique = list(dict.fromkeys(t for task in loaded for t in task.texts()))
     vectors = encode_sentences(
