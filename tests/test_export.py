@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_runs import tiny_mcse_settings
 
 from mmcse.config import TrainConfig
 from mmcse.errors import MmcseError
@@ -42,18 +43,10 @@ def st_vectors(path: Path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def tiny_run(tiny_model, tiny_world, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("export") / "run"
-    cfg = TrainConfig(
-        model=str(tiny_model),
-        method="mcse",
-        text_corpus=tiny_world["text"],
-        caption_corpus=tiny_world["captions"],
-        features={"image": tiny_world["image"]},
-        batch_size=8,
-        max_steps=2,
-        eval_steps=2,
-        eval_data=str(FIXTURE),
-        output_dir=str(out),
+    settings = tiny_mcse_settings(
+        tiny_model, tiny_world, out, max_steps=2, eval_steps=2, eval_data=str(FIXTURE)
     )
+    cfg = TrainConfig(**{**settings, "final_eval": True, "device": "auto"})
     return train(cfg).output_dir
 
 

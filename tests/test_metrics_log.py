@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny_runs import tiny_mcse_settings
 
 from mmcse import metrics_log
 from mmcse.config import TrainConfig
@@ -18,22 +19,11 @@ TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
 
 
 def config(tiny_model, tiny_world, out, **kw) -> TrainConfig:
-    base = dict(
-        model=str(tiny_model),
-        method="mcse",
-        text_corpus=tiny_world["text"],
-        caption_corpus=tiny_world["captions"],
-        features={"image": tiny_world["image"]},
-        batch_size=8,
-        max_steps=10,
-        eval_steps=100,
-        eval_data="",
-        final_eval=False,
-        device="cpu",
-        output_dir=str(out),
+    return TrainConfig(
+        **tiny_mcse_settings(
+            tiny_model, tiny_world, out, **{"max_steps": 10, "eval_steps": 100, **kw}
+        )
     )
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def records(run_dir) -> list[dict]:

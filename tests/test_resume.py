@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from tiny_runs import tiny_mcse_settings
 from typer.testing import CliRunner
 
 from mmcse import checkpoint as ckpt
@@ -55,24 +56,9 @@ train(cfg)
 
 
 def settings(tiny_model, tiny_world, out, **kw) -> dict:
-    base = dict(
-        model=str(tiny_model),
-        method="mcse",
-        text_corpus=tiny_world["text"],
-        caption_corpus=tiny_world["captions"],
-        features={"image": tiny_world["image"]},
-        batch_size=8,
-        max_steps=10,
-        log_every=3,  # windows straddle the saves: the window state must resume too
-        save_every=4,
-        eval_steps=5,
-        eval_data="",
-        final_eval=False,
-        device="cpu",
-        output_dir=str(out),
-    )
-    base.update(kw)
-    return base
+    # log windows straddle the saves: the window state must resume too
+    base = {"max_steps": 10, "log_every": 3, "save_every": 4, "eval_steps": 5}
+    return tiny_mcse_settings(tiny_model, tiny_world, out, **{**base, **kw})
 
 
 def comparable(run_dir: Path) -> list[dict]:
