@@ -96,8 +96,8 @@ def train(
     report_to: str = Opt(None, help="none|tensorboard (writes RUN_DIR/tensorboard)"),
 ) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
-    from mmcse.config import parse_pairs, parse_value, resolve_config
-    from mmcse.train import train as run_training
+    from mmcse.training.config import parse_pairs, parse_value, resolve_config
+    from mmcse.training.loop import train as run_training
 
     args = {k: parse_value(v) for k, v in parse_pairs(method_arg, "--method-arg").items()}
     overrides = dict(
@@ -135,7 +135,7 @@ def train(
         dynamic_padding=dynamic_padding,
     )
     if resume:
-        from mmcse.checkpoint import resume_config
+        from mmcse.training.checkpoint import resume_config
 
         cfg = resume_config(resume, config, overrides)
     else:
@@ -143,7 +143,7 @@ def train(
     if dry_run:
         import json
 
-        from mmcse.preflight import preflight
+        from mmcse.training.preflight import preflight
 
         method = preflight(cfg)  # the checks a real run makes before its first step
         typer.echo(json.dumps(cfg.to_dict(), indent=2))
@@ -160,7 +160,7 @@ def _show_config_defaults(command) -> None:
     import dataclasses
     import inspect
 
-    from mmcse.config import TrainConfig
+    from mmcse.training.config import TrainConfig
 
     defaults = {
         f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -194,7 +194,7 @@ def bench_all_cmd(
     wait, memory), fast paths on/off, dev and STS evaluation -> JSON + Markdown."""
     from pathlib import Path
 
-    from mmcse.bench_suite import SECTIONS, SuiteOptions, run_suite
+    from mmcse.bench.suite import SECTIONS, SuiteOptions, run_suite
 
     options = SuiteOptions(
         device=device,
@@ -221,8 +221,8 @@ def bench_train_cmd(
     gather_rows: int = Opt(1_000_000, help="rows of the synthetic set for the gather benchmark"),
 ) -> None:
     """Step time of every method ÷ SimCSE's, measured in one run; cache gather rows/s."""
-    from mmcse.bench import bench_train
-    from mmcse.cache.bench import gather_throughput
+    from mmcse.bench.gather import gather_throughput
+    from mmcse.bench.train_step import bench_train
 
     r = bench_train(size, device, steps, batch=batch_size, seq_len=seq_len, methods=method)
     typer.echo(f"device {r['device']}  size {r['size']}  batch {r['batch']} x len {r['seq_len']}")
@@ -250,7 +250,7 @@ def bench_precision_cmd(
     dropout: float = Opt(0.1, help="0 measures the number format alone"),
 ) -> None:
     """Loss and gradient change of one step under bf16/fp16 autocast vs fp32, on CPU."""
-    from mmcse.precision_bench import bench_precision, default_inputs, format_rows, read_sentences
+    from mmcse.bench.precision import bench_precision, default_inputs, format_rows, read_sentences
 
     model, sentences = default_inputs(model, sentences)
     texts = read_sentences(sentences, steps * batch_size)
@@ -275,7 +275,7 @@ def demo(
     import time
     from pathlib import Path
 
-    from mmcse.demo import run_demo
+    from mmcse.demo.run import run_demo
 
     started = time.perf_counter()
     run_demo(Path(out), steps=steps, device=device)
@@ -285,7 +285,7 @@ def demo(
 @app.command()
 def methods() -> None:
     """Registered methods: loss terms, feature roles, settings with defaults."""
-    from mmcse.overview import method_names, method_overview
+    from mmcse.reports.overview import method_names, method_overview
 
     for name in method_names():
         typer.echo(method_overview(name))
@@ -332,10 +332,10 @@ def eval_command(
     ),
 ) -> None:
     """SentEval STS (Spearman x 100, 'all'), transfer tasks and cross-modal retrieval."""
-    from mmcse.checkpoint import unfinished_warning
     from mmcse.evaluation import evaluate_sts, format_table, write_report
     from mmcse.evaluation.suites import parse_suites, run_extra_suites
-    from mmcse.model import resolve_model_dir
+    from mmcse.hub import resolve_model_dir
+    from mmcse.training.checkpoint import unfinished_warning
 
     suites = parse_suites(tasks, images_features, captions, data)
     warning = unfinished_warning(resolve_model_dir(model))
@@ -375,7 +375,7 @@ def export(
     overwrite: bool = typer.Option(False, "--overwrite", help="replace a non-empty OUT"),
 ) -> None:
     """Write a sentence-transformers model dir that encodes exactly as mmcse eval scores RUN."""
-    from mmcse.export import export_run
+    from mmcse.reports.export import export_run
 
     path, used = export_run(run, out, pooler=pooler, overwrite=overwrite)
     typer.echo(f"exported {run} to {path} (pooling {used}); model card {path}/README.md")
@@ -393,7 +393,7 @@ def compare(
     """STS (+ transfer, + retrieval) of runs in one table: mean ± std over seeds, best marked."""
     from pathlib import Path
 
-    from mmcse.evaluation.compare_runs import compare_table
+    from mmcse.reports.compare_runs import compare_table
 
     table = compare_table(runs, table_format)
     typer.echo(table)
@@ -415,7 +415,7 @@ def plot(
     data: str | None = typer.Option(None, help="SentEval data folder (for --align-uniform)."),
 ) -> None:
     """PNG training curves per run, the alignment–uniformity scatter, ablation bar charts."""
-    from mmcse.plots import write_run_plots
+    from mmcse.reports.plots import write_run_plots
 
     for path in write_run_plots(runs, out_dir, compute_align_uniform=align_uniform, data_dir=data):
         typer.echo(f"wrote {path}")
@@ -428,7 +428,7 @@ def plot(
 def cache_ls(root: str = typer.Argument("cache", help="Directory searched for sets.")) -> None:
     """List the feature sets and corpora under ROOT (unfinished writes and bad manifests marked)."""
     from mmcse.cache import list_sets
-    from mmcse.overview import format_cache_listing
+    from mmcse.reports.overview import format_cache_listing
 
     entries = list(list_sets(root))
     if not entries:
@@ -787,8 +787,8 @@ def extract_audio(
     """Cache SSAST-style Kaldi log-mel filterbanks of unpaired labelled audio for AudioCSE."""
     from pathlib import Path
 
-    from mmcse.nonling.fbank import FbankConfig
     from pipeline import nonling_cache as nc
+    from pipeline.fbank import FbankConfig
 
     examples = nc.class_folder(source, nc.AUDIO_SUFFIXES, classes, per_class, seed)
     cfg = FbankConfig(num_mel_bins=mel_bins, target_frames=frames, window=window)
@@ -817,7 +817,7 @@ def bench_extract_cmd(
     sentences: int = typer.Option(512, help="Synthetic captions for text teachers."),
 ) -> None:
     """Images/s of decoding, of the teacher, and end to end (sentences/s for text teachers)."""
-    from pipeline.bench_extract import run_extract_bench
+    from mmcse.bench.extract import run_extract_bench
 
     run_extract_bench(
         teacher, device, images, batch_size, num_workers, size, sentences, echo=typer.echo
@@ -915,7 +915,7 @@ def bench_objects_cmd(
     teacher: str = Opt("resnet50", help="Image teacher encoding the objects."),
 ) -> None:
     """Images/s of Florence-2 grounding, SAM2 masks and object encoding (random weights)."""
-    from pipeline.objects.bench import bench_objects
+    from mmcse.bench.objects import bench_objects
 
     for result in bench_objects(size, device, images, batch_size, new_tokens, teacher):
         typer.echo(f"{result.stage:32s} {result.images_per_s:10.2f} images/s  ({result.detail})")
@@ -923,7 +923,7 @@ def bench_objects_cmd(
 
 # ---- recipes / ablate --------------------------------------------------------------------------
 
-_CACHE_ROOT = Opt("cache", "--cache-root", help="Stage-1 cache root (layout: mmcse.recipes)")
+_CACHE_ROOT = Opt("cache", "--cache-root", help="Stage-1 cache root (layout: mmcse.recipes.recipe)")
 _SEEDS = Opt(None, help="comma-separated seeds (default: the recipe's, e.g. 0,1,2,3,4)")
 _MODEL = Opt(None, help="student override: local HF dir or hub id")
 _MAX_STEPS = Opt(None, help="stop each run after N steps (smoke runs)")
@@ -942,7 +942,7 @@ def _recipe_seeds(recipe, seeds: str | None) -> tuple[int, ...]:
 
 
 def _set_overrides(items: list[str] | None, overwrite: bool = False) -> dict:
-    from mmcse.config import parse_pairs, parse_value
+    from mmcse.training.config import parse_pairs, parse_value
 
     overrides = {k: parse_value(v) for k, v in parse_pairs(items, "--set").items()}
     return {**overrides, "overwrite": True} if overwrite else overrides
@@ -966,8 +966,8 @@ def recipes_show(
     cache_root: str = _CACHE_ROOT,
 ) -> None:
     """A recipe's settings, the cache sets it reads and its published numbers."""
-    from mmcse.evaluation.compare import markdown_table, published_row
     from mmcse.recipes import get_recipe
+    from mmcse.reports.compare import markdown_table, published_row
 
     recipe = get_recipe(name)
     typer.echo(recipe.describe(cache_root))
@@ -996,7 +996,7 @@ def recipes_run(
     if dry_run:
         from pathlib import Path
 
-        from mmcse.recipe_runs import describe_plan
+        from mmcse.recipes.runs import describe_plan
 
         chosen = _recipe_seeds(recipe, seeds)
         overrides = _set_overrides(set_)
@@ -1040,15 +1040,15 @@ def ablate(
     overwrite: bool = _OVERWRITE,
 ) -> None:
     """Rerun a recipe with loss terms switched off; mean ± std and Welch p-values per row."""
-    from mmcse.ablate import ablate as run_ablation
-    from mmcse.ablate import parse_drops, write_ablation
     from mmcse.recipes import get_recipe
+    from mmcse.recipes.ablate import ablate as run_ablation
+    from mmcse.recipes.ablate import parse_drops, write_ablation
 
     chosen = get_recipe(recipe)
     runs_dir = output_dir or f"runs/ablate/{recipe}"
     if dry_run:
-        from mmcse.ablate import ablation_plan, label_of
-        from mmcse.recipe_runs import describe_plan
+        from mmcse.recipes.ablate import ablation_plan, label_of
+        from mmcse.recipes.runs import describe_plan
 
         overrides = _set_overrides(set_)
         plan = ablation_plan(chosen, parse_drops(drop), runs_dir, overrides)
@@ -1082,7 +1082,7 @@ def ablate(
 
 def main() -> None:
     """Entry point: usage errors come from typer; user errors become one line and exit 2."""
-    from mmcse.io_errors import os_error_message
+    from mmcse.errors import os_error_message
 
     try:
         app()

@@ -16,39 +16,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from mmcse.hub import quiet_transformers, resolve_model_dir
 from mmcse.pooling import needs_hidden_states, pool
-
-RUN_INFO_FILE = "mmcse_run.json"
-HEADS_FILE = "mmcse_heads.safetensors"
-BEST_DIR = "best"
-
-
-def quiet_transformers() -> None:
-    """Silence per-load progress bars and advisory warnings (our own progress is shown)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-def resolve_model_dir(path_or_id: str) -> str:
-    """A training run directory resolves to its best checkpoint; anything else is returned as is."""
-    p = Path(path_or_id)
-    if (p / BEST_DIR / "config.json").exists():
-        return str(p / BEST_DIR)
-    if p.exists() and not (p / "config.json").exists():
-        raise FileNotFoundError(
-            f"{path_or_id} is neither an HF model directory (no config.json) nor a training run "
-            f"(no {BEST_DIR}/config.json)"
-        )
-    return path_or_id
-
-
-def load_tokenizer(path_or_id: str):
-    from transformers import AutoTokenizer
-
-    quiet_transformers()
-    return AutoTokenizer.from_pretrained(resolve_model_dir(path_or_id))
+from mmcse.rundir import HEADS_FILE, RUN_INFO_FILE
 
 
 @dataclass

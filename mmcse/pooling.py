@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmcse.errors import MmcseError
+from mmcse.rundir import RUN_INFO_FILE
 
 if TYPE_CHECKING:  # names are checked (TrainConfig) without importing torch
     from torch import Tensor
@@ -29,7 +30,6 @@ POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "max
 ALIASES = {"mean": "avg"}
 AUTO = "auto"
 DEFAULT_POOLER = "cls_before_pooler"  # SimCSE/MCSE's unsupervised evaluation setting
-RUN_INFO_FILE = "mmcse_run.json"  # = mmcse.model.RUN_INFO_FILE (no import: keeps this light)
 
 #: sentence-transformers pooling mode -> our pooler (modes we can reproduce exactly)
 ST_MODES = {"cls": "cls_before_pooler", "mean": "avg", "max": "max"}

@@ -48,7 +48,7 @@ def build_tiny_bert(
     import torch
     from transformers import BertConfig, BertModel, BertTokenizer
 
-    from mmcse.model import quiet_transformers
+    from mmcse.hub import quiet_transformers
 
     quiet_transformers()
     if vocab is None:

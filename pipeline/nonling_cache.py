@@ -8,7 +8,7 @@ Training then decodes nothing: a step gathers rows of a memory-mapped feature se
   ``classes × per_class`` subset as the paper's 60 × 500) or CIFAR-10/100 python pickle batches
   (32 px, enlarged like the paper's App. F).
 * ``audio_fbank`` sets: rows ``[1024, 128]`` (float16 by default) Kaldi log-mel filterbanks of
-  the mean-removed waveform, SSAST's preprocessing (:mod:`mmcse.nonling.fbank`), from WAV files
+  the mean-removed waveform, SSAST's preprocessing (:mod:`pipeline.fbank`), from WAV files
   in a class-per-folder tree (e.g. LibriSpeech converted to WAV, class = speaker).
 
 Labels: every id is ``<class>/<name>`` and the manifest's ``extra["classes"]`` lists the class
@@ -33,8 +33,8 @@ from tqdm.auto import tqdm
 from mmcse.cache import FeatureSetWriter, Manifest
 from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of
 from mmcse.errors import MmcseError
-from mmcse.nonling.fbank import FbankConfig, read_wav, ssast_fbank
 from pipeline.datasets.base import inside, read_text
+from pipeline.fbank import FbankConfig, read_wav, ssast_fbank
 
 FULL_RESOLUTION = 1 << 30  # open_rgb's short side: no draft downscaling
 

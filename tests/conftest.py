@@ -3,42 +3,14 @@
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.worlds import WORDS, sentences  # noqa: F401  (fixtures below use them)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("MMCSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
-
-WORDS = [
-    "a",
-    "the",
-    "man",
-    "woman",
-    "dog",
-    "cat",
-    "red",
-    "blue",
-    "small",
-    "big",
-    "runs",
-    "sits",
-    "on",
-    "in",
-    "park",
-    "street",
-    "with",
-    "ball",
-    "car",
-]
-
-
-def sentences(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) for _ in range(n)]
-
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:

@@ -61,7 +61,7 @@ def load_heads(model_dir: str | Path, term: str | None = None) -> GroundingHeads
     """The grounding heads saved with a checkpoint (the first term having both, or ``term``)."""
     from safetensors.torch import load_file
 
-    from mmcse.model import HEADS_FILE
+    from mmcse.rundir import HEADS_FILE
 
     path = Path(model_dir) / HEADS_FILE
     if not path.is_file():
@@ -151,7 +151,7 @@ def evaluate_retrieval(
     progress: bool = False,
 ) -> dict:
     """Recall@1/5/10 and median rank both ways, grounded space and raw zero-shot baseline."""
-    from mmcse.model import resolve_model_dir
+    from mmcse.hub import resolve_model_dir
 
     started = time.perf_counter()
     heads = load_heads(resolve_model_dir(str(model)), head)  # fail before encoding anything

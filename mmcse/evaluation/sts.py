@@ -37,16 +37,15 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from scipy.stats import spearmanr
 
+from mmcse.devices import check_device, default_device_name
 from mmcse.errors import MmcseError
 from mmcse.evaluation.align_uniform import align_uniform
 from mmcse.evaluation.encode import encode_sentences
@@ -288,13 +287,10 @@ def run_pooler(model_dir: str) -> str:
     return resolve_pooler(None, model_dir, DEFAULT_POOLER)[0]
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def load_encoder(path: str | Path, pooler: str | None, device: str | None):
     """Encoder, tokenizer, pooler and resolved directory for a run directory or HF model."""
-    from mmcse.model import SentenceEncoder, load_tokenizer, resolve_model_dir
+    from mmcse.hub import load_tokenizer, resolve_model_dir
+    from mmcse.model import SentenceEncoder
 
     model_dir = resolve_model_dir(str(path))
     pooler = pooler or run_pooler(model_dir)
@@ -304,7 +300,7 @@ def load_encoder(path: str | Path, pooler: str | None, device: str | None):
     except OSError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MmcseError(f"cannot load model {path}: {first_line}") from None
-    return encoder.to(device or default_device()), tokenizer, pooler, model_dir
+    return encoder.to(device or default_device_name()), tokenizer, pooler, model_dir
 
 
 def checked_pooler(pooler: str | None) -> str | None:
@@ -399,31 +395,14 @@ def evaluate_sts(
 
 def check_eval_settings(batch_size: int, device: str | None) -> None:
     """``--batch-size`` and ``--device`` refused with one line before any file or model loads."""
-    from mmcse.config import DEVICE_PATTERN, DEVICES
-    from mmcse.preflight import check_device
-
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise MmcseError(f"--batch-size must be an integer of at least 1, got {batch_size!r}")
     if device is not None:
-        if not re.fullmatch(DEVICE_PATTERN, device):
-            raise MmcseError(f"--device must be {DEVICES}, not {device!r}")
         check_device(device)
 
 
 @functools.lru_cache(maxsize=4)
-def _stsb_dev(downstream: Path) -> tuple[StsTask, tuple[str, ...]]:
+def load_stsb_dev(downstream: Path) -> tuple[StsTask, tuple[str, ...]]:
+    """STS-B dev and its distinct sentences in first-seen order (read once per folder)."""
     task = load_task(downstream, "STSBenchmark", split="dev")
     return task, tuple(dict.fromkeys(task.sentences()))
-
-
-def dev_score(
-    encoder, tokenizer, data_dir: str | Path | None = None, batch_size: int = 128
-) -> float:
-    """STS-B dev Spearman x 100 of an in-memory encoder (the trainer's model-selection metric).
-
-    The dev pairs are read once per data folder and cached; the encoder stays on its device
-    and in its train/eval mode.
-    """
-    task, sentences = _stsb_dev(resolve_downstream(data_dir))
-    vectors = encode_sentences(encoder, tokenizer, sentences, batch_size=batch_size)
-    return score_task(task, vectors, {s: i for i, s in enumerate(sentences)})["all"]

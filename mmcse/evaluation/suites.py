@@ -55,7 +55,7 @@ def parse_suites(
 
 
 def _run_dir(model: str) -> Path | None:
-    from mmcse.model import BEST_DIR
+    from mmcse.rundir import BEST_DIR
 
     path = Path(model)
     return path if (path / BEST_DIR / "config.json").is_file() else None

@@ -12,7 +12,7 @@ tokens, taken from the same forward pass as the sentence (§3.3); ``h_o`` is the
 feature of the segmented object (ResNet-50, 2048-d; cached by Stage 1). Both go through a
 projection into a shared 256-d space (§4.1) and sim is cosine; τ = 0.05.
 
-Inputs (contract with :func:`mmcse.phrases.build_phrase_batch`, which builds them):
+Inputs (contract with :func:`mmcse.training.phrases.build_phrase_batch`, which builds them):
     ``token_states``: ``([B, L, H], [B, L, H])`` last-layer states of the two dropout views.
     ``extras['phrase_spans']``: ``[B, P, 2]`` long, token ``(start, end)`` (end exclusive) of
         pair ``k`` of caption ``b``; ``-1`` where padded.

@@ -93,6 +93,8 @@ def build_method(name: str, **overrides: Any) -> Method:
         raise ValueError(
             f"method {name!r} has no setting {', '.join(unknown)}; it has: {', '.join(sorted(known))}"
         )
-    from mmcse.config import check_settings  # types from the annotations, ranges from metadata
+    from mmcse.training.config import (
+        check_settings,  # types from the annotations, ranges from metadata
+    )
 
     return cls(**check_settings(cls, overrides, f"method {name!r} setting"))

@@ -62,7 +62,7 @@ class MCSEO(MCSE):
         return {"phrase_spans": phrases.spans, "phrase_mask": phrases.mask}
 
     def _phrase_index(self, data: Any):
-        from mmcse.phrases import PhraseIndex, table_of
+        from mmcse.training.phrases import PhraseIndex, table_of
 
         source = data.sources["caption"]
         cached = self.__dict__.get("_phrases")

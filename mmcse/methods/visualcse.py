@@ -13,7 +13,7 @@ Defaults are the BERT-base settings: batch 48, τ = 0.07, SupCon, image lr 1e-6 
 authors' released BERT-base commands (their READMEs). RoBERTa-base: Table C.1 gives image lr
 5e-7 and audio 2e-7; the VisualCSE README command runs image lr 1e-7 with ω = 0.2 (and prints
 the Table 1 row), the AudioCSE README command audio lr 2e-7 (= Table C.1) with ω = 0.02. The
-recipes follow one source each (:mod:`mmcse.recipes`).
+recipes follow one source each (:mod:`mmcse.recipes.catalogue`).
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class ImagePatchEmbedding(PatchEmbedding):
         cached; ``HF_HUB_OFFLINE=1`` restricts it to local/cached copies)."""
         from transformers import ViTModel
 
-        from mmcse.model import quiet_transformers
+        from mmcse.hub import quiet_transformers
 
         quiet_transformers()
         try:

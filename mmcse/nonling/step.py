@@ -215,7 +215,7 @@ class NonLinguisticTask:
             terms = self.heads["loss"](self._inputs(rows, index))
         total = self.settings.weight * sum(terms.values())
         # no isfinite(total) here: it would wait for the device every step; the trainer checks
-        # every logged term once per logging window (mmcse.metrics_log.LossWindow.flush)
+        # every logged term once per logging window (mmcse.training.metrics.LossWindow.flush)
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         params = [p for group in optimizer.param_groups for p in group["params"]]

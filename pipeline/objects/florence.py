@@ -101,7 +101,7 @@ class Florence2Grounder:
     ) -> None:
         from transformers import AutoProcessor, Florence2ForConditionalGeneration
 
-        from mmcse.model import quiet_transformers
+        from mmcse.hub import quiet_transformers
 
         quiet_transformers()
         self.checkpoint = str(checkpoint)

@@ -65,7 +65,7 @@ class Sam2Segmenter:
     def __init__(self, checkpoint: str | Path = DEFAULT_CHECKPOINT, device="cpu") -> None:
         from transformers import Sam2Model, Sam2Processor
 
-        from mmcse.model import quiet_transformers
+        from mmcse.hub import quiet_transformers
 
         quiet_transformers()
         self.checkpoint = str(checkpoint)

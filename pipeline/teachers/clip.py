@@ -198,7 +198,7 @@ def load_hf_clip(arch: str, weights: str, kind: str, seed: int, tokenizer: str |
     """``(CLIPModel, WeightsInfo, tokenizer, tokenizer source)`` for the transformers backend."""
     from transformers import CLIPModel
 
-    from mmcse.model import quiet_transformers
+    from mmcse.hub import quiet_transformers
 
     quiet_transformers()
     if kind == "random":

@@ -45,7 +45,7 @@ SPEED_TOKENIZER = "wordpiece-speed-only"
 def load_tokenizer(source: str | Path):
     from transformers import AutoTokenizer
 
-    from mmcse.model import quiet_transformers
+    from mmcse.hub import quiet_transformers
 
     quiet_transformers()
     try:
@@ -106,7 +106,7 @@ def build_bert_teacher(
 ) -> HFTextTeacher:
     from transformers import AutoModel, BertConfig, BertModel
 
-    from mmcse.model import quiet_transformers
+    from mmcse.hub import quiet_transformers
 
     quiet_transformers()
     pooling = pooling or default_pooling

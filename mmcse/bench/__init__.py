@@ -1,0 +1,1 @@
+"""``mmcse bench``: every speed figure of the toolkit (an app: it may import both stages)."""

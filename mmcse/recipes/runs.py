@@ -1,0 +1,281 @@
+"""Honest recipe runs: what a run changed from the recipe, said beside the published numbers.
+
+A recipe is a paper's setting. ``mmcse recipes run``/``mmcse ablate`` accept overrides (another
+student, fewer steps, ``--set batch_size=...``, fewer seeds); a run with any of them is not the
+published setting, so :func:`departures` compares the TrainConfig each seed would get with and
+without them (field by field, so nothing slips through) and the tables and ``results.json`` state
+the difference. :func:`describe_plan` is ``--dry-run``: what would run, where, with which changes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmcse.errors import MmcseError
+from mmcse.evaluation.report import write_report
+from mmcse.recipes.recipe import Recipe
+from mmcse.reports.compare import Row, delta, markdown_table, published_row, scores_of, summarize
+from mmcse.training.config import TrainConfig
+
+#: fields that differ per run by design, never a departure from the recipe
+_PER_RUN = ("seed", "output_dir", "overwrite", "save_every", "report_to")  # where a run goes and how it is watched, not what it trains
+
+
+def departures(
+    recipe,
+    *,
+    cache_root: str | Path,
+    seeds: tuple[int, ...],
+    model: str | None = None,
+    max_steps: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """``{setting: {"recipe": value, "run": value}}`` for every way this run leaves the recipe."""
+    seed = seeds[0] if seeds else (recipe.seeds[0] if recipe.seeds else 0)
+    paper = recipe.config(cache_root, seed=seed, output_dir="-").to_dict()
+    ours = recipe.config(
+        cache_root,
+        seed=seed,
+        output_dir="-",
+        model=model,
+        max_steps=max_steps,
+        overrides=overrides,
+    ).to_dict()
+    out = {
+        key: {"recipe": paper[key], "run": ours[key]}
+        for key in ours
+        if key not in _PER_RUN and ours[key] != paper[key]
+    }
+    if tuple(seeds) != tuple(recipe.seeds):
+        out["seeds"] = {"recipe": list(recipe.seeds), "run": list(seeds)}
+    return out
+
+
+def pooling_hint(recipe, *, cache_root, seeds, model=None, max_steps=None, overrides=None) -> str:
+    """A warning when the (overriding) student ships its own pooling but the run pools otherwise."""
+    from mmcse.pooling import student_pooling
+
+    seed = seeds[0] if seeds else 0
+    cfg = recipe.config(
+        cache_root, seed=seed, output_dir="-", model=model, max_steps=max_steps, overrides=overrides
+    )
+    if cfg.pooler == "auto" or not Path(cfg.model).is_dir():
+        return ""
+    try:
+        own = student_pooling(cfg.model)
+    except MmcseError as exc:
+        return f"Note: {exc}"
+    if own is None or own == cfg.pooler:
+        return ""
+    origin = "given with --set" if "pooler" in (overrides or {}) else "the recipe's"
+    return (
+        f"Note: student {cfg.model} ships its own pooling ({own}) but this run pools with "
+        f"{cfg.pooler} ({origin}); --set pooler=auto trains and evaluates with the student's."
+    )
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def departure_note(changes: dict[str, dict[str, Any]]) -> str:
+    """One line for under a table; empty when the run is the recipe's setting."""
+    if not changes:
+        return ""
+    items = [
+        f"{key}={_value(c['run'])} (recipe: {_value(c['recipe'])})" for key, c in changes.items()
+    ]
+    return "Not the published setting; this run overrides the recipe: " + "; ".join(items) + "."
+
+
+def log(message: str) -> None:
+    """Progress lines of multi-run commands (stderr, so tables on stdout stay clean)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def describe_plan(
+    recipe,
+    rows: list[tuple[str, Path, dict[str, Any]]],
+    *,
+    cache_root: str | Path,
+    seeds: tuple[int, ...],
+    model: str | None = None,
+    max_steps: int | None = None,
+    user_overrides: dict[str, Any] | None = None,
+) -> str:
+    """``--dry-run``: every (row, seed) run with its directory and config changes; the cache state."""
+    changes = departures(
+        recipe,
+        cache_root=cache_root,
+        seeds=seeds,
+        model=model,
+        max_steps=max_steps,
+        overrides=user_overrides,
+    )
+    total = len(rows) * len(seeds)
+    lines = [
+        f"dry run: {recipe.name} ({recipe.method}), {total} training run(s): "
+        f"{len(rows)} row(s) x seeds {','.join(map(str, seeds))}",
+        departure_note(changes) or "The recipe's own setting (no overrides).",
+    ]
+    hint = pooling_hint(
+        recipe,
+        cache_root=cache_root,
+        seeds=seeds,
+        model=model,
+        max_steps=max_steps,
+        overrides=user_overrides,
+    )
+    lines += [hint] if hint else []
+    base = recipe.config(cache_root, seed=seeds[0], output_dir="-").to_dict() if seeds else {}
+    for label, out, row_overrides in rows:
+        for seed in seeds:
+            cfg = recipe.config(
+                cache_root,
+                seed=seed,
+                output_dir=Path(out) / f"seed{seed}",
+                model=model,
+                max_steps=max_steps,
+                overrides=row_overrides,
+            ).to_dict()
+            diff = {k: v for k, v in cfg.items() if k not in _PER_RUN and base.get(k) != v}
+            shown = ", ".join(f"{k}={v}" for k, v in diff.items()) or "recipe config"
+            lines.append(f"  {label} seed {seed} -> {cfg['output_dir']}: {shown}")
+    try:
+        recipe.check_cache(cache_root, set(user_overrides or {}))
+        lines.append(f"cache under {cache_root}: every set the recipe reads is there")
+    except MmcseError as exc:
+        lines.append(f"cache: {exc}")
+    return "\n".join(lines)
+
+
+def missing_p_reason(row_avgs: list[float], full_avgs: list[float]) -> str:
+    """Why a Welch p-value could not be computed for an ablation row."""
+    if len(row_avgs) < 2 or len(full_avgs) < 2:
+        return (
+            f"p-value '–': Welch's t-test needs at least 2 seeds with STS results on each side "
+            f"(this row {len(row_avgs)}, full {len(full_avgs)}); pass more --seeds"
+        )
+    return "p-value '–': every seed gave the same avg on both sides (no variance to test)"
+
+
+# ---- running over seeds ----------------------------------------------------------------------
+
+
+def train_one(cfg: TrainConfig) -> dict | None:
+    """Train one seed; its STS test numbers (``None`` when no SentEval data was found)."""
+    from mmcse.training.loop import (
+        train,  # imported here: torch and transformers load only to train
+    )
+
+    result = train(cfg)
+    return None if result.test is None else scores_of(result.test)
+
+
+@dataclass
+class SeedRuns:
+    """The runs of one recipe (or one ablation row) over seeds."""
+
+    label: str
+    output_dir: Path
+    seeds: tuple[int, ...]
+    results: list[dict | None]  # per seed: STS test numbers, or None without eval data
+
+    def summary(self) -> Row:
+        return summarize(self.label, [r for r in self.results if r is not None])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "output_dir": str(self.output_dir),
+            "seeds": list(self.seeds),
+            "per_seed": dict(zip(map(str, self.seeds), self.results, strict=True)),
+            "summary": self.summary().to_dict(),
+        }
+
+
+def run_seeds(
+    recipe: Recipe,
+    *,
+    cache_root: str | Path,
+    seeds: tuple[int, ...],
+    output_dir: str | Path,
+    label: str | None = None,
+    model: str | None = None,
+    max_steps: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> SeedRuns:
+    """Train ``recipe`` once per seed into ``<output_dir>/seed<k>`` (cache checked first)."""
+    recipe.check_cache(cache_root, set(overrides or {}))
+    out = Path(output_dir)
+    check_seed_dirs(out, seeds, overrides)
+    results = []
+    for i, seed in enumerate(seeds, start=1):
+        log(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {out / f'seed{seed}'}")
+        cfg = recipe.config(
+            cache_root,
+            seed=seed,
+            output_dir=out / f"seed{seed}",
+            model=model,
+            max_steps=max_steps,
+            overrides=overrides,
+        )
+        results.append(train_one(cfg))
+    return SeedRuns(label or recipe.name, out, tuple(seeds), results)
+
+
+def check_seed_dirs(
+    output_dir: str | Path, seeds: tuple[int, ...], overrides: dict[str, Any] | None
+) -> None:
+    """Refuse a used ``seed<k>`` folder before the first seed trains (unless overwrite=true)."""
+    from mmcse.training.preflight import check_output_path
+
+    overwrite = bool((overrides or {}).get("overwrite"))
+    for seed in seeds:
+        check_output_path(Path(output_dir) / f"seed{seed}", overwrite=overwrite)
+
+
+def comparison_rows(recipe: Recipe, runs: SeedRuns, overridden: bool = False) -> list[Row]:
+    """Published rows, this run (mean ± std over seeds), and its difference to the first.
+
+    ``overridden``: the run left the recipe's setting, which its rows then say.
+    """
+    ours = runs.summary()
+    setting = "; OVERRIDDEN setting, see below" if overridden else ""
+    this = Row(
+        f"this run ({ours.n} of {len(runs.seeds)} seeds{setting})", ours.mean, ours.std, ours.n
+    )
+    rows = [published_row(p) for p in recipe.published]
+    rows.append(this)
+    if recipe.published and ours.mean:
+        label = "Δ vs published (not the same setting)" if overridden else "Δ vs published"
+        rows.append(delta(label, this, rows[0]))
+    return rows
+
+
+def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tuple[SeedRuns, str]:
+    """Run the seeds, write ``<output_dir>/results.json``, return the runs and the table."""
+    given = {k: kwargs.get(k) for k in ("cache_root", "seeds", "model", "max_steps", "overrides")}
+    changes = departures(recipe, **given)
+    runs = run_seeds(recipe, output_dir=output_dir, **kwargs)
+    rows = comparison_rows(recipe, runs, overridden=bool(changes))
+    report = {
+        "recipe": recipe.to_dict(),
+        "overrides": changes,  # {} = the recipe's own setting
+        "runs": runs.to_dict(),
+        "comparison": [r.to_dict() for r in rows],
+    }
+    write_report(report, Path(output_dir) / "results.json")
+    from mmcse.reports.published import COLUMNS
+    from mmcse.reports.tables import write_tables  # results.md/.csv/.tex, as mmcse compare
+
+    this_run = [i for i, r in enumerate(rows) if r.label.startswith("this run")]
+    write_tables(rows, COLUMNS, Path(output_dir) / "results", ("source",), this_run)
+    table = markdown_table(rows, extra_columns=("source",))
+    notes = [n for n in (departure_note(changes), pooling_hint(recipe, **given)) if n]
+    return runs, table + "".join(f"\n\n{n}" for n in notes)

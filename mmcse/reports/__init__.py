@@ -1,0 +1,1 @@
+"""What a researcher reads: comparison tables, published numbers, plots, exported models, overviews."""

@@ -1,0 +1,88 @@
+"""Several results side by side, like the papers' Table 1: mean ± std over seeds, published rows.
+
+A :class:`Row` is one line of the table — a summary of seeds (:func:`summarize`), a published row
+(:func:`published_row`) or a difference (:func:`delta`). :func:`markdown_table` prints rows with
+the columns ``STS12 ... SICK-R Avg.`` plus any extra columns (a p-value, the source).
+
+The standard deviation is the sample one (``ddof=1``), the usual reading of "mean ± std over 5
+seeds"; with one seed there is none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mmcse.evaluation.report import COLUMN_TITLES
+from mmcse.reports.published import COLUMNS, Published
+
+TITLES = {**COLUMN_TITLES, "avg": "Avg."}
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    mean: dict[str, float]
+    std: dict[str, float] = field(default_factory=dict)
+    n: int | None = None  # runs summarised (None: not a summary of runs)
+    extra: dict[str, str] = field(default_factory=dict)  # extra column → cell text
+    signed: bool = False  # a difference: cells print their sign
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "mean": self.mean, "std": self.std, "n": self.n, **self.extra}
+
+
+def scores_of(result: dict) -> dict[str, float]:
+    """The numbers of an :func:`~mmcse.evaluation.sts.evaluate_sts` result (no ``details``)."""
+    return {column: float(result[column]) for column in COLUMNS if column in result}
+
+
+def summarize(label: str, results: Sequence[dict]) -> Row:
+    """Mean and sample std per column over runs (columns every run has)."""
+    scores = [scores_of(r) for r in results]
+    if not scores:
+        return Row(label, {}, {}, 0)
+    columns = [c for c in COLUMNS if all(c in s for s in scores)]
+    values = {c: np.array([s[c] for s in scores], dtype=np.float64) for c in columns}
+    mean = {c: float(v.mean()) for c, v in values.items()}
+    std = {c: float(v.std(ddof=1)) for c, v in values.items()} if len(scores) > 1 else {}
+    return Row(label, mean, std, len(scores))
+
+
+def published_row(published: Published, label: str | None = None) -> Row:
+    name = label or f"published: {published.label}"
+    return Row(name, published.mean, published.std, published.seeds, {"source": published.source})
+
+
+def delta(label: str, ours: Row, reference: Row) -> Row:
+    """``ours − reference`` on the columns both have."""
+    shared = [c for c in COLUMNS if c in ours.mean and c in reference.mean]
+    return Row(label, {c: ours.mean[c] - reference.mean[c] for c in shared}, signed=True)
+
+
+def _cell(row: Row, column: str) -> str:
+    if column not in row.mean:
+        return "–"
+    value = row.mean[column]
+    text = f"{value:+.2f}" if row.signed else f"{value:.2f}"
+    if column in row.std:
+        text += f" ± {row.std[column]:.2f}"
+    return text
+
+
+def markdown_table(
+    rows: Sequence[Row], columns: Sequence[str] = COLUMNS, extra_columns: Sequence[str] = ()
+) -> str:
+    """A GitHub-markdown table: one line per row, ``mean ± std`` cells, ``–`` where absent."""
+    header = ["", *(TITLES.get(c, c) for c in columns), *extra_columns]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---", *("---:" for _ in columns), *("---" for _ in extra_columns)]) + "|",
+    ]
+    for row in rows:
+        cells = [row.label, *(_cell(row, c) for c in columns)]
+        cells += [row.extra.get(c, "") for c in extra_columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,231 @@
+"""PNG figures of runs: training curves, the alignment–uniformity plane, ablation bars.
+
+``mmcse plot RUN...`` (or :func:`write_run_plots`) writes
+
+* ``<run>/training_curves.png`` for every run: each ``*_loss`` term and the weighted total
+  (``loss``), the learning rate, and STS-B dev, against the step, read from ``metrics.jsonl``
+  (any key ending in ``_loss`` is a term; records missing a key are skipped for that curve);
+* ``align_uniform.png`` (in ``out_dir``): one point per run in the ``(L_uniform, L_align)``
+  plane, as SimCSE's Fig. 2 / MCSE's analysis (lower-left is better); the values come from the
+  run's ``results.json`` (``mmcse eval --align-uniform``) or ``align_uniform.json``, or are
+  computed on STS-B when asked (:mod:`mmcse.evaluation.align_uniform`);
+* ``<dir>/ablation.png`` for an ``mmcse ablate`` output folder (``ablation.json``): STS avg ±
+  std per row, the published avg ± std beside it where the paper printed the same ablation.
+
+matplotlib is an optional dependency (``pip install 'mmcse[plot]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from mmcse.errors import MmcseError
+from mmcse.reports.runs import Run, find_group
+
+CURVES_FILE = "training_curves.png"
+SCATTER_FILE = "align_uniform.png"
+ABLATION_FILE = "ablation.png"
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MmcseError("plots need matplotlib: pip install 'mmcse[plot]'") from None
+    return plt
+
+
+def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float)]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def loss_series(records: list[dict]) -> dict[str, tuple[list[float], list[float]]]:
+    """``{"loss": ..., "<term>_loss": ...}`` → (steps, values), for every key any record has."""
+    terms = sorted({k for r in records for k in r if k.endswith("_loss")})
+    series = {key: _series(records, key) for key in ("loss", *terms)}
+    return {key: value for key, value in series.items() if value[0]}
+
+
+def plot_training_curves(run: Run, path: str | Path) -> Path | None:
+    """Loss terms, lr and STS-B dev of one run; ``None`` when it logged nothing yet."""
+    records = run.metrics()
+    if not records:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    loss_ax, lr_ax, dev_ax = axes
+    for key, (steps, values) in loss_series(records).items():
+        style = {"color": "black", "linewidth": 2} if key == "loss" else {}
+        loss_ax.plot(steps, values, label="total (weighted)" if key == "loss" else key, **style)
+    loss_ax.set(title="loss terms", xlabel="step", ylabel="loss")
+    if loss_ax.lines:
+        loss_ax.legend(fontsize=8)
+    for ax, key, title in ((lr_ax, "lr", "learning rate"), (dev_ax, "stsb_dev", "STS-B dev")):
+        steps, values = _series(records, key)
+        if steps:
+            ax.plot(steps, values, marker="o" if key == "stsb_dev" else None, markersize=3)
+        else:
+            ax.text(0.5, 0.5, f"no '{key}' records", ha="center", va="center",
+                    transform=ax.transAxes)  # fmt: skip
+        ax.set(title=title, xlabel="step")
+    dev_ax.set_ylabel("Spearman x 100")
+    fig.suptitle(str(run.path))
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_align_uniform(points: dict[str, tuple[float, float]], path: str | Path) -> Path:
+    """``{label: (uniformity, alignment)}`` as a labelled scatter."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for label, (uniform, align) in points.items():
+        ax.scatter(uniform, align, s=40)
+        ax.annotate(label, (uniform, align), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set(xlabel=r"$\ell_{uniform}$", ylabel=r"$\ell_{align}$",
+           title="alignment vs uniformity on STS-B (lower is better)")  # fmt: skip
+    ax.margins(0.2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _published_avg(recipe: str, drop: list[str]) -> tuple[float, float | None] | None:
+    from mmcse.reports.published import PUBLISHED_ABLATIONS
+
+    for spec, rows in PUBLISHED_ABLATIONS.get(recipe, {}).items():
+        if set(filter(None, spec.split("+"))) == set(drop) and rows and "avg" in rows[0].mean:
+            return rows[0].mean["avg"], rows[0].std.get("avg")
+    return None
+
+
+def plot_ablation(ablation_json: str | Path, path: str | Path) -> Path:
+    """Bars of each ablation row's STS avg ± std (ours) and the published one beside it."""
+    data = json.loads(Path(ablation_json).read_text())
+    labels, ours, ours_err, paper, paper_err = [], [], [], [], []
+    for row in data.get("rows", []):
+        table = row.get("table", {})
+        labels.append(table.get("label") or ("w/o " + " & ".join(row.get("drop", [])) or "full"))
+        ours.append(table.get("mean", {}).get("avg", float("nan")))
+        ours_err.append(table.get("std", {}).get("avg", 0.0))
+        published = _published_avg(data.get("recipe", ""), row.get("drop", []))
+        paper.append(published[0] if published else float("nan"))
+        paper_err.append((published[1] or 0.0) if published else 0.0)
+    if not labels:
+        raise MmcseError(f"{ablation_json} has no rows")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(labels)), 4.5))
+    x = range(len(labels))
+    has_paper = any(p == p for p in paper)  # not all NaN
+    width = 0.4 if has_paper else 0.6
+    offset = width / 2 if has_paper else 0.0
+    ax.bar([i - offset for i in x], ours, width, yerr=ours_err, capsize=3, label="this run")
+    if has_paper:
+        ax.bar([i + offset for i in x], paper, width, yerr=paper_err, capsize=3,
+               label="published", alpha=0.7)  # fmt: skip
+    finite = [v for v in ours + paper if v == v]
+    if finite:
+        ax.set_ylim(min(finite) - 2, max(finite) + 2)
+    ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="STS avg (Spearman x 100)",
+           title=f"ablation of {data.get('recipe', '?')} (mean ± std over seeds)")  # fmt: skip
+    ax.legend()
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def compute_align_uniform(run: Run, data_dir=None) -> dict:
+    """Alignment/uniformity of the run's best checkpoint on the full STS-B; saved in the run."""
+    from mmcse.evaluation.align_uniform import align_uniform
+    from mmcse.evaluation.encode import encode_sentences
+    from mmcse.evaluation.report import write_report
+    from mmcse.evaluation.sts import (
+        STSB_FILES,
+        embed_unique,
+        load_encoder,
+        load_stsbenchmark,
+        resolve_downstream,
+    )
+
+    downstream = resolve_downstream(data_dir)
+    subsets = [load_stsbenchmark(downstream, split) for split in STSB_FILES]
+    encoder, tokenizer, pooler, _ = load_encoder(run.path, None, None)
+    pairs = [pair for subset in subsets for pair in subset.pairs]
+    gold = [g for subset in subsets for g in subset.gold]
+    vectors, row = embed_unique(
+        (s for pair in pairs for s in pair),
+        lambda sentences: encode_sentences(encoder, tokenizer, sentences, pooler=pooler),
+    )
+    import numpy as np
+
+    result = align_uniform(pairs, np.asarray(gold), vectors, row)
+    write_report(result, run.path / "align_uniform.json")
+    return result
+
+
+def _default_out_dir(arguments: Sequence[Path]) -> Path:
+    if len(arguments) == 1:
+        return arguments[0]
+    return Path(os.path.commonpath([str(a.resolve()) for a in arguments]))
+
+
+def write_run_plots(
+    run_dirs: Sequence[str | Path],
+    out_dir: str | Path | None = None,
+    compute_align_uniform: bool = False,
+    data_dir=None,
+) -> list[Path]:
+    """Every figure for ``run_dirs`` (runs, seed folders, ablation folders); the paths written."""
+    if not run_dirs:
+        raise MmcseError("give at least one run directory")
+    arguments = [Path(p) for p in run_dirs]
+    written, points = [], {}
+    for argument in arguments:
+        if not argument.is_dir():
+            raise MmcseError(f"{argument} is not a directory")
+        runs = []
+        if (argument / "ablation.json").is_file():
+            written.append(plot_ablation(argument / "ablation.json", argument / ABLATION_FILE))
+            for row_dir in sorted(p for p in argument.iterdir() if p.is_dir()):
+                try:
+                    runs += [(f"{row_dir.name}/{r.label}", r) for r in find_group(row_dir).runs]
+                except MmcseError:
+                    continue  # not a row folder
+        else:
+            group = find_group(argument)
+            runs = [
+                (group.label if len(group.runs) == 1 else f"{group.label}/{r.label}", r)
+                for r in group.runs
+            ]
+        for label, run in runs:
+            curves = plot_training_curves(run, run.path / CURVES_FILE)
+            if curves:
+                written.append(curves)
+            au = run.align_uniform()
+            if au is None and compute_align_uniform:
+                au = compute_align_uniform(run, data_dir)
+            if au is not None:
+                points[label] = (au["uniformity"], au["alignment"])
+    if points:
+        target = Path(out_dir) if out_dir else _default_out_dir(arguments)
+        written.append(plot_align_uniform(points, target / SCATTER_FILE))
+    if not written:
+        raise MmcseError(
+            "nothing to plot: no metrics.jsonl records, no alignment/uniformity "
+            "(use --align-uniform), no ablation.json"
+        )
+    return written

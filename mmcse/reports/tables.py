@@ -1,0 +1,144 @@
+"""One results table in three formats (markdown, CSV, LaTeX), best cells marked.
+
+Rows are :class:`mmcse.reports.compare.Row` (mean, sample std over seeds, ``n``, extra text
+columns). The best mean of each column among *measured* rows (not published rows, not
+differences) is marked: bold in markdown and LaTeX, listed in CSV's ``best`` column. Every
+metric here is higher-is-better (Spearman, accuracy, recall). ``mmcse compare``, ``recipes run``
+and ``ablate`` all write through :func:`render` / :func:`write_tables`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mmcse.errors import MmcseError
+from mmcse.evaluation.transfer import TRANSFER_TITLES
+from mmcse.reports.compare import TITLES, Row
+
+FORMATS = {"md": ".md", "csv": ".csv", "latex": ".tex"}
+ALL_TITLES = {**TITLES, **TRANSFER_TITLES, "transfer avg": "Transfer Avg."}
+
+
+def summarize_columns(label: str, scores: Sequence[dict[str, float]], columns) -> Row:
+    """Mean and sample std (ddof 1) per column, over the runs that have the column."""
+    mean, std = {}, {}
+    for column in columns:
+        values = np.array([s[column] for s in scores if column in s], dtype=np.float64)
+        if values.size:
+            mean[column] = float(values.mean())
+            if values.size > 1:
+                std[column] = float(values.std(ddof=1))
+    return Row(label, mean, std, len(scores))
+
+
+def present_columns(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
+    return [c for c in order if any(c in r.mean for r in rows)]
+
+
+def best_cells(rows: Sequence[Row], columns: Sequence[str], measured) -> set[tuple[int, str]]:
+    """``(row index, column)`` of each column's highest mean among ``measured`` row indices."""
+    out = set()
+    for column in columns:
+        candidates = [(rows[i].mean[column], i) for i in measured if column in rows[i].mean]
+        if len(candidates) > 1:
+            top = max(v for v, _ in candidates)
+            out |= {(i, column) for v, i in candidates if v == top}
+    return out
+
+
+def _cell(row: Row, column: str, fmt: str) -> str:
+    if column not in row.mean:
+        return "" if fmt == "csv" else "–"
+    value = row.mean[column]
+    text = f"{value:+.2f}" if row.signed else f"{value:.2f}"
+    if column in row.std:
+        text += r" $\pm$ " if fmt == "latex" else " ± "
+        text += f"{row.std[column]:.2f}"
+    return text
+
+
+def _latex_escape(text: str) -> str:
+    for char in ("\\", "&", "%", "_", "#", "$"):
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def render(
+    rows: Sequence[Row],
+    columns: Sequence[str],
+    fmt: str = "md",
+    extra_columns: Sequence[str] = (),
+    measured: Sequence[int] | None = None,
+) -> str:
+    """The table as ``md``, ``csv`` or ``latex`` text; ``measured`` rows compete for best."""
+    if fmt not in FORMATS:
+        raise MmcseError(f"unknown table format {fmt!r}; choose md, csv or latex")
+    measured = range(len(rows)) if measured is None else measured
+    best = best_cells(rows, columns, measured)
+    titles = [ALL_TITLES.get(c, c) for c in columns]
+    if fmt == "csv":
+        return _csv(rows, columns, extra_columns, best)
+    lines = []
+    for index, row in enumerate(rows):
+        cells = []
+        for column in columns:
+            text = _cell(row, column, fmt)
+            if (index, column) in best:
+                text = f"**{text}**" if fmt == "md" else f"\\textbf{{{text}}}"
+            cells.append(text)
+        label = row.label if row.n is None or row.n <= 1 else f"{row.label} (n={row.n})"
+        extras = [row.extra.get(c, "") for c in extra_columns]
+        if fmt == "latex":
+            label, extras = _latex_escape(label), [_latex_escape(e) for e in extras]
+        lines.append([label, *cells, *extras])
+    header = ["", *titles, *extra_columns]
+    if fmt == "md":
+        rule = ["---", *("---:" for _ in columns), *("---" for _ in extra_columns)]
+        return "\n".join("| " + " | ".join(c) + " |" for c in [header, rule, *lines])
+    spec = "l" + "r" * len(columns) + "l" * len(extra_columns)
+    body = [" & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]
+    body += [" & ".join(cells) + r" \\" for cells in lines]
+    return "\n".join(
+        [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", *body, r"\bottomrule", r"\end{tabular}"]
+    )
+
+
+def _csv(rows, columns, extra_columns, best) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    header = ["label", "n"]
+    for column in columns:
+        header += [f"{column} mean", f"{column} std"]
+    writer.writerow([*header, *extra_columns, "best"])
+    for index, row in enumerate(rows):
+        cells = [row.label, "" if row.n is None else row.n]
+        for column in columns:
+            mean, std = row.mean.get(column), row.std.get(column)
+            cells += ["" if mean is None else f"{mean:.4f}", "" if std is None else f"{std:.4f}"]
+        marked = ";".join(c for c in columns if (index, c) in best)
+        writer.writerow([*cells, *(row.extra.get(c, "") for c in extra_columns), marked])
+    return buffer.getvalue()
+
+
+def write_tables(
+    rows: Sequence[Row],
+    columns: Sequence[str],
+    stem: str | Path,
+    extra_columns: Sequence[str] = (),
+    measured: Sequence[int] | None = None,
+    formats: Sequence[str] = tuple(FORMATS),
+) -> list[Path]:
+    """``<stem>.md``, ``<stem>.csv`` and ``<stem>.tex`` of the same table (those in ``formats``)."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        path = stem.with_suffix(FORMATS[fmt])
+        path.write_text(render(rows, columns, fmt, extra_columns, measured) + "\n")
+        paths.append(path)
+    return paths

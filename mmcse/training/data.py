@@ -1,0 +1,337 @@
+"""Training data from the cache: corpora pre-tokenised once, teacher features joined by id.
+
+Text corpora (Wiki1M) and caption corpora (Flickr30k/COCO captions with their ``image_id``) are
+tokenised once into padded ``int32`` arrays; a batch is a vectorised row gather, trimmed to its
+longest sentence. Each feature role is joined to a corpus **by id** once at start-up (image sets
+by ``image_id``, text sets by sentence id) into row numbers, so a step gathers features with one
+``take`` per role and never touches a teacher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from mmcse import distributed as dist
+from mmcse.cache import Corpus, FeatureSet
+from mmcse.errors import MissingIdsError, MmcseError
+from mmcse.methods.base import Method
+from mmcse.training.config import TrainConfig
+
+TEXT, CAPTION = "text", "caption"
+#: feature-set kinds joined on the caption's image id; every other kind joins on the sentence id
+IMAGE_KEYED_KINDS = ("image",)
+#: feature-set kinds the generic join leaves to the method (e.g. MCSEO's per-phrase objects)
+METHOD_JOINED_KINDS = ("object", "objects", "image_tensor", "audio_fbank")
+
+
+@dataclass
+class Source:
+    """One corpus, tokenised, with the feature rows of each of its sentences per role."""
+
+    kind: str
+    ids: np.ndarray
+    texts: list[str]
+    image_ids: np.ndarray | None
+    input_ids: np.ndarray  # [N, max_len] int32, right-padded
+    lengths: np.ndarray  # [N] int32
+    fingerprint: str
+    feature_rows: dict[str, np.ndarray] = field(default_factory=dict)
+    feature_sets: dict[str, FeatureSet] = field(default_factory=dict)  # the set each role joins
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Batch:
+    kind: str
+    rows: np.ndarray
+    input_ids: Tensor
+    attention_mask: Tensor
+    features: dict[str, Tensor]
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def read_corpus(path: str) -> tuple[np.ndarray, list[str], np.ndarray | None, str]:
+    """(ids, texts, image_ids, fingerprint) of a corpus table dir or a one-sentence-per-line file."""
+    p = Path(path)
+    if p.is_dir():
+        corpus = Corpus.open(p)
+        image_ids = np.asarray(corpus.image_ids, dtype=object)
+        has_images = any(i not in (None, "") for i in image_ids[:1000])
+        return (
+            np.asarray(corpus.ids, dtype=object),
+            list(corpus.texts),
+            image_ids if has_images else None,
+            corpus.fingerprint,
+        )
+    if not p.is_file():
+        raise MmcseError(f"corpus {p} does not exist (expected a corpus table dir or a .txt file)")
+    import hashlib
+
+    raw = p.read_bytes()
+    lines = [s.strip() for s in raw.decode("utf-8", errors="replace").splitlines()]
+    kept = [(i, s) for i, s in enumerate(lines) if s]
+    if not kept:
+        raise MmcseError(f"corpus {p} has no non-empty lines")
+    ids = np.asarray([f"{p.stem}:{i}" for i, _ in kept], dtype=object)
+    return ids, [s for _, s in kept], None, hashlib.sha256(raw).hexdigest()
+
+
+def tokenize(
+    tokenizer, texts: list[str], max_length: int, desc: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenise once into a right-padded int32 matrix (chunks keep memory flat, show progress)."""
+    out = np.full((len(texts), max_length), tokenizer.pad_token_id or 0, dtype=np.int32)
+    lengths = np.zeros(len(texts), dtype=np.int32)
+    chunk = 8192
+    for start in tqdm(
+        range(0, len(texts), chunk),
+        desc=desc,
+        unit="chunk",
+        leave=False,
+        disable=len(texts) < 4 * chunk,
+    ):
+        enc = tokenizer(texts[start : start + chunk], max_length=max_length, truncation=True)[
+            "input_ids"
+        ]
+        for j, ids in enumerate(enc):
+            out[start + j, : len(ids)] = ids
+            lengths[start + j] = len(ids)
+    return out, lengths
+
+
+class TrainData:
+    """The corpora and feature sets of one run, and the batch schedule over them."""
+
+    def __init__(self, cfg: TrainConfig, tokenizer, method: Method) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.method = method
+        self.sources: dict[str, Source] = {}
+        if cfg.text_corpus and cfg.mixing != "caption-only":
+            self.sources[TEXT] = self._load_source(TEXT, cfg.text_corpus)
+        if cfg.caption_corpus and cfg.mixing != "text-only":
+            self.sources[CAPTION] = self._load_source(CAPTION, cfg.caption_corpus)
+        if not self.sources:
+            raise MmcseError(
+                "no training data: give --text-corpus and/or --caption-corpus (mixing "
+                f"{cfg.mixing!r} uses {'captions' if cfg.mixing == 'caption-only' else 'text'})"
+            )
+        self.feature_sets = self._open_feature_sets()
+        for source in self.sources.values():
+            self._join_features(source)
+
+    # -- loading ---------------------------------------------------------------------------
+    def _load_source(self, kind: str, path: str) -> Source:
+        ids, texts, image_ids, fingerprint = read_corpus(path)
+        if kind == CAPTION and image_ids is None:
+            raise MmcseError(f"caption corpus {path} has no image_id column values")
+        input_ids, lengths = tokenize(
+            self.tokenizer, texts, self.cfg.max_seq_length, f"tokenise {kind}"
+        )
+        return Source(kind, ids, texts, image_ids, input_ids, lengths, fingerprint)
+
+    def roles_for(self, kind: str) -> tuple[str, ...]:
+        extra = self.method.caption_roles if kind == CAPTION else ()
+        return tuple(dict.fromkeys((*self.method.text_roles, *extra)))
+
+    def _open_feature_sets(self) -> dict[str, FeatureSet]:
+        """Open every role's set(s); ``DIR1,DIR2`` gives one role a set per corpus."""
+        needed = {r for kind in self.sources for r in self.roles_for(kind)}
+        missing = sorted(needed - set(self.cfg.features))
+        if missing:
+            flags = " ".join(f"--feature {r}=DIR" for r in missing)
+            raise MmcseError(f"method {self.method.name!r} needs cached features: give {flags}")
+        self.role_sets: dict[str, list[FeatureSet]] = {}
+        for role in sorted(needed):
+            sets = [FeatureSet.open(d) for d in self.cfg.features[role].split(",") if d]
+            if len({(fs.manifest.kind, fs.shape) for fs in sets}) > 1:
+                raise MmcseError(f"the sets given for role {role!r} differ in kind or shape")
+            expected = self.cfg.expect_fingerprints.get(role)
+            if expected and len(sets) == 1:
+                sets[0].require_fingerprint(expected)
+            self.role_sets[role] = sets
+        return {role: sets[0] for role, sets in self.role_sets.items()}
+
+    def _join_features(self, source: Source) -> None:
+        for role in self.roles_for(source.kind):
+            if self.feature_sets[role].manifest.kind in METHOD_JOINED_KINDS:
+                continue
+            keyed_by_image = self.feature_sets[role].manifest.kind in IMAGE_KEYED_KINDS
+            keys = list(source.image_ids if keyed_by_image else source.ids)
+            fs, rows = self._first_set_with(role, keys)
+            source.feature_sets[role], source.feature_rows[role] = fs, rows
+
+    def _first_set_with(self, role: str, keys: list[str]) -> tuple[FeatureSet, np.ndarray]:
+        """The first of the role's sets that holds every key (errors name the first set's gap)."""
+        first_error = None
+        for fs in self.role_sets[role]:
+            try:
+                return fs, fs.rows_for(keys)
+            except MissingIdsError as exc:
+                first_error = first_error or exc
+        raise first_error
+
+    # -- schedule --------------------------------------------------------------------------
+    def batches_per_pass(self, global_batch: int) -> dict[str, int]:
+        """Batches in one pass over each corpus: full ones, plus the last partial one if kept."""
+        counts = {}
+        for kind, src in self.sources.items():
+            partial = self._keeps_partial(len(src), global_batch)
+            counts[kind] = len(src) // global_batch + int(partial)
+            if counts[kind] == 0:
+                raise MmcseError(
+                    f"the {kind} corpus has {len(src)} sentences, fewer than one "
+                    f"global batch ({global_batch}); lower --batch-size"
+                )
+        return counts
+
+    def _keeps_partial(self, n: int, global_batch: int) -> bool:
+        """Keep the last partial batch (torch's DataLoader default, which the released loaders
+        use) unless --drop-last; it needs 2 rows for in-batch negatives, and under DDP it is
+        dropped because it cannot be split into equal per-rank batches."""
+        return not self.cfg.drop_last and n % global_batch >= 2 and dist.world_size() == 1
+
+    def batches_per_epoch(self, global_batch: int) -> dict[str, int]:
+        """Batches per corpus in one epoch of the schedule; their sum is the epoch's steps."""
+        passes = self.batches_per_pass(global_batch)
+        if self.cfg.mixing == "mcse-train-mix" and len(passes) == 2:
+            return train_mix_counts(passes[TEXT], passes[CAPTION])
+        return passes
+
+    def schedule(self, epoch: int, global_batch: int) -> list[tuple[str, np.ndarray]]:
+        """Global batches of one epoch: (kind, row indices), identical on every rank."""
+        if self.cfg.mixing == "mcse-train-mix" and len(self.sources) == 2:
+            return self._train_mix_schedule(epoch, global_batch)
+        rng = np.random.default_rng([self.cfg.seed, epoch])
+        chunks = {}
+        for kind, n in self.batches_per_pass(global_batch).items():
+            order = rng.permutation(len(self.sources[kind]))
+            chunks[kind] = [order[i * global_batch : (i + 1) * global_batch] for i in range(n)]
+        return mix_batches(chunks.get(TEXT, []), chunks.get(CAPTION, []), self.cfg.mixing, rng)
+
+    def _train_mix_schedule(self, epoch: int, global_batch: int) -> list[tuple[str, np.ndarray]]:
+        """MCSE's ``train_mix.py``: step ``s`` of the epoch takes the next caption batch when
+        ``s % ⌊N_text/N_caption⌋ == 0``, else the next text batch, from two endless loaders
+        (each re-shuffled per pass, continuing across epochs)."""
+        passes = self.batches_per_pass(global_batch)
+        counts = self.batches_per_epoch(global_batch)
+        every = passes[TEXT] // passes[CAPTION]
+        streams = {
+            kind: self._endless_batches(kind, global_batch, epoch * counts[kind], counts[kind])
+            for kind in (TEXT, CAPTION)
+        }
+        steps = counts[TEXT] + counts[CAPTION]
+        return [
+            (kind, next(streams[kind]))
+            for kind in (CAPTION if s % every == 0 else TEXT for s in range(steps))
+        ]
+
+    def _endless_batches(self, kind: str, global_batch: int, start: int, count: int):
+        """Batches ``start .. start+count-1`` of an endless loader over one corpus."""
+        n = len(self.sources[kind])
+        per_pass = self.batches_per_pass(global_batch)[kind]
+        order, current = None, -1
+        for i in range(start, start + count):
+            pass_index, j = divmod(i, per_pass)
+            if pass_index != current:
+                key = [self.cfg.seed, (TEXT, CAPTION).index(kind), pass_index]
+                order, current = np.random.default_rng(key).permutation(n), pass_index
+            yield order[j * global_batch : (j + 1) * global_batch]
+
+    # -- batches ---------------------------------------------------------------------------
+    def batch(self, kind: str, rows: np.ndarray, device: torch.device) -> Batch:
+        src = self.sources[kind]
+        width = batch_width(src.lengths[rows], self.cfg.max_seq_length, self.cfg.dynamic_padding)
+        ids = torch.from_numpy(src.input_ids[rows, :width].astype(np.int64))
+        mask = (torch.arange(width)[None, :] < torch.from_numpy(src.lengths[rows])[:, None]).long()
+        features = {
+            role: torch.from_numpy(np.ascontiguousarray(src.feature_sets[role].take(frows[rows])))
+            .to(device, non_blocking=True)
+            .float()
+            for role, frows in src.feature_rows.items()
+        }
+        return Batch(kind, rows, ids.to(device, non_blocking=True), mask.to(device), features)
+
+    def fingerprints(self) -> dict[str, dict[str, str]]:
+        """What a checkpoint records: every corpus and feature set it trained on."""
+        out = {
+            f"corpus:{k}": {
+                "path": str(getattr(self.cfg, f"{k}_corpus")),
+                "fingerprint": s.fingerprint,
+            }
+            for k, s in self.sources.items()
+        }
+        for role, sets in self.role_sets.items():
+            for i, fs in enumerate(sets):
+                key = f"feature:{role}" + (f"[{i}]" if len(sets) > 1 else "")
+                out[key] = {"path": str(fs.path), "fingerprint": fs.fingerprint}
+        return out
+
+
+def train_mix_counts(text_batches: int, caption_batches: int) -> dict[str, int]:
+    """Batches per kind in one epoch of MCSE's ``train_mix.py`` schedule.
+
+    The released loop runs ``N_t + N_c`` steps per epoch (``N`` = ``len(DataLoader)``, i.e.
+    batches per pass, the last partial one included) and takes a caption batch at every step
+    ``s`` with ``s % ⌊N_t/N_c⌋ == 0``: ``⌈(N_t + N_c)/⌊N_t/N_c⌋⌉`` caption batches, the rest text.
+    """
+    if text_batches < caption_batches:
+        raise MmcseError(
+            f"--mixing mcse-train-mix needs at least as many text batches as caption batches "
+            f"per pass (got {text_batches} text, {caption_batches} caption): the released "
+            "train_mix.py divides by ⌊N_text/N_caption⌋ = 0 here; use --mixing interleave"
+        )
+    every = text_batches // caption_batches
+    steps = text_batches + caption_batches
+    captions = (steps - 1) // every + 1
+    return {TEXT: steps - captions, CAPTION: captions}
+
+
+def batch_width(lengths: np.ndarray, max_length: int, dynamic: bool) -> int:
+    """Padded width of a batch: its longest sentence (dynamic padding: no work on padding
+    columns every row has), else ``max_length`` (one static shape, e.g. for ``--compile``)."""
+    return int(lengths.max()) if dynamic else max_length
+
+
+def mix_batches(
+    text: list[np.ndarray], caption: list[np.ndarray], mixing: str, rng: np.random.Generator
+) -> list[tuple[str, np.ndarray]]:
+    """Order text and caption batches that each use their corpus once (one pass per epoch).
+
+    ``interleave``: a caption batch before every ⌊N_text/N_caption⌋-th text batch, leftovers at
+    the end — mmcse's own schedule, *not* MCSE's released one (that is ``mcse-train-mix``,
+    :meth:`TrainData.schedule`, which revisits captions and skips part of the text corpus);
+    ``proportional-random``: batch kinds shuffled, so each kind appears in proportion to its
+    size; ``text-only``/``caption-only``: one corpus.
+    """
+    if mixing == "text-only" or not caption:
+        return [(TEXT, b) for b in text]
+    if mixing == "caption-only" or not text:
+        return [(CAPTION, b) for b in caption]
+    if mixing == "proportional-random":
+        kinds = np.array([TEXT] * len(text) + [CAPTION] * len(caption))
+        rng.shuffle(kinds)
+        its = {TEXT: iter(text), CAPTION: iter(caption)}
+        return [(k, next(its[k])) for k in kinds]
+    every = max(1, len(text) // len(caption))
+    out: list[tuple[str, np.ndarray]] = []
+    cap = iter(caption)
+    used = 0
+    for i, b in enumerate(text):
+        if i % every == 0 and used < len(caption):
+            out.append((CAPTION, next(cap)))
+            used += 1
+        out.append((TEXT, b))
+    out.extend((CAPTION, b) for b in cap)
+    return out

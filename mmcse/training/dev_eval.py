@@ -1,0 +1,77 @@
+"""The run's STS-B dev evaluator: the model-selection metric, prepared once per run.
+
+Scoring STS-B dev through :func:`~mmcse.evaluation.encode.encode_sentences` would re-tokenise
+the 2,909 distinct dev sentences, re-sort and re-pad them on every call (every 125 steps).
+:class:`DevEvaluator` does that once, when the run builds it: the sentences are tokenised,
+sorted longest first and padded into the *same* batches ``encode_sentences`` builds, and kept on
+the device; a call runs the forwards, pools, and scores. Same batches, same ops: the score is
+identical to encoding and scoring the dev set from scratch (tested), only the host work is gone.
+The run (:class:`mmcse.training.loop.Run`) owns one; nothing is cached between runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmcse.evaluation.encode import _autocast, model_max_length, pad_batch
+from mmcse.evaluation.sts import default_data_dir, load_stsb_dev, resolve_downstream, score_task
+from mmcse.pooling import needs_hidden_states, pool
+from mmcse.training.config import TrainConfig
+
+
+class DevEvaluator:
+    """STS-B dev Spearman × 100 of a live encoder; the data prepared at construction."""
+
+    def __init__(self, encoder, tokenizer, data_dir: str | Path | None, batch_size: int = 128):
+        self.task, sentences = load_stsb_dev(resolve_downstream(data_dir))
+        self.rows = {sentence: row for row, sentence in enumerate(sentences)}
+        limit = model_max_length(tokenizer, encoder.backbone)
+        token_ids = tokenizer(list(sentences), truncation=True, max_length=limit)["input_ids"]
+        # longest first and stable, exactly as encode_sentences orders them
+        self.order = np.argsort([-len(ids) for ids in token_ids], kind="stable")
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.batches = [
+            pad_batch([token_ids[i] for i in self.order[s : s + batch_size]], pad_id, "cpu")
+            for s in range(0, len(self.order), batch_size)
+        ]
+        self._device: torch.device | None = None
+
+    def _on(self, device: torch.device) -> list:
+        if self._device != device:
+            self.batches = [(ids.to(device), mask.to(device)) for ids, mask in self.batches]
+            self._device = device
+        return self.batches
+
+    def __call__(self, encoder) -> float:
+        backbone = encoder.backbone
+        device = next(backbone.parameters()).device
+        was_training = backbone.training
+        backbone.eval()
+        chunks = []
+        try:
+            with torch.inference_mode(), _autocast(device):
+                for input_ids, attention_mask in self._on(device):
+                    out = backbone(
+                        input_ids=input_ids,
+                        attention_mask=attention_mask,
+                        output_hidden_states=needs_hidden_states(encoder.pooler),
+                        return_dict=True,
+                    )
+                    chunks.append(pool(out, attention_mask, encoder.pooler).float())
+        finally:
+            backbone.train(was_training)
+        vectors = np.empty((len(self.order), chunks[0].shape[1]), dtype=np.float32)
+        vectors[self.order] = torch.cat(chunks).cpu().numpy()  # one device→host copy
+        return score_task(self.task, vectors, self.rows)["all"]
+
+
+def resolve_eval_dir(cfg: TrainConfig) -> Path | None:
+    """The SentEval dir for dev/test scoring; '' disables it, None finds the shared copy."""
+    if cfg.eval_data == "":
+        return None
+    if cfg.eval_data:
+        return Path(cfg.eval_data)
+    return default_data_dir()

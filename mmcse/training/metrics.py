@@ -1,0 +1,276 @@
+"""What a training run reports: window-averaged loss terms, the run plan, progress lines.
+
+``metrics.jsonl`` holds one JSON object per line. A training record averages every ``*_loss`` term
+over the logging window — each term over the batches it was computed on (MCSE's image term only
+exists on caption batches), ``loss`` over every step — and says how many text and caption batches
+the window held; ``steps_per_s`` and ``data_wait_share`` exclude evaluation and checkpoint time.
+An evaluation record has ``step`` and ``stsb_dev``. Readers treat any key ending in ``_loss`` as a
+loss term and tolerate missing keys.
+
+The step itself never waits for the device: terms are summed as device tensors and read back once
+per window (:meth:`LossWindow.flush`), where a non-finite loss is also caught and its step named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmcse.errors import MmcseError
+from mmcse.rundir import METRICS_FILE
+
+#: seconds between progress lines when stderr is not a terminal (log files, CI)
+LOG_LINE_INTERVAL = 30.0
+
+
+def is_loss_key(key: str) -> bool:
+    return key == "loss" or key.endswith("_loss")
+
+
+class LossWindow:
+    """Sums of the loss terms of the steps since the last log record, kept on the device."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: dict[str, Tensor | float] = {}  # device tensors; python floats from host terms
+        self.counts: dict[str, int] = {}
+        self.latest: dict[str, float] = {}  # non-loss host values (e.g. an auxiliary lr): last one
+        self.totals: list[Tensor] = []  # per-step weighted loss, to name a non-finite step
+        self.steps: list[tuple[int, str]] = []  # (step, batch kind)
+        self.data_wait = 0.0
+        self.excluded = 0.0  # eval / checkpoint seconds inside the window
+        self.started = time.perf_counter()
+
+    def add(self, step: int, kind: str, terms: dict[str, Any], data_wait: float = 0.0) -> None:
+        """One step's terms (tensors stay on their device: no host sync here)."""
+        for key, value in terms.items():
+            if isinstance(value, Tensor):
+                value = value.detach().float()
+            elif not is_loss_key(key):
+                self.latest[key] = float(value)
+                continue
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
+            self.counts[key] = self.counts.get(key, 0) + 1
+        self.totals.append(_detached(terms))
+        self.steps.append((step, kind))
+        self.data_wait += data_wait
+
+    def exclude(self, seconds: float) -> None:
+        """Time spent outside training (evaluation, checkpoints) that steps/s must not count."""
+        self.excluded += seconds
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def flush(self) -> dict[str, Any]:
+        """Read the window back (the one host sync), check it is finite, and reset it."""
+        keys = [k for k, v in self.sums.items() if isinstance(v, Tensor)]
+        device_values = [self.sums[k] for k in keys] + self.totals
+        host = torch.stack([v.reshape(()) for v in device_values]).cpu().double().tolist()
+        sums = dict(zip(keys, host[: len(keys)], strict=True))
+        sums.update({k: float(v) for k, v in self.sums.items() if not isinstance(v, Tensor)})
+        check_finite(host[len(keys) :], self.steps)
+        first, last = self.steps[0][0], self.steps[-1][0]
+        for key, value in sums.items():
+            if not math.isfinite(value):
+                raise MmcseError(
+                    f"{key} became {value} in steps {first}-{last}; lower the lr (for an "
+                    "auxiliary task's image_/audio_ terms, its own lr)"
+                )
+        elapsed = max(time.perf_counter() - self.started - self.excluded, 1e-9)
+        kinds = [kind for _, kind in self.steps]
+        record: dict[str, Any] = {"kind": kinds[0] if len(set(kinds)) == 1 else "mixed"}
+        record.update({k: sums[k] / self.counts[k] for k in sorted(sums, key=_loss_first)})
+        record.update(self.latest)
+        record.update(
+            text_batches=kinds.count("text"),
+            caption_batches=kinds.count("caption"),
+            steps_per_s=len(self.steps) / elapsed,
+            data_wait_share=self.data_wait / elapsed,
+        )
+        self.reset()
+        return record
+
+    # -- resume --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        to_host = {k: v.cpu() if isinstance(v, Tensor) else v for k, v in self.sums.items()}
+        return {
+            "sums": to_host,
+            "counts": dict(self.counts),
+            "latest": dict(self.latest),
+            "totals": [t.cpu() for t in self.totals],
+            "steps": list(self.steps),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        self.reset()
+        self.sums = {
+            k: v.to(device) if isinstance(v, Tensor) else v for k, v in state["sums"].items()
+        }
+        self.counts = dict(state["counts"])
+        self.latest = dict(state["latest"])
+        self.totals = [t.to(device) for t in state["totals"]]
+        self.steps = [tuple(s) for s in state["steps"]]
+
+
+def _detached(terms: dict[str, Any]) -> Tensor:
+    loss = terms["loss"]
+    return loss.detach().float() if isinstance(loss, Tensor) else torch.tensor(float(loss))
+
+
+def _loss_first(key: str) -> tuple[int, str]:
+    return (0 if key == "loss" else 1, key)
+
+
+def check_finite(totals: list[float], steps: list[tuple[int, str]]) -> None:
+    for value, (step, kind) in zip(totals, steps, strict=True):
+        if not math.isfinite(value):
+            first, last = steps[0][0], steps[-1][0]
+            raise MmcseError(
+                f"loss became {value} at step {step} (a {kind} batch; logging window steps "
+                f"{first}-{last}); lower the lr or check the features for NaN/Inf"
+            )
+
+
+class MetricsLog:
+    """Appends records to ``metrics.jsonl`` (and TensorBoard scalars with ``report_to``)."""
+
+    def __init__(self, run_dir: Path, report_to: str = "none", purge_step: int | None = None):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.tensorboard = None
+        if report_to == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise MmcseError(
+                    "--report-to tensorboard needs the tensorboard package: "
+                    "pip install 'mmcse[tensorboard]'"
+                ) from None
+            self.tensorboard = SummaryWriter(
+                str(Path(run_dir) / "tensorboard"), purge_step=purge_step
+            )
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if key not in ("step", "epoch", "time") and isinstance(value, int | float):
+                    self.tensorboard.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep the records up to ``last_step`` (a resumed run rewrites what came after its save)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by the kill
+            continue
+        if record.get("step", 0) <= last_step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def describe_plan(plan: dict[str, Any]) -> str:
+    """The plan printed at start (and saved as ``plan.json``)."""
+    per_epoch = ", ".join(f"{n} {kind}" for kind, n in plan["batches_per_epoch"].items())
+    data = ", ".join(f"{n:,} {kind} sentences" for kind, n in plan["sentences"].items())
+    evals = (
+        f"STS-B dev every {plan['eval_steps']} steps ({plan['evals']} evals)"
+        if plan["eval_data"]
+        else f"no dev eval (last checkpoint kept as best/ every {plan['eval_steps']} steps)"
+    )
+    lines = [
+        f"plan: {plan['method']} on {plan['device']}, precision {plan['precision']}, "
+        f"{plan['world_size']} process(es)",
+        f"  data: {data}; mixing {plan['mixing']}",
+        f"  per epoch: {per_epoch} batches of {plan['global_batch']} "
+        f"({plan['steps_per_epoch']} steps) x {plan['epochs']} epoch(s) -> {plan['total_steps']} "
+        "steps" + (f" (max_steps {plan['max_steps']})" if plan["max_steps"] else ""),
+        f"  eval: {evals}; final test eval: {'yes' if plan['final_eval'] else 'no'}",
+        f"  resumable checkpoint last/ every {plan['save_every']} steps",
+    ]
+    if plan.get("resumed_from_step") is not None:
+        lines.append(f"  resuming after step {plan['resumed_from_step']}")
+    return "\n".join(lines)
+
+
+class Progress:
+    """A tqdm bar on a terminal; elsewhere one plain line every :data:`LOG_LINE_INTERVAL` s."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
+        self.total, self.step, self.desc, self.enabled = total, initial, desc, enabled
+        self.tty = sys.stderr.isatty()
+        self.postfix: dict[str, str] = {}
+        self.bar = None
+        self.last_line = time.monotonic()
+        self.started, self.start_step = time.monotonic(), initial
+        if enabled and self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", mininterval=0.5)
+
+    def set(self, **values: str) -> None:
+        """New figures for the bar (no redraw now: the next interval shows them)."""
+        self.postfix.update(values)
+        if self.bar is not None:
+            self.bar.set_postfix(self.postfix, refresh=False)
+
+    def update(self, step: int) -> None:
+        self.step = step
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.enabled:
+            now = time.monotonic()
+            if now - self.last_line >= LOG_LINE_INTERVAL or step == self.total:
+                self.last_line = now
+                print(self.line(now), file=sys.stderr, flush=True)
+
+    def line(self, now: float) -> str:
+        rate = (self.step - self.start_step) / max(now - self.started, 1e-9)
+        eta = (self.total - self.step) / rate if rate > 0 else float("nan")
+        extra = " ".join(f"{k} {v}" for k, v in self.postfix.items())
+        return (
+            f"{self.desc}: step {self.step}/{self.total} ({100 * self.step / self.total:.0f}%) "
+            f"{extra} {rate:.2f} steps/s eta {eta / 60:.1f} min"
+        ).replace("  ", " ")
+
+    def write(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

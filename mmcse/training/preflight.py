@@ -1,0 +1,368 @@
+"""Checks every input of a training run before any work starts (``train``, ``--dry-run``, recipes).
+
+A run used to find a wrong ``--eval-data`` at its first evaluation (step 125, no checkpoint),
+an unknown pooler after the model loaded, an offline hub id after ~60 s of retries, and to
+overwrite an earlier run silently. :func:`preflight` looks at everything the run will read,
+in the order of cost, and raises one :class:`~mmcse.errors.MmcseError` naming the setting (and
+the fix, where there is one):
+
+1. torchrun variables, the method and its settings, the pooler, the device;
+2. corpora and feature-set folders exist and are readable (a sentence file is strict UTF-8),
+   every role the method reads is given;
+3. the SentEval folder has STS-B dev (and, with ``final_eval``, every test file), parsed;
+4. the student: a local HF folder (config, tokenizer, room for ``--max-seq-length``), or a hub
+   id that resolves (cache, else a 3 s reachability probe; never the hub client's retries);
+5. the output folder: refused when it holds files, unless ``--overwrite`` or resuming;
+6. the data join: corpora opened and every role's ids matched to them, as training will
+   (a stub tokenizer: nothing is tokenised), and at least one global batch per corpus.
+
+Setting types and ranges are checked earlier, by the config dataclasses (:mod:`mmcse.training.config`).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import re
+import shutil
+import socket
+from pathlib import Path
+
+from mmcse import distributed
+from mmcse.devices import check_device
+from mmcse.errors import MmcseError
+from mmcse.methods import Method, build_method
+from mmcse.training.config import TrainConfig
+
+#: what a training run writes into its output folder (``--overwrite`` removes only these)
+RUN_ENTRIES = ("metrics.jsonl", "config.json", "plan.json", "results.json", "best", "last", "tensorboard")
+#: a hub id is ``name`` or ``org/name``; anything else that does not exist is a missing path
+HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")
+HUB_PROBE_SECONDS = 3.0
+TRUE_WORDS = ("1", "true", "yes", "on")
+#: files one of which holds a local model's weights (single file or sharded index)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
+
+
+def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
+    """Check the whole run; returns the built method. ``resuming`` defaults to ``cfg.resume``."""
+    if resuming is None:
+        resuming = bool(getattr(cfg, "resume", None))
+    distributed.check_env()
+    method = build_method(cfg.method, **cfg.method_args)
+    check_pooler(cfg.pooler)
+    check_device(cfg.device)
+    check_paths(cfg)
+    check_roles(cfg, method)
+    check_eval_data(cfg)
+    check_model(cfg.model, cfg.max_seq_length)
+    check_output_dir(cfg, resuming=resuming)
+    check_join(cfg, method)
+    return method
+
+
+# ---- cheap checks --------------------------------------------------------------------------
+
+
+def check_pooler(name: str) -> None:
+    """Known to :mod:`mmcse.pooling` (its poolers, aliases and ``auto``)."""
+    from mmcse.pooling import check_pooler as known_pooler
+
+    known_pooler(name, allow_auto=True)
+
+
+def _readable(path: Path, label: str, what: str) -> None:
+    """``label`` is the flag as given (``--text-corpus X``, ``--feature image=X``)."""
+    if not path.exists():
+        raise MmcseError(f"{label}: no such {what}")
+    if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
+        raise MmcseError(f"{label}: not readable (check its permissions)")
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """Corpora and feature-set folders exist and can be read."""
+    for flag, value in (
+        ("--text-corpus", cfg.text_corpus),
+        ("--caption-corpus", cfg.caption_corpus),
+    ):
+        if value:
+            _readable(Path(value), f"{flag} {value}", "file or folder")
+            if Path(value).is_file():
+                check_utf8(Path(value), flag)
+    for role, dirs in cfg.features.items():
+        parts = [d for d in dirs.split(",") if d.strip()]
+        if not parts:
+            raise MmcseError(f"--feature {role}= names no folder; give --feature {role}=DIR")
+        for d in parts:
+            _readable(Path(d), f"--feature {role}={d}", "folder")
+        if role in cfg.expect_fingerprints and len(parts) > 1:
+            raise MmcseError(
+                f"--expect-fingerprint {role}: the role has {len(parts)} sets; a fingerprint "
+                "pins one set, so give one set for the role or drop the check"
+            )
+
+
+BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),  # before UTF-16: its BOM starts like UTF-16 LE's
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def check_utf8(path: Path, flag: str) -> None:
+    """A sentence file is UTF-8 (training would keep bad bytes as U+FFFD rows silently)."""
+    raw = path.read_bytes()
+    for bom, encoding in BOMS:
+        if raw.startswith(bom):
+            raise MmcseError(
+                f"{flag} {path} is {encoding} text (byte-order mark); convert it to UTF-8"
+            )
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise MmcseError(
+            f"{flag} {path}:{line}: not UTF-8 ({exc.reason} at byte {exc.start}); fix or drop the line"
+        ) from None
+
+
+def sources_of(cfg: TrainConfig) -> list[str]:
+    """The corpus kinds a run trains on (as :class:`mmcse.training.data.TrainData` picks them)."""
+    from mmcse.training.data import CAPTION, TEXT
+
+    kinds = []
+    if cfg.text_corpus and cfg.mixing != "caption-only":
+        kinds.append(TEXT)
+    if cfg.caption_corpus and cfg.mixing != "text-only":
+        kinds.append(CAPTION)
+    return kinds
+
+
+def missing_roles(cfg: TrainConfig, method: Method) -> list[str]:
+    """Feature roles the method reads on the run's corpora that no ``--feature`` gives."""
+    from mmcse.training.data import CAPTION
+
+    needed: list[str] = []
+    for kind in sources_of(cfg):
+        extra = method.caption_roles if kind == CAPTION else ()
+        needed += [r for r in (*method.text_roles, *extra) if r not in needed]
+    return [r for r in needed if r not in cfg.features]
+
+
+def check_roles(cfg: TrainConfig, method: Method) -> None:
+    """Every feature role the method reads is given a set."""
+    missing = missing_roles(cfg, method)
+    if missing:
+        flags = " ".join(f"--feature {r}=DIR" for r in missing)
+        hint = ""
+        if getattr(method, "teachers_on", None) == "all":
+            released = build_method(cfg.method, **{**cfg.method_args, "teachers_on": "caption"})
+            hint = "" if missing_roles(cfg, released) else _teachers_hint(method)
+        raise MmcseError(f"method {method.name!r} needs cached features: give {flags}{hint}")
+
+
+def _teachers_hint(method: Method) -> str:
+    if getattr(method, "teachers_on", None) != "all":
+        return ""
+    return (
+        f" ({method.name}'s teachers_on=all reads the text teachers on text batches too, so they "
+        "must be cached for the text corpus as well as the captions, one set per corpus: "
+        "--feature ROLE=TEXT_SET,CAPTION_SET; or pass --method-arg teachers_on=caption, the "
+        "released code's setting, to distil on caption batches only)"
+    )
+
+
+def check_eval_data(cfg: TrainConfig) -> None:
+    """The SentEval folder has STS-B dev (and every test file for the final evaluation)."""
+    from mmcse.evaluation.sts import load_task, load_tasks, resolve_downstream
+    from mmcse.training.dev_eval import resolve_eval_dir
+
+    eval_dir = resolve_eval_dir(cfg)
+    if eval_dir is None:
+        return
+    try:
+        load_task(resolve_downstream(eval_dir), "STSBenchmark", split="dev")
+        if cfg.final_eval:
+            load_tasks(eval_dir, "test")
+    except MmcseError as exc:
+        raise MmcseError(
+            f"--eval-data: {exc} (give the SentEval folder holding downstream/STS, "
+            "or --eval-data '' to train without evaluation)"
+        ) from None
+
+
+# ---- the student ---------------------------------------------------------------------------
+
+
+def check_model(name: str, max_seq_length: int | None = None) -> None:
+    """A local HF model folder (or training run), or a hub id that can resolve now."""
+    from mmcse.hub import resolve_model_dir
+
+    path = Path(name).expanduser()
+    if path.exists():
+        try:
+            local = Path(resolve_model_dir(str(path)))
+        except FileNotFoundError as exc:
+            raise MmcseError(f"--model {exc}") from None
+        if not (local / "config.json").is_file():
+            raise MmcseError(f"--model {name}: no config.json inside (not an HF model folder)")
+        check_positions(local / "config.json", name, max_seq_length)
+        check_weights(local, name)
+        check_tokenizer(local, name)
+        return
+    if not HUB_ID.fullmatch(name):
+        raise MmcseError(f"--model {name}: no such folder (and not a hub id)")
+    cached = _check_hub_id(name)
+    if cached is not None:
+        check_positions(cached, name, max_seq_length)
+
+
+def check_positions(config_path: Path, name: str, max_seq_length: int | None) -> None:
+    """The model's config is JSON and has room for ``--max-seq-length`` tokens."""
+    try:
+        config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MmcseError(f"--model {name}: {config_path} is not valid JSON ({exc})") from None
+    limit = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    if not isinstance(limit, int) or max_seq_length is None:
+        return
+    if "roberta" in str(config.get("model_type", "")):
+        limit -= 2  # RoBERTa's positions start after the padding index
+    if max_seq_length > limit:
+        raise MmcseError(
+            f"--max-seq-length {max_seq_length} is more than {name} can encode "
+            f"({limit} positions); use --max-seq-length {limit} or less"
+        )
+
+
+def check_weights(local: Path, name: str) -> None:
+    if not any((local / f).is_file() for f in WEIGHT_FILES):
+        raise MmcseError(f"--model {name}: no weights inside ({' or '.join(WEIGHT_FILES[:2])})")
+
+
+def check_tokenizer(local: Path, name: str) -> None:
+    """The tokenizer loads and has a vocabulary (transformers builds an empty one silently)."""
+    from mmcse.hub import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(str(local))
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MmcseError(f"--model {name}: its tokenizer cannot be loaded: {first}") from None
+    words = set(tokenizer.get_vocab()) - set(tokenizer.all_special_tokens)
+    if not words:
+        raise MmcseError(
+            f"--model {name}: its tokenizer has no vocabulary beyond its special tokens; are the "
+            f"tokenizer files (tokenizer.json or vocab.txt) missing from {local}?"
+        )
+
+
+def _check_hub_id(name: str) -> Path | None:
+    """The cached config of a hub id, or None when the hub answers (it will download)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json")
+    if isinstance(cached, str):
+        return Path(cached)
+    fix = "download it where there is network, or pass --model DIR (a local HF model folder)"
+    offline = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if _env_true(v)]
+    if offline:
+        raise MmcseError(
+            f"--model {name}: not a local folder, not in the Hugging Face cache, and "
+            f"{offline[0]} is set; {fix}"
+        )
+    host = re.sub(r"^https?://", "", constants.ENDPOINT).split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=HUB_PROBE_SECONDS).close()
+    except OSError as exc:
+        raise MmcseError(
+            f"--model {name}: not a local folder, not in the Hugging Face cache, and {host} "
+            f"cannot be reached ({exc.strerror or exc}); {fix}"
+        ) from None
+    return None
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in TRUE_WORDS
+
+
+# ---- output --------------------------------------------------------------------------------
+
+
+def check_output_dir(cfg: TrainConfig, *, resuming: bool = False) -> None:
+    """A new or empty folder we can write, unless ``--overwrite`` or resuming (main rank only)."""
+    if distributed.env_rank() != 0:
+        return  # rank 0 may already have started writing it
+    check_output_path(Path(cfg.output_dir), overwrite=cfg.overwrite or resuming)
+
+
+def check_output_path(out: Path, *, overwrite: bool = False) -> None:
+    """``out`` can hold a new run: absent or empty (or ``overwrite``), and writable."""
+    if out.exists() and not out.is_dir():
+        raise MmcseError(f"--output-dir {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        held = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+        raise MmcseError(
+            f"--output-dir {out} is not empty (holds {held}); choose another folder, pass "
+            "--overwrite to replace its run, or --resume it"
+        )
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise MmcseError(f"--output-dir {out}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise MmcseError(f"--output-dir {out}: {existing} is not writable (choose another folder)")
+
+
+def clear_previous_run(out: str | Path) -> None:
+    """With ``--overwrite``: remove what an earlier run wrote (only :data:`RUN_ENTRIES`)."""
+    for name in RUN_ENTRIES:
+        path = Path(out) / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+# ---- the data join -------------------------------------------------------------------------
+
+
+class _NoTokenizer:
+    """Stands in for a tokenizer so :class:`~mmcse.training.data.TrainData` joins ids without tokenising."""
+
+    pad_token_id = 0
+
+    def __call__(self, texts, **_):
+        return {"input_ids": [[0]] * len(texts)}
+
+
+def check_join(cfg: TrainConfig, method: Method) -> None:
+    """Open the corpora and sets and match every role's ids, exactly as training will."""
+    from mmcse.training.data import TrainData
+
+    try:
+        data = TrainData(cfg, _NoTokenizer(), method)
+    except MmcseError as exc:  # same class (e.g. CacheError), the hint appended
+        exc.args = (f"{exc}{_join_hint(cfg, method)}",)
+        raise
+    data.batches_per_epoch(cfg.batch_size * (distributed.env_int("WORLD_SIZE", 1) or 1))
+
+
+def _join_hint(cfg: TrainConfig, method: Method) -> str:
+    """The teachers_on hint, when the run would pass with DALR's released setting."""
+    if getattr(method, "teachers_on", None) != "all":
+        return ""
+    from mmcse.training.data import TrainData
+
+    released = build_method(cfg.method, **{**cfg.method_args, "teachers_on": "caption"})
+    try:
+        TrainData(cfg, _NoTokenizer(), released)
+    except MmcseError:
+        return ""
+    return _teachers_hint(method)

@@ -1,0 +1,85 @@
+"""``mmcse bench train``: every registered method steps on fixtures joined like real caches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mmcse.bench import train_step as bench
+from mmcse.errors import MmcseError
+from mmcse.registry import METHODS
+
+SEQ_LEN, BATCH = 16, 8
+#: written out independently of bench.ROLE_KIND: roles whose rows belong to an image
+IMAGE_ROLES = {"image", "clip_image"}
+#: (method, role) → dim of the paper's teacher
+EXPECTED_DIMS = {
+    ("mcse", "image"): 2048,
+    ("mcseo", "image"): 2048,
+    ("dalr", "image"): 512,
+    ("dalr", "text_teacher_simcse"): 768,
+    ("dalr", "text_teacher_diffcse"): 768,
+    ("dalr-paper", "image"): 512,
+    ("dalr-paper", "text_teacher_simcse"): 768,
+    ("dalr-paper", "text_teacher_diffcse"): 768,
+    ("kdmcse", "clip_image"): 768,
+    ("kdmcse", "clip_text"): 768,
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    names = METHODS.names()
+    needs = set().union(*(bench.method_needs(n) for n in names))
+    world = bench.synthetic_world(tmp_path_factory.mktemp("bench"), "tiny", SEQ_LEN, 64, needs)
+    return {n: bench.make_run(world, n, BATCH, SEQ_LEN, "cpu", "fp32")[0] for n in names}
+
+
+def test_vector_roles_join_on_image_or_sentence_id(runs):
+    joined = set()
+    for name, run in runs.items():
+        source = run.data.sources["caption"]
+        for role, rows in source.feature_rows.items():
+            feature_set = run.data.feature_sets[role]
+            keys = source.image_ids if role in IMAGE_ROLES else source.ids
+            for caption, row in enumerate(rows):
+                assert feature_set.ids[row] == keys[caption], (name, role, caption)
+            assert feature_set.dim == EXPECTED_DIMS[name, role]
+            joined.add((name, role))
+    assert joined == set(EXPECTED_DIMS)
+
+
+def test_mcseo_caption_batch_pairs_four_phrases_with_2048d_objects(runs):
+    run = runs["mcseo"]
+    kind, rows = run.data.schedule(0, BATCH)[0]
+    batch = run.data.batch(kind, rows, torch.device("cpu"))
+    extras = run.method.batch_extras(run.data, batch)
+    assert batch.features["object"].shape == (BATCH, 4, 2048)
+    assert extras["phrase_mask"].all()
+    words = SEQ_LEN - 2
+    for b in range(BATCH):
+        for p in range(4):
+            token = 1 + p * words // 4  # one word per token, after [CLS]
+            assert extras["phrase_spans"][b, p].tolist() == [token, token + 1]
+
+
+def test_nonlinguistic_examples_have_the_writers_row_shapes(runs):
+    assert list(runs["visualcse"].aux.examples.shape) == [3, 256, 256]
+    assert list(runs["audiocse"].aux.examples.shape) == [1024, 128]
+    assert runs["simcse"].aux is None
+
+
+def test_unknown_role_is_a_clear_error():
+    with pytest.raises(MmcseError, match="ROLE_KIND"):
+        bench.role_kind("depth_map")
+    assert bench.role_kind("text_teacher_promcse") == "text"
+
+
+def test_bench_train_times_every_registered_method():
+    result = bench.bench_train(size="tiny", steps=2, rounds=1, batch=BATCH, seq_len=SEQ_LEN)
+    assert set(result["ratios"]) == set(METHODS.names())
+    for name, ratio in result["ratios"].items():
+        assert math.isfinite(ratio) and ratio > 0, name
+    assert result["ratios"]["simcse"] == 1.0

@@ -1,0 +1,182 @@
+"""Cross-modal retrieval: recall with several captions per image, heads, COCO-mini end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import cli
+from mmcse.errors import MmcseError
+from mmcse.evaluation.retrieval import (
+    evaluate_retrieval,
+    format_retrieval_table,
+    load_heads,
+    ranks,
+    recall_table,
+)
+
+COCO_MINI = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "images" / "coco_mini"
+
+
+def brute_force(similarity: np.ndarray, caption_image: np.ndarray) -> dict:
+    """R@k and 1-based median rank by sorting every query's candidates explicitly."""
+    t2i, i2t = [], []
+    for caption in range(similarity.shape[1]):
+        order = sorted(range(similarity.shape[0]), key=lambda i: -similarity[i, caption])
+        t2i.append(order.index(caption_image[caption]))
+    for image in range(similarity.shape[0]):
+        order = sorted(range(similarity.shape[1]), key=lambda c: -similarity[image, c])
+        i2t.append(min(order.index(c) for c in np.flatnonzero(caption_image == image)))
+    out = {}
+    for name, r in (("t2i", t2i), ("i2t", i2t)):
+        out[name] = {f"R@{k}": 100 * sum(x < k for x in r) / len(r) for k in (1, 5, 10)}
+        out[name]["medr"] = float(np.floor(np.median(r)) + 1)
+    return out
+
+
+def test_recall_and_median_rank_match_brute_force_with_five_captions_per_image():
+    rng = np.random.default_rng(0)
+    images, per_image = 23, 5
+    caption_image = rng.permutation(np.repeat(np.arange(images), per_image))
+    # signal so that the recalls are neither 0 nor 100
+    similarity = rng.standard_normal((images, images * per_image))
+    similarity[caption_image, np.arange(images * per_image)] += 1.5
+    r = ranks(similarity, caption_image)
+    expected = brute_force(similarity, caption_image)
+    for direction in ("t2i", "i2t"):
+        assert recall_table(r[direction]) == pytest.approx(expected[direction])
+    assert 0 < expected["i2t"]["R@1"] < 100 and expected["i2t"]["R@1"] > expected["t2i"]["R@1"]
+
+
+def test_i2t_counts_a_hit_when_any_caption_is_in_the_top_k():
+    # image 0's captions are 0 and 1; only caption 1 is its best match
+    similarity = np.array([[0.1, 0.9, 0.5], [0.2, 0.3, 0.8]])
+    r = ranks(similarity, np.array([0, 0, 1]))
+    assert r["i2t"].tolist() == [0, 0] and r["t2i"].tolist() == [1, 0, 0]
+
+
+# ---- a run with heads, COCO-mini features ------------------------------------------------------
+
+
+def fake_run(tiny_model: Path, root: Path, image_dim: int, with_heads: bool = True) -> Path:
+    """A run directory whose best/ is the tiny student plus random grounding heads."""
+    best = root / "best"
+    shutil.copytree(tiny_model, best)
+    (best / "mmcse_run.json").write_text(json.dumps({"pooler": "avg", "step": 1}))
+    if with_heads:
+        g = torch.Generator().manual_seed(0)
+        heads = {
+            "losses.image_text.text_head.0.weight": torch.randn(8, 32, generator=g),
+            "losses.image_text.text_head.0.bias": torch.randn(8, generator=g),
+            "losses.image_text.image_head.0.weight": torch.randn(8, image_dim, generator=g),
+            "losses.image_text.image_head.0.bias": torch.randn(8, generator=g),
+        }
+        save_file(heads, str(best / "mmcse_heads.safetensors"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def coco_features(tmp_path_factory) -> Path:
+    """The 79 COCO-mini val images through a random tiny ResNet-50, every caption kept."""
+    if not COCO_MINI.is_dir():
+        pytest.skip("shared coco_mini not available")
+    out = tmp_path_factory.mktemp("coco-val")
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(
+        cli.app,
+        ["extract-images", "--dataset", "coco", "--split", "val", "--images", str(COCO_MINI),
+         "--captions", str(COCO_MINI / "annotations"), "--teacher", "resnet50",
+         "--weights", "random", "--teacher-size", "tiny", "--device", "cpu", "--workers", "1",
+         "--caption-policy", "all", "--shard-size", "64", "--batch-size", "16", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_grounded_retrieval_on_coco_mini_matches_an_independent_computation(
+    tiny_model, coco_features, tmp_path
+):
+    from mmcse.cache import Corpus, FeatureSet
+    from mmcse.evaluation.encode import encode_sentences
+    from mmcse.hub import load_tokenizer
+    from mmcse.model import SentenceEncoder
+
+    images = FeatureSet.open(coco_features / "image-resnet50")
+    run = fake_run(tiny_model, tmp_path / "run", images.dim)
+    results = evaluate_retrieval(
+        run, coco_features / "image-resnet50", coco_features / "captions", device="cpu"
+    )
+    d = results["details"]
+    assert d["images"] == 79 and d["captions"] >= 5 * 79 and d["head"] == "image_text"
+
+    # independently: heads applied by hand, cosine, brute-force ranks
+    corpus = Corpus.open(coco_features / "captions")
+    image_ids = sorted(set(corpus.image_ids))
+    caption_image = np.array([image_ids.index(i) for i in corpus.image_ids])
+    encoder = SentenceEncoder.from_pretrained(str(run / "best"), pooler="avg")
+    text = encode_sentences(encoder, load_tokenizer(str(run / "best")), corpus.texts)
+    heads = load_heads(run / "best")
+    t = np.tanh(text @ heads.text_weight.numpy().T + heads.text_bias.numpy())
+    feats = images.gather(image_ids).astype(np.float32)
+    v = np.tanh(feats @ heads.image_weight.numpy().T + heads.image_bias.numpy())
+    t /= np.linalg.norm(t, axis=1, keepdims=True)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    expected = brute_force(v @ t.T, caption_image)
+    for direction in ("t2i", "i2t"):
+        assert results["grounded"][direction] == pytest.approx(expected[direction], abs=1e-6)
+    assert results["raw"].startswith("n/a")  # 32-d sentences vs the teacher's features
+    table = format_retrieval_table(results)
+    assert "grounded" in table and "t2i R@1" in table
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["mmcse", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_retrieval_writes_into_the_run_and_refuses_runs_without_heads(
+    tiny_model, coco_features, tmp_path, monkeypatch, capsys
+):
+    from mmcse.cache import FeatureSet
+
+    dim = FeatureSet.open(coco_features / "image-resnet50").dim
+    run = fake_run(tiny_model, tmp_path / "run", dim)
+    flags = ["--images-features", str(coco_features / "image-resnet50"),
+             "--captions", str(coco_features / "captions"), "--device", "cpu"]  # fmt: skip
+    code, out, err = run_cli(
+        monkeypatch, capsys, "eval", "--model", str(run), "--tasks", "retrieval", *flags
+    )
+    assert code == 0, err
+    assert "i2t R@1" in out and (run / "retrieval.json").is_file()
+
+    bare = fake_run(tiny_model, tmp_path / "bare", dim, with_heads=False)
+    code, _, err = run_cli(
+        monkeypatch, capsys, "eval", "--model", str(bare), "--tasks", "retrieval", *flags
+    )
+    assert code == 2 and err.startswith("error:") and "mmcse_heads" in err and err.count("\n") == 1
+
+    code, _, err = run_cli(monkeypatch, capsys, "eval", "--model", str(run), "--tasks", "retrieval")
+    assert code == 2 and "--images-features" in err and err.count("\n") == 1
+
+
+def test_heads_without_an_image_side_are_refused(tmp_path):
+    save_file(
+        {"losses.simcse.head.0.weight": torch.zeros(2, 2)},
+        str(tmp_path / "mmcse_heads.safetensors"),
+    )
+    with pytest.raises(MmcseError, match="no text_head"):
+        load_heads(tmp_path)

@@ -1,0 +1,429 @@
+"""Issue 8's loss/method fidelity points, each term recomputed from its equation with plain torch.
+
+Both readings of every switch are checked: MCSE/MCSEO views (mean = released ``model.py``,
+sum = eq. 3), KDMCSE's false-negative filter (off = released scripts, on = paper), DALR's two
+compositions (``dalr`` = released code, ``dalr-paper`` = eq. 14), and the BERT head init. The
+reference maths below never calls the loss being tested; it only reads the trained parameters
+(heads) out of the modules.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import mmcse.methods  # noqa: F401  (registers every loss and method)
+from mmcse.losses.base import LossInputs
+from mmcse.losses.image_text_info_nce import ImageTextInfoNCELoss
+from mmcse.losses.object_phrase import ObjectPhraseInfoNCELoss
+from mmcse.methods import build_method
+from mmcse.registry import LOSSES
+from mmcse.training.loop import Student
+
+B, H = 6, 16
+
+
+# ---- reference maths (plain torch ops, written from the equations) -------------------------
+
+
+def unit(x):
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+def cos_matrix(a, b):
+    return unit(a.double()) @ unit(b.double()).T
+
+
+def nll_diagonal(logits):
+    """Mean over rows of −log softmax(row)[i] (InfoNCE with positives on the diagonal)."""
+    logits = logits.double()
+    log_z = torch.log(torch.exp(logits).sum(dim=1))
+    return (log_z - logits.diagonal()).mean()
+
+
+def arc(cos, margin, scale=None):
+    """cos(θ_ij − Δ_ij) off the diagonal where θ_ij > m (Δ = m, or (1 − s_ij)·m), else cos."""
+    out = cos.clone()
+    for i in range(cos.shape[0]):
+        for j in range(cos.shape[1]):
+            theta = math.acos(max(-1.0, min(1.0, float(cos[i, j]))))
+            if i != j and theta > margin:
+                delta = margin if scale is None else (1 - float(scale[i, j])) * margin
+                out[i, j] = math.cos(theta - delta)
+    return out
+
+
+def kl_rows(teacher_logits, student_logits):
+    """Mean over rows of KL(softmax(teacher) ‖ softmax(student))."""
+    q = torch.softmax(teacher_logits.double(), dim=1)
+    log_p = torch.log_softmax(student_logits.double(), dim=1)
+    return (q * (torch.log(q) - log_p)).sum(dim=1).mean()
+
+
+def list_mle_loop(scores, teacher):
+    """−(1/N) Σ_i Σ_r log exp(S_i[π(r)]) / Σ_{q ≥ r} exp(S_i[π(q)]), π sorting the teacher."""
+    total = 0.0
+    for i in range(scores.shape[0]):
+        order = sorted(range(scores.shape[1]), key=lambda j: -float(teacher[i, j]))
+        ranked = [float(scores[i, j]) for j in order]
+        for r in range(len(ranked)):
+            total -= ranked[r] - math.log(sum(math.exp(v) for v in ranked[r:]))
+    return total / scores.shape[0]
+
+
+def cosine_embedding(text, image, shuffled, margin):
+    """Mean over the 2B pairs of 1 − cos (matched) and max(0, cos − m) (mismatched)."""
+    matched = 1 - (unit(text.double()) * unit(image.double())).sum(-1)
+    mismatched = ((unit(text.double()) * unit(shuffled.double())).sum(-1) - margin).clamp_min(0)
+    return torch.cat([matched, mismatched]).mean()
+
+
+def head(module, x):
+    """A Linear + Tanh head applied by hand (its parameters read from the module)."""
+    linear = module[0]
+    return torch.tanh(x.double() @ linear.weight.double().T + linear.bias.double())
+
+
+# ---- 1. MCSE image–text term and MCSEO object–phrase term: views ---------------------------
+
+
+@pytest.fixture
+def caption_inputs():
+    torch.manual_seed(0)
+    image = torch.randn(B, 12)
+    return LossInputs(torch.randn(B, H), torch.randn(B, H), {"image": image}, "caption")
+
+
+def mcse_view_losses(loss, inputs):
+    v = head(loss.image_head, inputs.features["image"])
+    return [
+        nll_diagonal(cos_matrix(head(loss.text_head, x), v) / 0.05)
+        for x in (inputs.view1, inputs.view2)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("views", "combine"),
+    [
+        ("mean", lambda a, b: (a + b) / 2),  # MCSE's released src/model.py
+        ("sum", lambda a, b: a + b),  # eq. 3 as printed
+        ("first", lambda a, b: a),  # DALR's eq. 4: one view
+    ],
+)
+def test_mcse_image_text_views(caption_inputs, views, combine):
+    loss = ImageTextInfoNCELoss(H, {"image": 12}, proj_dim=8, views=views)
+    got = loss(caption_inputs)["image_text_loss"].item()
+    assert got == pytest.approx(combine(*mcse_view_losses(loss, caption_inputs)).item(), rel=1e-5)
+
+
+def test_mcse_method_defaults_to_the_released_mean_and_keeps_the_sum():
+    (_, term) = build_method("mcse").terms()
+    assert term.options["views"] == "mean" and term.weight == 0.01
+    (_, term) = build_method("mcse", views="sum").terms()
+    assert term.options["views"] == "sum"
+    mcseo = build_method("mcseo")
+    assert {t.name: t.options.get("views") for t in mcseo.terms()} == {
+        "simcse": None,
+        "image_text": "mean",
+        "object_phrase": "mean",
+    }
+    assert build_method("mcseo", views="sum").terms()[2].options["views"] == "sum"
+
+
+def object_phrase_eq7(loss, states, spans, mask, objects, tau=0.05):
+    """Eq. 7 per pair (pairs with ≥ 2 phrases), summed over phrases, averaged over the B pairs."""
+    o = head(loss.object_head, objects)
+    total = 0.0
+    for b in range(states.shape[0]):
+        real = [k for k in range(mask.shape[1]) if mask[b, k]]
+        if len(real) < 2:
+            continue
+        for k in real:
+            start, end = spans[b, k].tolist()
+            phrase = head(loss.phrase_head, states[b, start:end].mean(0, keepdim=True))[0]
+            logits = [float(unit(phrase) @ unit(o[b, j])) / tau for j in real]
+            total -= logits[real.index(k)] - math.log(sum(math.exp(v) for v in logits))
+    return total / states.shape[0]
+
+
+@pytest.mark.parametrize("views", ["mean", "sum", "first"])
+def test_object_phrase_views(views):
+    torch.manual_seed(3)
+    loss = ObjectPhraseInfoNCELoss(6, {"object": 10}, proj_dim=4, views=views)
+    states = (torch.randn(3, 6, 6), torch.randn(3, 6, 6))
+    spans = torch.tensor([[[1, 2], [2, 4], [4, 6]], [[1, 3], [3, 4], [-1, -1]], [[1, 2], [-1, -1], [-1, -1]]])
+    mask = spans[..., 0] >= 0
+    objects = torch.randn(3, 3, 10)
+    inputs = LossInputs(
+        torch.randn(3, 6),
+        torch.randn(3, 6),
+        features={"object": objects},
+        batch_kind="caption",
+        token_states=states,
+        extras={"phrase_spans": spans, "phrase_mask": mask},
+    )
+    per_view = [object_phrase_eq7(loss, s, spans, mask, objects) for s in states]
+    expected = {"mean": sum(per_view) / 2, "sum": sum(per_view), "first": per_view[0]}[views]
+    assert loss(inputs)["object_phrase_loss"].item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_unknown_views_value_is_refused():
+    with pytest.raises(ValueError, match="views must be one of"):
+        ImageTextInfoNCELoss(H, {"image": 12}, views="max")
+
+
+# ---- 3. KDMCSE false-negative filter ---------------------------------------------------------
+
+
+def adapacse_reference(loss, inputs, threshold):
+    """Eq. of AdapACSE (image target) with the false-negative filter on the normalised
+    text–image teacher cosine, mean over the two views."""
+    raw_image, raw_text = inputs.features["clip_image"], inputs.features["clip_text"]
+    keys = head(loss.image_head, raw_image)
+    similarity = cos_matrix(raw_image, raw_image)
+    drop = torch.zeros(B, B, dtype=torch.bool)
+    if threshold is not None:
+        drop = (cos_matrix(raw_text, raw_image) > threshold) & ~torch.eye(B, dtype=torch.bool)
+    losses = []
+    for view in (inputs.view1, inputs.view2):
+        cos = cos_matrix(head(loss.grounding, view), keys)
+        logits = arc(cos, loss.margin, similarity) / 0.05
+        losses.append(nll_diagonal(logits.masked_fill(drop, float("-inf"))))
+    return sum(losses) / 2, int(drop.sum())
+
+
+@pytest.mark.parametrize("filter_on", [False, True])
+def test_kdmcse_false_negative_filter(filter_on):
+    torch.manual_seed(4)
+    image = torch.randn(B, 8)
+    text = image + 0.1 * torch.randn(B, 8)
+    text[1] = image[0]  # caption 1 describes image 0 too: a false negative for anchor 1
+    inputs = LossInputs(
+        torch.randn(B, H), torch.randn(B, H), {"clip_image": image, "clip_text": text}, "caption"
+    )
+    method = build_method("kdmcse", false_negative_filter=filter_on, false_negative_threshold=0.9)
+    (_, term) = method.terms()
+    assert term.options["false_negative_threshold"] == (0.9 if filter_on else None)
+    loss = LOSSES.get(term.loss)(H, {"clip_image": 8, "clip_text": 8}, **term.options)
+    expected, dropped = adapacse_reference(loss, inputs, 0.9 if filter_on else None)
+    assert (dropped > 0) == filter_on  # the reference drops caption 1 ↔ image 0 when on
+    got = loss(inputs)["image_margin_loss"].item()
+    assert got == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_kdmcse_filter_is_off_by_default():
+    method = build_method("kdmcse")
+    assert method.false_negative_filter is False
+    assert method.terms()[1].options["false_negative_threshold"] is None
+
+
+# ---- 2. DALR: the released composition and eq. 14 -------------------------------------------
+
+TEACHERS = ("text_teacher_simcse", "text_teacher_diffcse")
+
+
+class FixedEncoder(nn.Module):
+    """Stands in for the student encoder: returns given [CLS] views (two dropout passes)."""
+
+    hidden_size = H
+
+    def __init__(self, view1, view2):
+        super().__init__()
+        self.register_buffer("views", torch.cat([view1, view2]))
+
+    def forward(self, input_ids, attention_mask):
+        return SimpleNamespace(sentence=self.views, token_states=None)
+
+
+def dalr_world(seed=5):
+    torch.manual_seed(seed)
+    double = {"dtype": torch.float64}
+    features = {
+        "image": torch.randn(B, 12, **double),
+        "text_teacher_simcse": torch.randn(B, 10, **double),
+        "text_teacher_diffcse": torch.randn(B, 10, **double),
+    }
+    return torch.randn(B, H, **double), torch.randn(B, H, **double), features
+
+
+def student_total(name, kind, **overrides):
+    view1, view2, features = dalr_world()
+    method = build_method(name, **overrides)
+    dims = {role: f.shape[-1] for role, f in features.items()}
+    student = Student(FixedEncoder(view1, view2), method, dims).double()
+    student.train()
+    batch = SimpleNamespace(
+        size=B,
+        kind=kind,
+        input_ids=torch.zeros(B, 4, dtype=torch.long),
+        attention_mask=torch.ones(B, 4, dtype=torch.long),
+        features=features if kind == "caption" else {r: features[r] for r in method.text_roles},
+    )
+    torch.manual_seed(0)
+    out = student(batch, {})
+    return out, student.losses, (view1.double(), view2.double(), features)
+
+
+def teacher_cos(features, mix):
+    """Σ_k w_k cos(t^k) ("similarities") or cos(Σ_k w_k t^k) ("embeddings"); SimCSE 0.33."""
+    simcse, diffcse = (features[r].double() for r in TEACHERS)
+    if mix == "similarities":
+        return 0.33 * cos_matrix(simcse, simcse) + 0.67 * cos_matrix(diffcse, diffcse)
+    mixed = 0.33 * simcse + 0.67 * diffcse
+    return cos_matrix(mixed, mixed)
+
+
+def test_dalr_released_composition_caption_batch():
+    """train_mix.py: loss + 0.1·(0.01·ℓ_cons + ℓ_CMA + AdapACSE) + 0.2·(ℓ_IMA + ℓ_rank), one
+    shared pooler z, arc margin 0.18 on the SimCSE/rank/IMA/CMA scores, MARGIN2 0.18."""
+    out, losses, (v1, v2, f) = student_total("dalr", "caption")
+    pooler = losses["simcse"].mlp
+    for name, attr in (("rank", "mlp"), ("ima", "mlp"), ("cma", "text_head")):
+        assert getattr(losses[name], attr) is pooler, name  # one shared head, as the code's z
+    assert losses["consistency"].student_head is pooler
+    z1, z2 = head(pooler, v1), head(pooler, v2)
+    m, image = 0.18, f["image"].double()
+    arc_scores = arc(cos_matrix(z1, z2), m)
+    simcse = nll_diagonal(arc_scores / 0.05)
+    # ℓ_cons: aligners on z1, images rolled by 5 for the mismatches, margin 0.2
+    cons_loss = losses["consistency"]
+    text_al = cons_loss.text_aligner(z1)
+    cons = cosine_embedding(
+        text_al, cons_loss.image_aligner(image), cons_loss.image_aligner(image.roll(5, 0)), 0.2
+    )
+    # ℓ_CMA: arc scores z1 × image /0.05/0.45; text rows ↔ text teacher, image rows ↔ image
+    scores = arc(cos_matrix(z1, head(losses["cma"].image_head, image)), m) / 0.0225
+    text_teacher = teacher_cos(f, "embeddings") / 0.5
+    image_teacher = cos_matrix(image, image) / 0.5
+    cma = (kl_rows(text_teacher, scores) + kl_rows(image_teacher, scores.T)) / 2
+    # AdapACSE image half: own grounding heads, margin (1 − s_vv)·0.18, mean over views
+    adap_loss = losses["image_text"]
+    keys = head(adap_loss.image_head, image)
+    adap = sum(
+        nll_diagonal(arc(cos_matrix(head(adap_loss.grounding, v), keys), m, cos_matrix(image, image)) / 0.05)
+        for v in (v1, v2)
+    ) / 2
+    rank = list_mle_loop(arc_scores / 0.05, teacher_cos(f, "similarities"))
+    ima = kl_rows(text_teacher, arc_scores / 0.0225)
+    expected = simcse + 0.1 * (0.01 * cons + cma + adap) + 0.2 * (ima + rank)
+    assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+    for key, value in {"arc_margin_loss": simcse, "consistency_loss": cons, "cma_loss": cma,
+                       "image_margin_loss": adap, "rank_loss": rank, "ima_loss": ima}.items():  # fmt: skip
+        assert out[key].item() == pytest.approx(float(value), rel=1e-6), key
+
+
+def test_dalr_released_composition_text_batch_is_arc_simcse():
+    out, losses, (v1, v2, _) = student_total("dalr", "text")
+    z1, z2 = head(losses["simcse"].mlp, v1), head(losses["simcse"].mlp, v2)
+    expected = nll_diagonal(arc(cos_matrix(z1, z2), 0.18) / 0.05)
+    assert set(out) == {"loss", "arc_margin_loss"}
+    assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_dalr_released_teacher_order_and_numbers():
+    method = build_method("dalr")
+    assert method.text_teachers == (("text_teacher_simcse", 0.33), ("text_teacher_diffcse", 0.67))
+    assert (method.text_margin, method.image_margin, method.student_margin) == (0.18, 0.18, 0.18)
+    assert (method.cross_modal_weight, method.intra_modal_weight) == (0.1, 0.2)
+    assert method.consistency_weight == 0.01 and method.teachers_on == "caption"
+
+
+def test_dalr_paper_composition_caption_batch():
+    """Eq. 14: ℓ_Info + 0.1·(ℓ_cons + ℓ_CMA) + 0.2·(ℓ_rank + ℓ_IMA); one s^z (H→256) and one
+    h^v for eqs. 4, 6, 10, 11; CMA paired as eqs. 6/8 print it; τ = 1 in the KL terms."""
+    out, losses, (v1, v2, f) = student_total("dalr-paper", "caption", consistency_mismatch="roll5")
+    s_head, hv_head = losses["image_text"].text_head, losses["image_text"].image_head
+    assert s_head[0].out_features == 256
+    assert losses["cma"].text_head is s_head and losses["cma"].image_head is hv_head
+    assert losses["rank"].mlp is s_head and losses["ima"].mlp is s_head
+    s1, s2 = head(s_head, v1), head(s_head, v2)
+    image = f["image"].double()
+    h_v = head(hv_head, image)
+    info = nll_diagonal(cos_matrix(s1, h_v) / 0.05)  # eq. 4: view z only
+    cons_loss = losses["consistency"]
+    cons = cosine_embedding(
+        cons_loss.text_aligner(s1),
+        cons_loss.image_aligner(image),
+        cons_loss.image_aligner(image.roll(5, 0)),
+        0.2,
+    )
+    # eq. 6: P_i^{t2v} = softmax_j sim(s_j, h_i^v) — image-anchored — matched to Q^{t2t} (eq. 8)
+    text_image = cos_matrix(s1, h_v)  # [text, image]
+    q_tt = teacher_cos(f, "embeddings")
+    q_vv = cos_matrix(image, image)
+    cma = (kl_rows(q_tt, text_image.T) + kl_rows(q_vv, text_image)) / 2
+    rank = list_mle_loop(cos_matrix(s1, s2) / 0.05, q_tt)
+    ima = kl_rows(q_tt, cos_matrix(s1, s2))
+    expected = info + 0.1 * (cons + cma) + 0.2 * (rank + ima)
+    assert "simcse_loss" not in out and "arc_margin_loss" not in out
+    assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_dalr_paper_text_batch_is_the_intra_modal_terms():
+    out, losses, (v1, v2, f) = student_total("dalr-paper", "text")
+    s_head = losses["image_text"].text_head
+    s1, s2 = head(s_head, v1), head(s_head, v2)
+    q_tt = teacher_cos(f, "embeddings")
+    expected = 0.2 * (list_mle_loop(cos_matrix(s1, s2) / 0.05, q_tt) + kl_rows(q_tt, cos_matrix(s1, s2)))
+    assert set(out) == {"loss", "rank_loss", "ima_loss"}
+    assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_dalr_variants_differ_only_by_named_fields():
+    released, paper = build_method("dalr"), build_method("dalr-paper")
+    differing = {k for k, v in released.to_dict().items() if paper.to_dict()[k] != v}
+    assert differing == {
+        "name",
+        "simcse_weight",
+        "image_text_in_cross_modal",
+        "consistency_weight",
+        "consistency_mismatch",
+        "text_objective",
+        "image_objective",
+        "image_views",
+        "student_margin",
+        "kl_temperature",
+        "teacher_temperature",
+        "teachers_on",
+        "rank_teacher_mix",
+        "cma_pairing",
+        "student_head_dim",
+        "share_image_head",
+    }
+    # moving every switch of the released method to the paper's values gives eq. 14
+    moved = build_method("dalr", **{k: paper.to_dict()[k] for k in differing - {"name"}})
+    assert [(t.name, t.loss, t.weight, t.on, t.options) for t in moved.terms()] == [
+        (t.name, t.loss, t.weight, t.on, t.options) for t in paper.terms()
+    ]
+
+
+def test_dalr_bad_switch_value_is_refused():
+    with pytest.raises(ValueError, match="cma_pairing"):
+        build_method("dalr-paper", cma_pairing="transposed")
+
+
+# ---- 5. heads initialised like BERT ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss_name", ["simcse", "arc_margin_info_nce", "simclr", "supcon"])
+def test_cls_heads_are_bert_initialised(loss_name):
+    torch.manual_seed(0)
+    linear = LOSSES.get(loss_name)(hidden_size=256).mlp[0]
+    assert torch.count_nonzero(linear.bias) == 0
+    assert linear.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert linear.weight.mean().abs().item() < 0.002
+    torch_init = LOSSES.get(loss_name)(hidden_size=256, head_init="torch").mlp[0]
+    bound = 1 / math.sqrt(256)  # PyTorch's default: uniform(±1/√fan_in) for weight and bias
+    assert torch_init.weight.abs().max().item() <= bound
+    assert torch_init.weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    assert torch.count_nonzero(torch_init.bias) > 0
+
+
+def test_simcse_method_passes_head_init():
+    assert build_method("simcse").terms()[0].options["head_init"] == "bert"
+    assert build_method("mcse", head_init="torch").terms()[0].options["head_init"] == "torch"
+    assert build_method("kdmcse").terms()[0].options["head_init"] == "bert"

@@ -1,0 +1,119 @@
+"""mmcse plot: training curves from old and new metrics.jsonl, the align–uniform scatter,
+ablation bars; clear errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import cli
+import mmcse.recipes.ablate as ablate_mod
+import mmcse.recipes.runs as recipes_mod
+from mmcse.errors import MmcseError
+from mmcse.recipes import Recipe, get_recipe
+from mmcse.reports.plots import loss_series, write_run_plots
+from mmcse.reports.runs import Run
+
+pytest.importorskip("matplotlib")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def old_format_records() -> list[dict]:
+    """Today's trainer: one record per logged step, eval merged into the step's record."""
+    out = []
+    for step in range(1, 41):
+        record = {"step": step, "epoch": 0, "kind": "text" if step % 4 else "caption",
+                  "lr": 3e-5 * (1 - step / 40), "loss": 2.0 / step, "simcse_loss": 1.5 / step}  # fmt: skip
+        if step % 4 == 0:
+            record["image_text_loss"] = 3.0 / step  # only on caption batches
+        if step % 10 == 0:
+            record["stsb_dev"] = 60 + step / 2
+        out.append(record)
+    return out
+
+
+def new_format_records() -> list[dict]:
+    """The ``loop`` format: window averages with time/batch counts; eval records apart."""
+    out = [{"plan": {"total_steps": 30}}]  # no step: not a curve point
+    for step in range(5, 31, 5):
+        out.append({"step": step, "epoch": 0, "time": 1.7e9 + step, "lr": 2e-5, "loss": 1 / step,
+                    "simcse_loss": 0.8 / step, "cross_modal_loss": 0.3 / step,
+                    "text_batches": 4, "caption_batches": 1, "steps_per_s": 3.0})  # fmt: skip
+        if step % 10 == 0:
+            out.append({"step": step, "time": 1.7e9 + step, "stsb_dev": 70 + step / 10})
+    return out
+
+
+def make_run(path: Path, records: list[dict], au: tuple[float, float] | None = None) -> Path:
+    path.mkdir(parents=True)
+    lines = [json.dumps(r) for r in records]
+    (path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 99, "lo')  # torn last line
+    if au is not None:
+        results = {"avg": 70.0, "align_uniform": {"alignment": au[1], "uniformity": au[0]}}
+        (path / "results.json").write_text(json.dumps(results))
+    return path
+
+
+def test_loss_series_takes_every_loss_term_of_both_formats(tmp_path):
+    old = loss_series(Run(make_run(tmp_path / "old", old_format_records())).metrics())
+    assert set(old) == {"loss", "simcse_loss", "image_text_loss"}
+    assert old["image_text_loss"][0] == list(range(4, 41, 4))  # missing keys are skipped
+    new_records = Run(make_run(tmp_path / "new", new_format_records())).metrics()
+    assert set(loss_series(new_records)) == {"loss", "simcse_loss", "cross_modal_loss"}
+    assert [r["stsb_dev"] for r in new_records if "stsb_dev" in r] == [71.0, 72.0, 73.0]
+
+
+def test_write_run_plots_writes_pngs_next_to_the_runs(tmp_path):
+    simcse = make_run(tmp_path / "runs" / "simcse", old_format_records(), au=(-2.2, 0.21))
+    group = tmp_path / "runs" / "mcse"
+    make_run(group / "seed0", new_format_records(), au=(-2.5, 0.25))
+    make_run(group / "seed1", new_format_records(), au=(-2.6, 0.24))
+    written = write_run_plots([simcse, group])
+    expected = {
+        simcse / "training_curves.png",
+        group / "seed0" / "training_curves.png",
+        group / "seed1" / "training_curves.png",
+        tmp_path / "runs" / "align_uniform.png",
+    }
+    assert set(written) == expected
+    for path in expected:
+        assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
+
+
+def fake_train(cfg):
+    dropped = sum(v == 0 for k, v in cfg.method_args.items() if k.endswith("_weight"))
+    base = 79.0 - 1.2 * dropped + 0.3 * cfg.seed
+    return {"STS12": base, "avg": base}
+
+
+def test_ablation_bar_chart(monkeypatch, tmp_path):
+    monkeypatch.setattr(recipes_mod, "train_one", fake_train)
+    monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
+    result = ablate_mod.ablate(
+        get_recipe("dalr/wiki+flickr/bert"),
+        ablate_mod.parse_drops("image_text,cross_modal,rank"),
+        cache_root=tmp_path,
+        seeds=(0, 1, 2),
+        output_dir=tmp_path / "abl",
+    )
+    ablate_mod.write_ablation(result, tmp_path / "abl" / "ablation.md")
+    written = write_run_plots([tmp_path / "abl"])
+    assert written == [tmp_path / "abl" / "ablation.png"]  # fake runs logged no metrics
+    assert written[0].read_bytes()[:8] == PNG_MAGIC
+
+
+def test_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(sys, "argv", ["mmcse", "plot", str(tmp_path / "empty")])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("error:") and err.count("\n") == 1
+
+    run = make_run(tmp_path / "r", old_format_records())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    with pytest.raises(MmcseError, match=r"pip install 'mmcse\[plot\]'"):
+        write_run_plots([run])

@@ -1,0 +1,1 @@
+"""Builders and helpers the test modules share (tests never import each other)."""

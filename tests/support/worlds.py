@@ -1,0 +1,123 @@
+"""Small generated worlds: a word list, random sentences, image folders, WAV files, recipe caches."""
+
+from __future__ import annotations
+
+import random
+import wave
+from pathlib import Path
+
+import numpy as np
+
+SR = 16000  # sample rate of the generated WAV files
+
+WORDS = [
+    "a",
+    "the",
+    "man",
+    "woman",
+    "dog",
+    "cat",
+    "red",
+    "blue",
+    "small",
+    "big",
+    "runs",
+    "sits",
+    "on",
+    "in",
+    "park",
+    "street",
+    "with",
+    "ball",
+    "car",
+]
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) for _ in range(n)]
+
+
+def write_sine_wav(path: Path, freq: float, seconds: float = 0.5, amplitude: float = 0.5) -> None:
+    t = np.arange(int(seconds * SR)) / SR
+    samples = (amplitude * 32767 * np.sin(2 * np.pi * freq * t)).astype("<i2")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(SR)
+        f.writeframes(samples.tobytes())
+
+
+def make_image_folder(root: Path, per_class: int = 4) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(["cat", "dog", "owl"]):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            size = (40 + 8 * i, 36 + 4 * c)
+            pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"img{i}.png")
+    return root
+
+
+def write_tiny_cache(recipe, root: Path) -> None:
+    """Random features for every set the recipe reads, at the paths the convention gives."""
+    from mmcse.cache import write_corpus, write_feature_set
+
+    rng = np.random.default_rng(0)
+    captions = sentences(48, seed=2)
+    image_ids = [f"img{i // 2}" for i in range(len(captions))]
+    caption_ids = [f"{im}#{i % 2}" for i, im in enumerate(image_ids)]
+    common = {"split": "train", "producer": {"teacher": "random"}}
+    for need in recipe.needs(root):
+        if need.key == "text_corpus":
+            texts = sentences(64, seed=1)
+            ids = [f"wiki1m-{i:07d}" for i in range(len(texts))]
+            write_corpus(need.path, ids, texts, dataset="wiki1m", split="train")
+        elif need.key == "caption_corpus":
+            extra = {"caption_policy": recipe.caption_policy}
+            write_corpus(need.path, caption_ids, captions, image_ids=image_ids,
+                         dataset=recipe.caption_dataset, split="train", extra=extra)  # fmt: skip
+        else:
+            feature = recipe.roles[need.key.removeprefix("features.")]
+            if feature.kind == "image":
+                ids = sorted(set(image_ids))
+            elif feature.kind == "text":
+                ids = caption_ids
+            elif feature.kind == "object":  # MCSEO's set; unread while its weight is 0
+                ids = [f"{c}/0" for c in caption_ids]
+            else:
+                write_unpaired(feature.kind, need.path)
+                continue
+            values = rng.standard_normal((len(ids), 16)).astype(np.float32)
+            write_feature_set(need.path, ids, values, kind=feature.kind, dim=16,
+                              dtype="float32", dataset=str(recipe.caption_dataset), **common)  # fmt: skip
+
+
+def write_unpaired(kind: str, path: Path) -> None:
+    from pipeline import nonling_cache as nc
+    from pipeline.fbank import FbankConfig
+
+    scratch = path.parent / "raw"
+    if kind == "image_tensor":
+        folder = make_image_folder(scratch)
+        examples = nc.class_folder(folder, nc.IMAGE_SUFFIXES)
+        nc.write_image_tensors(examples, path, dataset="toy", size=40, workers=0)
+        return
+    for speaker, freq in (("s1", 220.0), ("s2", 880.0)):
+        for i in range(3):
+            write_sine_wav(scratch / speaker / f"u{i}.wav", freq * (1 + 0.1 * i))
+    cfg = FbankConfig(num_mel_bins=32, target_frames=48)
+    examples = nc.class_folder(scratch, nc.AUDIO_SUFFIXES)
+    nc.write_audio_fbanks(examples, path, dataset="sines", cfg=cfg, workers=0)
+
+
+#: tiny settings for the non-linguistic task (what the 224-px / 1024-frame defaults become)
+TINY_METHOD_ARGS = {
+    "visualcse": {"image_batch_size": 4, "image_size": 32},
+    "audiocse": {"audio_batch_size": 4, "audio_patch_size": 16},
+    # object-phrase pairs need an objects table from a detector run (tested with the loss)
+    "mcseo": {"object_phrase_weight": 0.0},
+}

@@ -1,0 +1,207 @@
+"""Switchable fast paths: config fields, CLI flags, and that each switch does what it says."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mmcse.errors import MmcseError
+from mmcse.hub import load_tokenizer
+from mmcse.methods import build_method
+from mmcse.model import SentenceEncoder
+from mmcse.training.config import TrainConfig
+from mmcse.training.data import TrainData, batch_width
+from mmcse.training.fastpath import compile_encoder, fused_adamw
+
+
+def test_defaults_and_validation():
+    cfg = TrainConfig()
+    assert cfg.attn_implementation == "sdpa" and cfg.dynamic_padding and cfg.fused_adamw
+    assert not cfg.compile_encoder and not cfg.tf32
+    with pytest.raises(MmcseError, match="--attn-implementation"):
+        TrainConfig(attn_implementation="flash")
+
+
+def test_fused_adamw_only_on_cuda():
+    assert fused_adamw(TrainConfig(), torch.device("cpu")) is None
+    assert fused_adamw(TrainConfig(), torch.device("cuda")) is True
+    assert fused_adamw(TrainConfig(fused_adamw=False), torch.device("cuda")) is None
+
+
+def test_batch_width_is_the_longest_sentence_or_max_length():
+    lengths = np.array([5, 9, 7], dtype=np.int32)
+    assert batch_width(lengths, 32, dynamic=True) == 9
+    assert batch_width(lengths, 32, dynamic=False) == 32
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_train_batch_pads_to_the_asked_width(tiny_model, tiny_world, dynamic):
+    cfg = TrainConfig(
+        model=str(tiny_model), text_corpus=tiny_world["text"], mixing="text-only",
+        max_seq_length=24, dynamic_padding=dynamic,
+    )  # fmt: skip
+    data = TrainData(cfg, load_tokenizer(str(tiny_model)), build_method("simcse"))
+    rows = np.arange(8)
+    batch = data.batch("text", rows, torch.device("cpu"))
+    lengths = data.sources["text"].lengths[rows]
+    assert batch.input_ids.shape[1] == (lengths.max() if dynamic else 24)
+    assert batch.attention_mask.sum(1).tolist() == lengths.tolist()  # padding is masked out
+    # the same tokens either way: static padding only adds masked columns
+    width = int(lengths.max())
+    assert (
+        batch.input_ids[:, :width]
+        == torch.from_numpy(data.sources["text"].input_ids[rows, :width]).long()
+    ).all()  # noqa: E501
+
+
+def test_sdpa_and_eager_attention_compute_the_same_embeddings(tiny_model):
+    tokenizer = load_tokenizer(str(tiny_model))
+    inputs = tokenizer(["a man runs in the park", "the dog"], padding=True, return_tensors="pt")
+    outputs = {}
+    for name in ("sdpa", "eager"):
+        encoder = SentenceEncoder.from_pretrained(str(tiny_model), attn_implementation=name)
+        assert encoder.backbone.config._attn_implementation == name
+        with torch.no_grad():
+            outputs[name] = encoder.eval()(**inputs)
+    torch.testing.assert_close(outputs["sdpa"].sentence, outputs["eager"].sentence)
+    torch.testing.assert_close(outputs["sdpa"].token_states, outputs["eager"].token_states)
+
+
+def test_compile_switch_compiles_the_backbone_in_place(tiny_model):
+    encoder = SentenceEncoder.from_pretrained(str(tiny_model))
+    keys = list(encoder.state_dict())
+    compile_encoder(TrainConfig(compile_encoder=False), encoder)
+    assert getattr(encoder.backbone, "_compiled_call_impl", None) is None
+    compile_encoder(TrainConfig(compile_encoder=True), encoder)  # lazy: compiles on first call
+    assert encoder.backbone._compiled_call_impl is not None
+    assert list(encoder.state_dict()) == keys  # checkpoints keep plain HF names
+
+
+def test_train_flags_are_recorded_in_the_run_config(tiny_model, tiny_world):
+    from cli import app
+
+    args = [
+        "train", "--dry-run", "--model", str(tiny_model), "--text-corpus", tiny_world["text"],
+        "--attn-implementation", "eager", "--compile", "--no-fused-adamw", "--tf32",
+        "--no-dynamic-padding",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.output[: result.output.rindex("}") + 1])
+    assert config["attn_implementation"] == "eager" and config["compile_encoder"] is True
+    assert config["fused_adamw"] is False and config["tf32"] is True
+    assert config["dynamic_padding"] is False
+
+
+def test_bad_attention_flag_is_one_error_line(monkeypatch, capsys):
+    import cli
+
+    argv = ["mmcse", "train", "--dry-run", "--attn-implementation", "flash"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--attn-implementation" in err[0], err
+    assert "must be one of sdpa, eager, not 'flash'" in err[0]
+
+
+# ---- STS-B dev evaluation prepared once per run ----------------------------------------------
+
+SENTEVAL_MINI = __import__("pathlib").Path(__file__).parents[1] / "fixtures" / "senteval_mini"
+
+
+def encode_and_score_stsb_dev(encoder, tokenizer, batch_size: int = 128) -> float:
+    """STS-B dev scored from scratch: encode_sentences (tokenise, sort, pad) + score_task."""
+    from mmcse.evaluation.encode import encode_sentences
+    from mmcse.evaluation.sts import load_stsb_dev, resolve_downstream, score_task
+
+    task, sentences = load_stsb_dev(resolve_downstream(SENTEVAL_MINI))
+    vectors = encode_sentences(encoder, tokenizer, sentences, batch_size=batch_size)
+    return score_task(task, vectors, {s: i for i, s in enumerate(sentences)})["all"]
+
+
+def test_prepared_dev_score_equals_encoding_from_scratch(tiny_model):
+    from mmcse.training import dev_eval
+
+    encoder = SentenceEncoder.from_pretrained(str(tiny_model))
+    tokenizer = load_tokenizer(str(tiny_model))
+    encoder.train()  # the trainer calls it on its live model
+    expected = encode_and_score_stsb_dev(encoder, tokenizer, batch_size=4)
+    evaluator = dev_eval.DevEvaluator(encoder, tokenizer, SENTEVAL_MINI, batch_size=4)
+    assert len(evaluator.batches) > 1  # several batches of different widths
+    assert evaluator(encoder) == expected
+    assert encoder.training  # mode restored
+    # one evaluator reuses its prepared batches across calls, and follows the weights
+    prepared = evaluator.batches
+    with torch.no_grad():
+        for p in encoder.parameters():
+            p.mul_(0.5)
+    assert evaluator(encoder) == encode_and_score_stsb_dev(encoder, tokenizer, batch_size=4)
+    assert evaluator.batches is prepared
+
+
+# ---- heads fused across the two dropout views --------------------------------------------------
+
+B, H, L, P = 6, 16, 9, 3
+FUSED_LOSSES = {  # registered loss → (module that calls project_views, its feature dims)
+    "simcse": ("info_nce", {}),
+    "image_text_info_nce": ("image_text_info_nce", {"image": 12}),
+    "adaptive_angular_margin": ("adaptive_angular_margin", {"clip_image": 12, "clip_text": 10}),
+    "intra_modal_alignment": ("intra_modal_alignment", {}),
+    "list_mle_distillation": ("list_mle_distillation", {}),
+    "object_phrase_info_nce": ("object_phrase", {"object": 12}),
+}
+
+
+def _loss_inputs(dims: dict):
+    from mmcse.losses.base import LossInputs
+
+    g = torch.Generator().manual_seed(0)
+    features = {role: torch.randn(B, dim, generator=g) for role, dim in dims.items()}
+    features["object"] = torch.randn(B, P, 12, generator=g)
+    for role in ("text_teacher_diffcse", "text_teacher_simcse"):
+        features[role] = torch.randn(B, 20, generator=g)
+    spans = torch.tensor([[1, 3], [3, 4], [5, 8]]).expand(B, P, 2).clone()
+    return LossInputs(
+        view1=torch.randn(B, H, generator=g, requires_grad=True),
+        view2=torch.randn(B, H, generator=g, requires_grad=True),
+        features=features,
+        batch_kind="caption",
+        token_states=(torch.randn(B, L, H, generator=g), torch.randn(B, L, H, generator=g)),
+        attention_mask=torch.ones(B, L, dtype=torch.long),
+        extras={"phrase_spans": spans, "phrase_mask": torch.ones(B, P, dtype=torch.bool)},
+    )
+
+
+@pytest.mark.parametrize("name", sorted(FUSED_LOSSES))
+def test_one_head_call_for_both_views_changes_no_loss_or_gradient(name, monkeypatch):
+    import importlib
+
+    from mmcse.registry import LOSSES
+
+    module_name, dims = FUSED_LOSSES[name]
+    module = importlib.import_module(f"mmcse.losses.{module_name}")
+    torch.manual_seed(0)
+    loss = LOSSES.get(name)(hidden_size=H, feature_dims=dims)
+    results = {}
+    for how in ("fused", "separate"):
+        if how == "separate":  # the code before the fusion: the head called once per view
+            monkeypatch.setattr(module, "project_views", lambda head, a, b: (head(a), head(b)))
+        inputs = _loss_inputs(dims)
+        terms = loss(inputs)
+        total = sum(terms.values())
+        total.backward()
+        grads = [inputs.view1.grad] + [p.grad.clone() for p in loss.parameters()]
+        loss.zero_grad()
+        results[how] = ({k: v.detach() for k, v in terms.items()}, grads)
+    fused, separate = results["fused"], results["separate"]
+    assert fused[0].keys() == separate[0].keys()
+    for key in fused[0]:
+        torch.testing.assert_close(fused[0][key], separate[0][key])
+    for a, b in zip(fused[1], separate[1], strict=True):
+        torch.testing.assert_close(a, b)

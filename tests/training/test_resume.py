@@ -1,0 +1,236 @@
+"""Atomic checkpoints, unfinished-run marking, training resume after SIGKILL/SIGINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from support.runs import tiny_mcse_settings
+from typer.testing import CliRunner
+
+from mmcse.errors import MmcseError
+from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
+from mmcse.training import checkpoint as ckpt
+from mmcse.training import metrics as metrics_log
+from mmcse.training.config import TrainConfig
+from mmcse.training.loop import TrainingInterrupted, train
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
+
+# A child that trains and SIGKILLs itself: after writing the record of step N ("record"), or in
+# the middle of the N-th last/ save, after the weights and before the trainer state ("save").
+CHILD = """
+import json, os, signal, sys
+sys.path.insert(0, {root!r})
+from mmcse.training import checkpoint as ckpt, metrics as metrics_log
+from mmcse.training.config import TrainConfig
+from mmcse.training.loop import TrainingInterrupted, train
+
+cfg = TrainConfig(**json.loads(sys.argv[1]))
+mode, n = sys.argv[2], int(sys.argv[3])
+calls = []
+if mode == "save":
+    real_save = ckpt.save_trainer_state
+    def save(path, state):
+        calls.append(path)
+        if len(calls) == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_save(path, state)
+    ckpt.save_trainer_state = save
+else:
+    real_write = metrics_log.MetricsLog.write
+    def write(self, record):
+        real_write(self, record)
+        if record.get("step") == n and "loss" in record:
+            os.kill(os.getpid(), signal.SIGKILL)
+    metrics_log.MetricsLog.write = write
+train(cfg)
+"""
+
+
+def settings(tiny_model, tiny_world, out, **kw) -> dict:
+    # log windows straddle the saves: the window state must resume too
+    base = {"max_steps": 10, "log_every": 3, "save_every": 4, "eval_steps": 5}
+    return tiny_mcse_settings(tiny_model, tiny_world, out, **{**base, **kw})
+
+
+def comparable(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    return wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
+
+
+def kill_child(cfg: dict, mode: str, n: int) -> None:
+    script = CHILD.format(root=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(cfg), mode, str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model, tiny_world, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("straight") / "run"
+    train(TrainConfig(**settings(tiny_model, tiny_world, out)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "mode, n, resumed_from",
+    [("record", 9, 8), ("save", 2, 4)],  # killed after step 9's record / inside the step-8 save
+)
+def test_sigkilled_run_resumes_to_the_same_metrics(
+    mode, n, resumed_from, tiny_model, tiny_world, tmp_path, uninterrupted
+):
+    cfg = settings(tiny_model, tiny_world, tmp_path / "run")
+    kill_child(cfg, mode, n)
+    run = Path(cfg["output_dir"])
+    info = json.loads((run / "last" / RUN_INFO_FILE).read_text())
+    assert info["step"] == resumed_from and info["finished"] is False
+    assert ckpt.unfinished_warning(run / "last") is not None
+    train(TrainConfig(**cfg), resume=True)
+    assert comparable(run) == comparable(uninterrupted)
+    assert same_weights(run / BEST_DIR, uninterrupted / BEST_DIR)
+    assert json.loads((run / BEST_DIR / RUN_INFO_FILE).read_text())["finished"] is True
+    assert not list(run.glob(".tmp-*")) and not list(run.glob(".old-*"))
+
+
+def test_sigint_stops_after_the_step_and_resumes(tiny_model, tiny_world, tmp_path, monkeypatch):
+    cfg = TrainConfig(**settings(tiny_model, tiny_world, tmp_path / "run", max_steps=5))
+    real_write = metrics_log.MetricsLog.write
+
+    def write(self, record):
+        real_write(self, record)
+        if record.get("step") == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(metrics_log.MetricsLog, "write", write)
+    with pytest.raises(TrainingInterrupted, match="after step 3 of 5.*--resume"):
+        train(cfg)
+    cfg_dir = Path(cfg.output_dir)
+    assert json.loads((cfg_dir / "last" / RUN_INFO_FILE).read_text())["step"] == 3
+    monkeypatch.setattr(metrics_log.MetricsLog, "write", real_write)
+    assert train(cfg, resume=True).steps == 5
+    straight = train(TrainConfig(**{**cfg.to_dict(), "output_dir": str(tmp_path / "straight")}))
+    assert comparable(cfg_dir) == comparable(straight.output_dir)
+
+
+def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
+    target = tmp_path / "best"
+    with ckpt.atomic_dir(target) as tmp:
+        (tmp / "model.safetensors").write_text("old weights")
+        (tmp / RUN_INFO_FILE).write_text('{"step": 1}')
+    with pytest.raises(OSError, match="disk full"), ckpt.atomic_dir(target) as tmp:
+        (tmp / "model.safetensors").write_text("new weights")
+        raise OSError("disk full")
+    assert (target / "model.safetensors").read_text() == "old weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+
+
+def test_a_kill_between_the_renames_is_recovered(tmp_path):
+    """Killed after the old save moved aside and before the new one moved in."""
+    old, tmp = tmp_path / ".old-best", tmp_path / ".tmp-best-x1"
+    old.mkdir()
+    (old / RUN_INFO_FILE).write_text('{"step": 4}')
+    tmp.mkdir()
+    (tmp / "model.safetensors").write_text("half")
+    ckpt.recover_dir(tmp_path / "best")
+    assert json.loads((tmp_path / "best" / RUN_INFO_FILE).read_text()) == {"step": 4}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+
+
+def test_resume_refuses_a_changed_setting_and_a_run_without_last(tiny_model, tiny_world, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    TrainConfig(**settings(tiny_model, tiny_world, run)).save(run / "config.json")
+    with pytest.raises(MmcseError, match=r"batch_size=16 \(run: 8\)"):
+        ckpt.resume_config(run, None, {"batch_size": 16, "device": "cpu"})
+    cfg = ckpt.resume_config(run, None, {"batch_size": 8, "save_every": 2, "model": None})
+    assert cfg.save_every == 2 and cfg.output_dir == str(run)
+    with pytest.raises(MmcseError, match="no resumable checkpoint"):
+        train(cfg, resume=True)
+
+
+def test_eval_of_an_unfinished_checkpoint_warns(tmp_path):
+    from cli import app
+
+    best = tmp_path / "run" / BEST_DIR
+    best.mkdir(parents=True)
+    (best / "config.json").write_text("{}")
+    info = {"step": 1, "total_steps": 4, "finished": False}
+    (best / RUN_INFO_FILE).write_text(json.dumps(info))
+    result = CliRunner().invoke(
+        app, ["eval", "--model", str(tmp_path / "run"), "--data", str(tmp_path / "none")]
+    )
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "did not finish (saved at step 1 of 4)" in warnings[0]
+    (best / RUN_INFO_FILE).write_text(json.dumps({**info, "finished": True}))
+    result = CliRunner().invoke(
+        app, ["eval", "--model", str(tmp_path / "run"), "--data", str(tmp_path / "none")]
+    )
+    assert "warning:" not in result.output
+
+
+def test_visualcse_resume_restores_the_auxiliary_task(
+    tiny_model, tiny_world, tmp_path, monkeypatch
+):
+    """The image task has its own AdamW, lr schedule position and heads: all resume."""
+    import numpy as np
+
+    from mmcse.cache import write_feature_set
+
+    ids = [f"{c}/{i}" for c in ("cat", "dog") for i in range(4)]
+    pixels = np.random.default_rng(0).integers(0, 255, (8, 3, 16, 16), dtype=np.uint8)
+    write_feature_set(
+        tmp_path / "images",
+        ids,
+        pixels,
+        kind="image_tensor",
+        dim=768,
+        shape=[3, 16, 16],
+        dtype="uint8",
+        dataset="toy",
+        split="train",
+        producer={"teacher": "test"},
+        extra={"classes": ["cat", "dog"]},
+    )
+    base = settings(tiny_model, tiny_world, tmp_path / "run", max_steps=4, log_every=1)
+    base.update(
+        method="visualcse",
+        method_args={"image_batch_size": 4, "image_size": 16, "vit_init": "random"},
+        features={"image_tensor": str(tmp_path / "images")},
+        mixing="text-only",
+        caption_corpus=None,
+    )
+    cfg = TrainConfig(**base)
+    real_write = metrics_log.MetricsLog.write
+
+    def write(self, record):
+        real_write(self, record)
+        if record.get("step") == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(metrics_log.MetricsLog, "write", write)
+    with pytest.raises(TrainingInterrupted):
+        train(cfg)
+    monkeypatch.setattr(metrics_log.MetricsLog, "write", real_write)
+    train(cfg, resume=True)
+    straight = train(TrainConfig(**{**base, "output_dir": str(tmp_path / "straight")}))
+    got, want = comparable(Path(cfg.output_dir)), comparable(straight.output_dir)
+    assert any(k.startswith("image_") and k.endswith("_loss") for k in got[-1])
+    assert got == want
