@@ -96,7 +96,7 @@ class SentenceEncoder(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
-        # cloned: heads shared between terms (mmcse.losses.heads) appear under every name
+        # cloned: safetensors refuses tensors that share storage (a module saved under two names)
         state = {k: v.detach().cpu().contiguous().clone() for k, v in heads.state_dict().items()}
         save_file(state, str(out / HEADS_FILE))
         (out / RUN_INFO_FILE).write_text(json.dumps(run_info, indent=2, default=str))

@@ -129,6 +129,18 @@ def test_evaluation_knows_nothing_of_training_recipes_or_reports(graph):
     assert bad == []
 
 
+def test_losses_and_methods_know_nothing_of_training(graph):
+    """A method composes losses and declares heads; the trainer runs it, never the other way."""
+    bad = [
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if in_group(m, ("mmcse.losses", "mmcse.methods"))
+        for d in deps
+        if in_group(d, ("mmcse.training", "mmcse.recipes", "mmcse.reports", "mmcse.bench"))
+    ]
+    assert bad == []
+
+
 def test_the_library_imports_no_app(graph):
     bad = [
         f"{m} -> {d}"

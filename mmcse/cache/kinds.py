@@ -1,7 +1,7 @@
 """Kinds of sets in the cache contract, and the row layouts Stage 1 and Stage 2 share.
 
 Stage 1 (``pipeline/``) writes these and Stage 2 reads them, so they live here, in the contract,
-rather than in either stage (:mod:`mmcse.training.phrases` and :mod:`mmcse.nonling` re-export them).
+rather than in either stage (:mod:`mmcse.methods.phrases` and :mod:`mmcse.nonling` re-export them).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reading MCSEO's objects table (``kind='objects'``), the part of it both stages need.
 
 Stage 1 re-encodes objects from it (``extract-objects --from-objects``); Stage 2 adds the
-per-caption index and the collate on top (:class:`mmcse.training.phrases.ObjectsTable`). Each shard is an
+per-caption index and the collate on top (:class:`mmcse.methods.phrases.ObjectsTable`). Each shard is an
 Arrow file with ``id``, ``features`` (the numeric :data:`~mmcse.cache.kinds.OBJECT_ROW`) and the
 text columns :data:`~mmcse.cache.kinds.OBJECT_TEXT_COLUMNS`.
 """

@@ -1,9 +1,9 @@
 """Cross-modal retrieval in a trained run's grounded space (the analyses of MCSE §5 / DALR).
 
-A grounding method (MCSE, DALR, ...) trains two heads next to the student: ``text_head``
-(``H -> d``) on the sentence embedding and ``image_head`` (``D -> d``) on the cached image
-feature, both Linear + Tanh, compared by cosine. After training they are saved in
-``mmcse_heads.safetensors``; here captions of a held-out image–caption set are embedded by the
+A grounding method (MCSE, DALR, ...) trains two heads next to the student, in a loss term's
+``student`` slot (``H -> d``, on the sentence embedding) and ``image`` slot (``D -> d``, on the
+cached image feature), both Linear + Tanh, compared by cosine. After training they are saved in
+``mmcse_heads.safetensors`` (the run info's ``term_heads`` says which term used which); here captions of a held-out image–caption set are embedded by the
 student, both sides go through the heads, and every caption is ranked against every image:
 
 * text→image: for each caption, the rank of *its* image among all images;
@@ -20,6 +20,7 @@ only when their dimensions match; otherwise it is reported as not applicable.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 from mmcse.errors import MmcseError
 from mmcse.evaluation.encode import encode_sentences
 from mmcse.evaluation.sts import load_encoder
+from mmcse.rundir import HEADS_FILE, RUN_INFO_FILE
 
 KS = (1, 5, 10)
 
@@ -58,10 +60,11 @@ def _head(x: np.ndarray, weight: torch.Tensor, bias: torch.Tensor) -> np.ndarray
 
 
 def load_heads(model_dir: str | Path, term: str | None = None) -> GroundingHeads:
-    """The grounding heads saved with a checkpoint (the first term having both, or ``term``)."""
+    """The grounding heads of one loss term of a checkpoint: the head in the term's ``student``
+    slot (on the sentence embedding) and the one in its ``image`` slot (on the cached image
+    feature). The run info records which saved head each term used; ``term=None`` takes the
+    first term (by name) that has both."""
     from safetensors.torch import load_file
-
-    from mmcse.rundir import HEADS_FILE
 
     path = Path(model_dir) / HEADS_FILE
     if not path.is_file():
@@ -70,26 +73,43 @@ def load_heads(model_dir: str | Path, term: str | None = None) -> GroundingHeads
             "method (mcse, dalr, ...), not a plain HF model"
         )
     state = load_file(str(path))
-    terms = sorted(
-        {k.split(".")[1] for k in state if k.startswith("losses.") and ".text_head.0." in k}
-    )
-    terms = [t for t in terms if f"losses.{t}.image_head.0.weight" in state]
+    pairs = {
+        name: (f"heads.{slots['student']}.0.", f"heads.{slots['image']}.0.")
+        for name, slots in _term_heads(Path(model_dir)).items()
+        if {"student", "image"} <= slots.keys()
+    }
+    terms = sorted(t for t, keys in pairs.items() if all(k + "weight" in state for k in keys))
     if not terms:
         raise MmcseError(
-            f"{path} holds no text_head + image_head pair: the run's method has no image "
+            f"{path} holds no student + image head pair: the run's method has no image "
             "grounding term, so there is no shared text–image space to retrieve in"
         )
     chosen = term or terms[0]
     if chosen not in terms:
-        raise MmcseError(f"no grounding heads named {chosen!r} in {path}; it has {terms}")
-    p = f"losses.{chosen}."
+        raise MmcseError(f"no grounding heads for a term {chosen!r} in {path}; it has {terms}")
+    text, image = pairs[chosen]
     return GroundingHeads(
         chosen,
-        state[p + "text_head.0.weight"],
-        state[p + "text_head.0.bias"],
-        state[p + "image_head.0.weight"],
-        state[p + "image_head.0.bias"],
+        state[text + "weight"],
+        state[text + "bias"],
+        state[image + "weight"],
+        state[image + "bias"],
     )
+
+
+def _term_heads(model_dir: Path) -> dict[str, dict[str, str]]:
+    """term → slot → saved head name, from the checkpoint's run info."""
+    path = model_dir / RUN_INFO_FILE
+    try:
+        wiring = json.loads(path.read_text(encoding="utf-8")).get("term_heads")
+    except (OSError, ValueError, AttributeError):
+        wiring = None
+    if not isinstance(wiring, dict):
+        raise MmcseError(
+            f"{path} does not record which heads each loss term used (term_heads); retrieval "
+            "needs a checkpoint written by `mmcse train`"
+        )
+    return wiring
 
 
 def load_pairs(images_features: str | Path, captions: str | Path):

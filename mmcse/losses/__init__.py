@@ -14,6 +14,17 @@ from mmcse.losses import (  # noqa: F401  (importing registers each loss)
     simclr,
     supcon,
 )
-from mmcse.losses.base import Loss, LossInputs, MissingInputError
+from mmcse.losses.base import Heads, Loss, LossInputs, MissingInputError, build_loss
+from mmcse.losses.heads import HIDDEN, AlignerHead, Head, MLPHead
 
-__all__ = ["Loss", "LossInputs", "MissingInputError"]
+__all__ = [
+    "HIDDEN",
+    "AlignerHead",
+    "Head",
+    "Heads",
+    "Loss",
+    "LossInputs",
+    "MLPHead",
+    "MissingInputError",
+    "build_loss",
+]

@@ -1,51 +1,4 @@
-"""DALR's cross-modal alignment ℓ_CMA: the student's text↔image distributions distilled from
-the text and image teachers' in-batch distributions.
-
-He et al., *DALR* (2025), §3.2, eqs. 6–8; authors' code ``Hekang001/DALR``
-(``cross_modal_alignment_loss``):
-
-    S_ij   = sim(s_i, h_j^v) / τ_s                       (text i, image j, 256-d shared space)
-    ℓ_CMA  = ½ [ (1/N) Σ_i KL(Q_i^{t2t} ‖ softmax_j S_ij) + (1/N) Σ_j KL(Q_j^{v2v} ‖ softmax_i S_ij) ]
-    Q^{t2t} = softmax(Σ_k w_k cos(t^k_i, t^k_j) / τ_t),  Q^{v2v} = softmax(cos(v_i, v_j) / τ_t)
-
-``s = norm(g_θ(f_θ(x, z)))`` is dropout view 1's [CLS] through a Linear H→256 + Tanh head and
-``h^v = norm(g_v(v))`` the cached image feature (role ``image``: CLIP ViT-B/32 in the paper,
-ResNet-50 in App. E.2) through a Linear D→256 + Tanh head (App. B). Text-anchored rows are matched
-to the text teachers, image-anchored rows (the transpose, eq. 8's ``(P^{t2v})ᵀ``) to the image
-teacher; pairs are aligned, so index ``j`` means both caption ``j`` and its image.
-
-Paper vs code (defaults follow the code where the paper is degenerate or silent):
-
-* temperatures: eqs. 6–7 use raw cosines (τ = 1, a near-uniform softmax); the code uses
-  τ_s = 0.05 × 0.45 = 0.0225 on the student and τ_t = 0.5 on the teachers (the default here).
-* pairing (``pairing``): the code (``"released"``, default) matches the *text*-anchored rows
-  ``softmax_j S_ij`` to the text teacher and the *image*-anchored rows (``S.T``) to the image
-  teacher — the formula above. Eqs. 6/8 as printed (``"paper"``) do the opposite: eq. 6 defines
-  ``P_i^{t2v}`` as image ``i``'s distribution over texts ``j`` (``softmax_j sim(s_j, h_i^v)``),
-  which eq. 8 matches to ``Q_i^{t2t}``, and matches ``(P^{t2v})ᵀ`` to ``Q^{v2v}``; a column of a
-  row-stochastic matrix is not a distribution, so mmcse reads ``(P^{t2v})ᵀ`` as the softmax of
-  the transposed scores (text ``i`` over images ``j``):
-  ``½ [KL(Q^{t2t} ‖ softmax(Sᵀ)) + KL(Q^{v2v} ‖ softmax(S))]``.
-* student margin (``margin``): the code's ``S`` is its ``ArcSimilarity`` (``self.sim``,
-  m = 0.18 on the off-diagonal angles where θ > m); eq. 6 has plain cosines (``margin=0``).
-* representations: the code compares the SimCSE pooler output of view 1 (``z1``) directly with
-  the raw image feature (so it only runs when both are 768-d: CLIP ViT-L/14 and BERT-base) and
-  uses the *embedding*-mixed teachers. ``student_head`` names a shared student head (DALR's
-  ``dalr`` method: the SimCSE pooler; ``dalr-paper``: the one ``s^z`` head); the image goes
-  through this loss's own Linear + Tanh head into the student head's width (an mmcse choice so
-  any cached image teacher fits) or through ``image_head``, a head shared with ℓ_Info
-  (``dalr-paper``: eq. 6's ``h^v`` is eq. 3's projected image). ``teacher_mix`` picks mixed
-  embeddings (paper and code) or mixed similarities
-  (:func:`~mmcse.losses.intra_modal_alignment.mixed_teacher_similarity`). The teacher targets
-  always use the frozen cached features (eq. 7 writes ``h^t``, ``h^v`` of eq. 3, whose heads
-  are trainable; a trainable target could be collapsed by the KL, and the code uses the frozen
-  features).
-* reduction: eq. 8 sums over anchors; code and mmcse average (``batchmean``).
-
-ℓ_CML = ℓ_cons + ℓ_CMA (eq. 9) is composed by the method from this loss and
-:mod:`image_text_consistency`. Inputs: ``view1`` ``[B, H]``, ``features[image_role]`` and every
-text-teacher role. Returns ``{"cma_loss": scalar}``. Caption batches only.
-"""
+"""DALR's cross-modal alignment ℓ_CMA (:class:`CrossModalAlignmentLoss`)."""
 
 from __future__ import annotations
 
@@ -55,8 +8,7 @@ import torch
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
-from mmcse.losses.base import Loss, LossInputs, cosine_matrix
-from mmcse.losses.heads import resolve_head
+from mmcse.losses.base import Heads, Loss, LossInputs, cosine_matrix, project_features
 from mmcse.losses.intra_modal_alignment import (
     DEFAULT_TEXT_TEACHERS,
     mixed_teacher_similarity,
@@ -71,27 +23,80 @@ PAIRINGS = ("released", "paper")
 
 @register_loss("cross_modal_alignment")
 class CrossModalAlignmentLoss(Loss):
+    """DALR's cross-modal alignment ℓ_CMA: the student's text↔image distributions distilled from
+    the text and image teachers' in-batch distributions.
+
+    He et al., *DALR* (2025), §3.2, eqs. 6–8; authors' code ``Hekang001/DALR``
+    (``cross_modal_alignment_loss``):
+
+        S_ij   = sim(s_i, h_j^v) / τ_s                       (text i, image j, 256-d shared space)
+        ℓ_CMA  = ½ [ (1/N) Σ_i KL(Q_i^{t2t} ‖ softmax_j S_ij) + (1/N) Σ_j KL(Q_j^{v2v} ‖ softmax_i S_ij) ]
+        Q^{t2t} = softmax(Σ_k w_k cos(t^k_i, t^k_j) / τ_t),  Q^{v2v} = softmax(cos(v_i, v_j) / τ_t)
+
+    ``s = norm(g_θ(f_θ(x, z)))`` is dropout view 1's [CLS] through a Linear H→256 + Tanh head
+    and ``h^v = norm(g_v(v))`` the cached image feature (role ``image``: CLIP ViT-B/32 in the
+    paper, ResNet-50 in App. E.2) through a Linear D→256 + Tanh head (App. B). Text-anchored rows
+    are matched to the text teachers, image-anchored rows (the transpose, eq. 8's
+    ``(P^{t2v})ᵀ``) to the image teacher; pairs are aligned, so index ``j`` means both caption
+    ``j`` and its image.
+
+    Paper vs code (defaults follow the code where the paper is degenerate or silent):
+
+    * temperatures: eqs. 6–7 use raw cosines (τ = 1, a near-uniform softmax); the code uses
+      τ_s = 0.05 × 0.45 = 0.0225 on the student and τ_t = 0.5 on the teachers (the default here).
+    * pairing (``pairing``): the code (``"released"``, default) matches the *text*-anchored rows
+      ``softmax_j S_ij`` to the text teacher and the *image*-anchored rows (``S.T``) to the image
+      teacher — the formula above. Eqs. 6/8 as printed (``"paper"``) do the opposite: eq. 6
+      defines ``P_i^{t2v}`` as image ``i``'s distribution over texts ``j``
+      (``softmax_j sim(s_j, h_i^v)``), which eq. 8 matches to ``Q_i^{t2t}``, and matches
+      ``(P^{t2v})ᵀ`` to ``Q^{v2v}``; a column of a row-stochastic matrix is not a distribution,
+      so mmcse reads ``(P^{t2v})ᵀ`` as the softmax of the transposed scores (text ``i`` over
+      images ``j``): ``½ [KL(Q^{t2t} ‖ softmax(Sᵀ)) + KL(Q^{v2v} ‖ softmax(S))]``.
+    * student margin (``margin``): the code's ``S`` is its ``ArcSimilarity`` (``self.sim``,
+      m = 0.18 on the off-diagonal angles where θ > m); eq. 6 has plain cosines (``margin=0``).
+    * representations: the code compares the SimCSE pooler output of view 1 (``z1``) directly
+      with the raw image feature (so it only runs when both are 768-d: CLIP ViT-L/14 and
+      BERT-base) and uses the *embedding*-mixed teachers. DALR's ``dalr`` method wires the
+      shared pooler into ``student`` and an own Linear + Tanh image head into the pooler's width
+      (an mmcse choice so any cached image teacher fits); ``dalr-paper`` wires its one ``s^z``
+      head and eq. 3's image head ``h^v``, shared with ℓ_Info. ``teacher_mix`` picks mixed
+      embeddings (paper and code) or mixed similarities
+      (:func:`~mmcse.losses.intra_modal_alignment.mixed_teacher_similarity`). The teacher
+      targets always use the frozen cached features (eq. 7 writes ``h^t``, ``h^v`` of eq. 3,
+      whose heads are trainable; a trainable target could be collapsed by the KL, and the code
+      uses the frozen features).
+    * reduction: eq. 8 sums over anchors; code and mmcse average (``batchmean``).
+
+    Heads: ``student`` (H→d, on [CLS]) and ``image`` (D→d, on the cached image feature), of one
+    output width.
+
+    ℓ_CML = ℓ_cons + ℓ_CMA (eq. 9) is composed by the method from this loss and
+    :class:`~mmcse.losses.image_text_consistency.ImageTextConsistencyLoss`. Inputs: ``view1``
+    ``[B, H]``, ``features[image_role]`` and every text-teacher role. Returns
+    ``{"cma_loss": scalar}``. Caption batches only.
+
+    Args:
+        image_role: the cached image feature role.
+        text_teachers: ``(role, weight)`` pairs.
+        temperature, teacher_temperature: τ_s, τ_t.
+        margin: the student scores' arc margin (0: plain cosines).
+        pairing: ``"released"`` or ``"paper"`` (above).
+        teacher_mix: ``"embeddings"`` or ``"similarities"``.
+    """
+
     requires = ("image", *(role for role, _ in DEFAULT_TEXT_TEACHERS))
     terms = ("cma_loss",)
+    slots = {"student": "mlp", "image": "mlp"}
 
     def __init__(
         self,
-        hidden_size: int,
-        feature_dims: dict[str, int],
         image_role: str = "image",
         text_teachers: Sequence[Sequence[object]] = DEFAULT_TEXT_TEACHERS,
-        proj_dim: int = 256,
         temperature: float = 0.0225,
         teacher_temperature: float = 0.5,
         margin: float = 0.0,
         pairing: str = "released",
         teacher_mix: str = "similarities",
-        student_head: str | None = None,
-        student_head_dim: int | None = None,
-        image_head: str | None = None,
-        head_init: str = "torch",
-        shared_heads: dict | None = None,
-        **_: object,
     ) -> None:
         super().__init__()
         if pairing not in PAIRINGS:
@@ -102,10 +107,6 @@ class CrossModalAlignmentLoss(Loss):
         self.temperature = temperature
         self.teacher_temperature = teacher_temperature
         self.margin, self.pairing, self.teacher_mix = margin, pairing, teacher_mix
-        out = student_head_dim if student_head else proj_dim
-        self.text_head = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
-        width = self.text_head[0].out_features
-        self.image_head = resolve_head(shared_heads, image_head, feature_dims[image_role], width)
 
     @staticmethod
     def compute_loss_from_embeddings(
@@ -126,16 +127,14 @@ class CrossModalAlignmentLoss(Loss):
         image_part = teacher_kl(image_rows, image_teacher_similarity / teacher_temperature)
         return (text_part + image_part) / 2
 
-    def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
+    def forward(self, inputs: LossInputs, heads: Heads) -> dict[str, Tensor]:
         raw_image = inputs.feature(self.image_role)
-        text = gather_across_ranks(self.text_head(inputs.view1))
-        image = gather_across_ranks(self.image_head(raw_image.to(self.image_head[0].weight.dtype)))
+        text = gather_across_ranks(heads["student"](inputs.view1))
+        image = gather_across_ranks(project_features(heads["image"], raw_image))
         with torch.no_grad():
             teacher_image = gather_across_ranks(raw_image.float())
             image_similarity = cosine_matrix(teacher_image, teacher_image)
-            text_similarity = mixed_teacher_similarity(
-                inputs, self.text_teachers, self.teacher_mix
-            )
+            text_similarity = mixed_teacher_similarity(inputs, self.text_teachers, self.teacher_mix)
         loss = self.compute_loss_from_embeddings(
             text,
             image,

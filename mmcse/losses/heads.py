@@ -1,20 +1,31 @@
-"""Projection heads that several terms of one method share.
+"""Projection heads: declared by a method, built once by the trainer, applied by the losses.
 
-Most losses own their heads. Some published methods instead feed *one* student projection to
-several terms: DALR's released code uses its SimCSE pooler output ``z1, z2`` for ℓ_SimCSE,
-ℓ_rank, ℓ_IMA, ℓ_CMA, ℓ_cons and ℓ_g2l; DALR's paper writes one student score ``s^z`` for
-eqs. 4, 6, 10 and 11. A loss given ``student_head="NAME"`` (or ``image_head="NAME"``) takes the
-head called NAME from the ``shared_heads`` dict the trainer passes to every loss of a method, and
-creates it on first use; every term naming it trains the same parameters. A loss built on its
-own (``shared_heads=None``, e.g. in a unit test) has nothing to share with and gets a private
-head.
+A loss owns no parameters. It names the heads it applies (its ``slots``, e.g. ``"student"`` for
+the head on the sentence embedding, ``"image"`` for the one on the cached image feature) and
+receives them in ``forward``. A method declares, per term, which :class:`Head` fills each slot;
+the trainer builds every head *name* once (:func:`mmcse.methods.build_heads`), so two terms
+naming the same head train the same parameters. DALR's released code feeds its one SimCSE pooler
+(``z1``, ``z2``) to ℓ_SimCSE, ℓ_rank, ℓ_IMA, ℓ_CMA, ℓ_cons and ℓ_g2l; DALR's paper writes one
+student score ``s^z`` for eqs. 4, 6, 10 and 11 — both are one head named by several terms.
+
+Widths are given as an int, :data:`HIDDEN` (the student's hidden size) or a feature role (that
+cached feature's width, e.g. ``"image"``), and resolved when the run's encoder and cache are
+known. In a unit test a head is simply ``MLPHead(16, 8)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from torch import nn
 
+from mmcse.errors import MmcseError
+
+#: a head width that means "the student encoder's hidden size"
+HIDDEN = "hidden"
 HEAD_INITS = ("bert", "torch")
+HEAD_KINDS = ("mlp", "aligner")
 
 
 class MLPHead(nn.Sequential):
@@ -37,27 +48,71 @@ class MLPHead(nn.Sequential):
             nn.init.zeros_(self[0].bias)
 
 
-def resolve_head(
-    shared: dict | None,
-    name: str | None,
-    in_dim: int,
-    out_dim: int | None,
-    init: str = "torch",
-) -> MLPHead:
-    """The loss's own ``MLPHead`` (``name=None``) or the shared one called ``name``.
+class AlignerHead(nn.Sequential):
+    """DALR's ``ConsistencySimilarityModule`` aligner: two Linear + BatchNorm + ReLU blocks into
+    the shared space (PyTorch's default init, as the code's)."""
 
-    ``out_dim=None`` means "whatever the shared head has" (``in_dim`` when it is created here).
-    A shared head asked for with other dimensions is refused (two terms disagreeing on it).
-    """
-    if name is None or shared is None:
-        return MLPHead(in_dim, in_dim if out_dim is None else out_dim, init)
-    head = shared.get(name)
-    if head is None:
-        head = shared[name] = MLPHead(in_dim, in_dim if out_dim is None else out_dim, init)
-    linear = head[0]
-    if linear.in_features != in_dim or out_dim not in (None, linear.out_features):
-        raise ValueError(
-            f"shared head {name!r} is {linear.in_features}→{linear.out_features}; a term asked "
-            f"for {in_dim}→{out_dim}"
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__(
+            nn.Linear(in_dim, in_dim),
+            nn.BatchNorm1d(in_dim),
+            nn.ReLU(),
+            nn.Linear(in_dim, out_dim),
+            nn.BatchNorm1d(out_dim),
+            nn.ReLU(),
         )
-    return head
+
+
+@dataclass(frozen=True)
+class Head:
+    """A trainable head a method declares for one slot of a term.
+
+    Attributes:
+        input, output: widths — an int, :data:`HIDDEN` or a feature role (see the module).
+        init: ``"bert"`` (normal(0, 0.02), zero bias) or ``"torch"`` (PyTorch's default);
+            :class:`MLPHead` only.
+        kind: ``"mlp"`` (:class:`MLPHead`) or ``"aligner"`` (:class:`AlignerHead`).
+        name: the name it is built and saved under; terms naming the same head share it.
+            ``None``: private to its term, named ``{term}_{slot}``.
+    """
+
+    input: int | str
+    output: int | str
+    init: str = "torch"
+    kind: str = "mlp"
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.init not in HEAD_INITS:
+            raise ValueError(f"head init must be one of {HEAD_INITS}, not {self.init!r}")
+        if self.kind not in HEAD_KINDS:
+            raise ValueError(f"head kind must be one of {HEAD_KINDS}, not {self.kind!r}")
+        if self.kind == "aligner" and self.init != "torch":
+            raise ValueError("an aligner head has PyTorch's default init only")
+
+    def widths(self, hidden_size: int, feature_dims: Mapping[str, int]) -> tuple[int, int]:
+        """``(in, out)`` in numbers, for a student of ``hidden_size`` and these cached roles."""
+        return (
+            resolve_width(self.input, hidden_size, feature_dims),
+            resolve_width(self.output, hidden_size, feature_dims),
+        )
+
+    def build(self, hidden_size: int, feature_dims: Mapping[str, int]) -> nn.Module:
+        in_dim, out_dim = self.widths(hidden_size, feature_dims)
+        if self.kind == "aligner":
+            return AlignerHead(in_dim, out_dim)
+        return MLPHead(in_dim, out_dim, self.init)
+
+
+def resolve_width(width: int | str, hidden_size: int, feature_dims: Mapping[str, int]) -> int:
+    if isinstance(width, int):
+        return width
+    if width == HIDDEN:
+        return hidden_size
+    if width not in feature_dims:
+        have = ", ".join(sorted(feature_dims)) or "none"
+        raise MmcseError(
+            f"a head reads the cached feature role {width!r}, which this run does not load "
+            f"(it has: {have}); give --feature {width}=DIR"
+        )
+    return int(feature_dims[width])

@@ -1,62 +1,68 @@
-"""MCSE's multimodal objective: text→image InfoNCE in a grounded space.
-
-Zhang et al., *MCSE: Multimodal Contrastive Learning of Sentence Embeddings* (NAACL 2022), eq. 3:
-
-    ℓ_i^M = − Σ_{z ∈ {z_i, z_i'}} log  exp(sim(s_i^z, v_i)/τ') / Σ_j exp(sim(s_i^z, v_j)/τ')
-
-with ``s^z = g_φ1(f_θ(x, z))`` the sentence ([CLS]) of dropout view ``z`` through a text head and
-``v = g_φ2(f^v(y))`` the frozen image feature (cached by Stage 1: ResNet-50 2048-d, or CLIP)
-through an image head. Both heads are single Linear + Tanh layers into a 256-d space and both
-outputs are L2-normalised (App. A); τ' = 0.05.
-
-Views (``views``): eq. 3 *sums* the two dropout views; MCSE's released ``src/model.py``
-(``MCSE.compute_loss``: ``inter_loss = (loss_fct(cos_sim_p0, …) + loss_fct(cos_sim_p1, …)) / 2``)
-*averages* them, and λ of Tables 3/4 was tuned with that mean. Default ``"mean"`` (the code);
-``"sum"`` is eq. 3 as printed (twice the code's value, i.e. λ doubled); ``"first"`` uses view 1
-alone (DALR's eq. 4 writes a single ``s^z``).
-
-Heads: both are PyTorch-default-initialised, as MCSE's ``grounding`` and ``ResNetVisnModel``
-``MLPLayer`` s (built outside ``BertForCL``, so ``init_weights`` never touches them).
-``student_head``/``image_head`` name heads shared with other terms of the method
-(:mod:`mmcse.losses.heads`; DALR's paper variant shares ``s^z`` and ``h^v`` with ℓ_CMA).
-
-Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[feature_role]`` ``[B, D]``.
-Returns ``{"image_text_loss": scalar}``. Sibling of :mod:`info_nce` (same :func:`info_nce` core).
-"""
+"""MCSE's multimodal objective: text→image InfoNCE in a grounded space
+(:class:`ImageTextInfoNCELoss`)."""
 
 from __future__ import annotations
 
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
-from mmcse.losses.base import Loss, LossInputs, l2_normalize, project_views
-from mmcse.losses.heads import resolve_head
+from mmcse.losses.base import (
+    Heads,
+    Loss,
+    LossInputs,
+    l2_normalize,
+    project_features,
+    project_views,
+)
 from mmcse.losses.info_nce import info_nce
 from mmcse.registry import register_loss
 
-#: how the two dropout views' InfoNCE terms combine (see the module docstring)
+#: how the two dropout views' InfoNCE terms combine (see the class docstring)
 VIEW_REDUCTIONS = ("mean", "sum", "first")
 
 
 @register_loss("image_text_info_nce")
 class ImageTextInfoNCELoss(Loss):
+    """MCSE's multimodal objective: text→image InfoNCE in a grounded space.
+
+    Zhang et al., *MCSE: Multimodal Contrastive Learning of Sentence Embeddings* (NAACL 2022),
+    eq. 3:
+
+        ℓ_i^M = − Σ_{z ∈ {z_i, z_i'}} log  exp(sim(s_i^z, v_i)/τ') / Σ_j exp(sim(s_i^z, v_j)/τ')
+
+    with ``s^z = g_φ1(f_θ(x, z))`` the sentence ([CLS]) of dropout view ``z`` through a text head
+    and ``v = g_φ2(f^v(y))`` the frozen image feature (cached by Stage 1: ResNet-50 2048-d, or
+    CLIP) through an image head. Both heads are single Linear + Tanh layers into a 256-d space and
+    both outputs are L2-normalised (App. A); τ' = 0.05. Images are gathered across ranks.
+
+    Views (``views``): eq. 3 *sums* the two dropout views; MCSE's released ``src/model.py``
+    (``MCSE.compute_loss``: ``inter_loss = (loss_fct(cos_sim_p0, …) + loss_fct(cos_sim_p1, …)) / 2``)
+    *averages* them, and λ of Tables 3/4 was tuned with that mean. Default ``"mean"`` (the code);
+    ``"sum"`` is eq. 3 as printed (twice the code's value, i.e. λ doubled); ``"first"`` uses
+    view 1 alone (DALR's eq. 4 writes a single ``s^z``).
+
+    Heads: ``student`` (H→d, on [CLS]) and ``image`` (D→d, on the cached feature), both
+    PyTorch-default-initialised, as MCSE's ``grounding`` and ``ResNetVisnModel`` ``MLPLayer`` s
+    (built outside ``BertForCL``, so ``init_weights`` never touches them). DALR's paper variant
+    shares both with ℓ_CMA (its method names the same heads for both terms).
+
+    Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[feature_role]`` ``[B, D]``.
+    Returns ``{"image_text_loss": scalar}``. Sibling of :class:`~mmcse.losses.info_nce.SimCSELoss`
+    (same :func:`~mmcse.losses.info_nce.info_nce` core); KDMCSE's
+    :class:`~mmcse.losses.adaptive_angular_margin.AdaptiveAngularMarginLoss` adds margins.
+
+    Args:
+        feature_role: the cached image feature role.
+        temperature: τ'.
+        views: ``"mean"``, ``"sum"`` or ``"first"`` (above).
+    """
+
     requires = ("image",)
     terms = ("image_text_loss",)
+    slots = {"student": "mlp", "image": "mlp"}
 
     def __init__(
-        self,
-        hidden_size: int,
-        feature_dims: dict[str, int],
-        feature_role: str = "image",
-        proj_dim: int = 256,
-        temperature: float = 0.05,
-        views: str = "mean",
-        student_head: str | None = None,
-        student_head_dim: int | None = None,
-        image_head: str | None = None,
-        head_init: str = "torch",
-        shared_heads: dict | None = None,
-        **_: object,
+        self, feature_role: str = "image", temperature: float = 0.05, views: str = "mean"
     ) -> None:
         super().__init__()
         if views not in VIEW_REDUCTIONS:
@@ -65,11 +71,6 @@ class ImageTextInfoNCELoss(Loss):
         self.requires = (feature_role,)
         self.temperature = temperature
         self.views = views
-        out = student_head_dim if student_head else proj_dim
-        self.text_head = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
-        self.image_head = resolve_head(
-            shared_heads, image_head, feature_dims[feature_role], self.text_head[0].out_features
-        )
 
     @staticmethod
     def compute_loss_from_embeddings(
@@ -80,13 +81,14 @@ class ImageTextInfoNCELoss(Loss):
         images = gather_across_ranks(l2_normalize(images))
         if views == "first":
             text_views = text_views[:1]
-        losses = [info_nce(gather_across_ranks(l2_normalize(s)), images, temperature) for s in text_views]
+        losses = [
+            info_nce(gather_across_ranks(l2_normalize(s)), images, temperature) for s in text_views
+        ]
         total = sum(losses)
         return total / len(losses) if views == "mean" else total
 
-    def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
-        image = inputs.feature(self.feature_role)
-        v = self.image_head(image.to(self.image_head[0].weight.dtype))
-        views = list(project_views(self.text_head, inputs.view1, inputs.view2))
+    def forward(self, inputs: LossInputs, heads: Heads) -> dict[str, Tensor]:
+        v = project_features(heads["image"], inputs.feature(self.feature_role))
+        views = list(project_views(heads["student"], inputs.view1, inputs.view2))
         loss = self.compute_loss_from_embeddings(views, v, self.temperature, self.views)
         return {"image_text_loss": loss}

@@ -1,45 +1,5 @@
-"""DALR's intra-modal alignment ℓ_IMA: KL from the text teachers' in-batch distribution.
-
-He et al., *DALR: Dual-level Alignment Learning for Multimodal Sentence Representation Learning*
-(2025), §3.3, eqs. 11–12; authors' code ``Hekang001/DALR`` (``intra_modal_alignment_loss``):
-
-    ℓ_IMA = (1/N) Σ_i KL( Q_i^{t2t} ‖ P_i^{t2t} )
-    P_ij^{t2t} = softmax_j( sim(s_i^z, s_j^{z'}) / τ_s )       (student, two dropout views)
-    Q_ij^{t2t} = softmax_j( Σ_k w_k sim(t_i^k, t_j^k) / τ_t )    (cached text teachers k)
-
-``s = MLP([CLS])`` (Linear H→H + Tanh: this loss's own head, or the head named by
-``student_head``, shared with other terms — :mod:`~mmcse.losses.heads`). The teachers are a
-weighted mix (``text_teachers``: ``(role, weight)`` pairs, in the order given). DALR's released
-scripts (``scripts/run_wiki_{flickr,coco}.sh``) pass ``--first_teacher Model/simcse``,
-``--second_teacher Model/DiffCSE``, ``--alpha_ 0.33``: SimCSE 0.33, DiffCSE 0.67
-(:data:`DEFAULT_TEXT_TEACHERS`). ``teacher_mix`` says what is mixed: ``"embeddings"`` — the
-weighted sum of the teachers' [CLS] embeddings, then cosines (the paper, §3.3: "a weighted
-combination of [CLS] token embeddings"; the code for these KL targets; needs equal widths) — or
-``"similarities"`` — the weighted sum of each teacher's cosine matrix (the code's ranking target;
-works for teachers of different widths). Any cached text teacher can be swapped in by mapping it
-to a role.
-
-Student margin (``margin``): DALR's code computes the student scores with its ``ArcSimilarity``
-(``self.sim``, m = ``--margin1`` = 0.18: negatives' angles reduced by m where θ > m, as
-:func:`~mmcse.losses.arc_margin_info_nce.angular_margin_logits`); the paper's eq. 11 has plain
-cosines (``margin=0``, the default of this loss).
-
-Paper vs code (defaults follow the code, because the paper's form is degenerate):
-
-* temperatures: eqs. 7/11 apply softmax to raw cosines (τ = 1). Cosines lie in [−1, 1], so for a
-  batch of 128 both distributions are nearly uniform and the KL carries almost no signal. The
-  code divides the student's cosines by τ = 0.05 and again by 0.45 (``KLContrastiveSimLoss``),
-  i.e. τ_s = 0.0225, and the teacher's by τ_t = 0.5. Set both to 1 for the paper's literal form.
-* reduction: eq. 12 sums over anchors; the code (``batchmean``) and mmcse average.
-* student head: in the code ℓ_IMA reads the SimCSE term's pooler (``z1``, ``z2``) with its arc
-  margin; ``student_head`` + ``margin`` reproduce that (the ``dalr`` method sets both); without
-  them this loss has its own head and plain cosines.
-
-Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[role]`` ``[B, D_role]`` for every teacher role.
-Returns ``{"ima_loss": scalar}``. Siblings: :mod:`list_mle_distillation` (ℓ_rank, the other half of
-ℓ_IML) and :mod:`cross_modal_alignment` (ℓ_CMA) reuse :func:`mixed_teacher_similarity` and
-:func:`teacher_kl`.
-"""
+"""DALR's intra-modal alignment ℓ_IMA (:class:`IntraModalAlignmentLoss`) and the teacher
+mixing, student scores and KL that ℓ_rank and ℓ_CMA share with it."""
 
 from __future__ import annotations
 
@@ -50,8 +10,7 @@ from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
 from mmcse.losses.arc_margin_info_nce import angular_margin_logits
-from mmcse.losses.base import Loss, LossInputs, cosine_matrix, project_views
-from mmcse.losses.heads import resolve_head
+from mmcse.losses.base import Heads, Loss, LossInputs, cosine_matrix, project_views
 from mmcse.registry import register_loss
 
 #: DALR's released scripts: first teacher SimCSE with ``--alpha_ 0.33``, second DiffCSE (0.67)
@@ -113,22 +72,68 @@ def teacher_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
 
 @register_loss("intra_modal_alignment")
 class IntraModalAlignmentLoss(Loss):
+    """DALR's intra-modal alignment ℓ_IMA: KL from the text teachers' in-batch distribution.
+
+    He et al., *DALR: Dual-level Alignment Learning for Multimodal Sentence Representation
+    Learning* (2025), §3.3, eqs. 11–12; authors' code ``Hekang001/DALR``
+    (``intra_modal_alignment_loss``):
+
+        ℓ_IMA = (1/N) Σ_i KL( Q_i^{t2t} ‖ P_i^{t2t} )
+        P_ij^{t2t} = softmax_j( sim(s_i^z, s_j^{z'}) / τ_s )       (student, two dropout views)
+        Q_ij^{t2t} = softmax_j( Σ_k w_k sim(t_i^k, t_j^k) / τ_t )    (cached text teachers k)
+
+    ``s = MLP([CLS])``. The teachers are a weighted mix (``text_teachers``: ``(role, weight)``
+    pairs, in the order given). DALR's released scripts (``scripts/run_wiki_{flickr,coco}.sh``)
+    pass ``--first_teacher Model/simcse``, ``--second_teacher Model/DiffCSE``, ``--alpha_ 0.33``:
+    SimCSE 0.33, DiffCSE 0.67 (:data:`DEFAULT_TEXT_TEACHERS`). ``teacher_mix`` says what is
+    mixed: ``"embeddings"`` — the weighted sum of the teachers' [CLS] embeddings, then cosines
+    (the paper, §3.3: "a weighted combination of [CLS] token embeddings"; the code for these KL
+    targets; needs equal widths) — or ``"similarities"`` — the weighted sum of each teacher's
+    cosine matrix (the code's ranking target; works for teachers of different widths). Any
+    cached text teacher can be swapped in by mapping it to a role.
+
+    Student margin (``margin``): DALR's code computes the student scores with its
+    ``ArcSimilarity`` (``self.sim``, m = ``--margin1`` = 0.18: negatives' angles reduced by m
+    where θ > m, as :func:`~mmcse.losses.arc_margin_info_nce.angular_margin_logits`); the
+    paper's eq. 11 has plain cosines (``margin=0``, the default of this loss).
+
+    Paper vs code (defaults follow the code, because the paper's form is degenerate):
+
+    * temperatures: eqs. 7/11 apply softmax to raw cosines (τ = 1). Cosines lie in [−1, 1], so
+      for a batch of 128 both distributions are nearly uniform and the KL carries almost no
+      signal. The code divides the student's cosines by τ = 0.05 and again by 0.45
+      (``KLContrastiveSimLoss``), i.e. τ_s = 0.0225, and the teacher's by τ_t = 0.5. Set both to
+      1 for the paper's literal form.
+    * reduction: eq. 12 sums over anchors; the code (``batchmean``) and mmcse average.
+    * student head: in the code ℓ_IMA reads the SimCSE term's pooler (``z1``, ``z2``) with its
+      arc margin; the ``dalr`` method wires that shared head and sets ``margin``.
+
+    Heads: ``student`` — Linear H→H + Tanh (BERT-initialised in DALR's methods), on [CLS].
+
+    Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[role]`` ``[B, D_role]`` for every
+    teacher role. Returns ``{"ima_loss": scalar}``. Siblings:
+    :class:`~mmcse.losses.list_mle_distillation.ListMLEDistillationLoss` (ℓ_rank, the other half
+    of ℓ_IML) and :class:`~mmcse.losses.cross_modal_alignment.CrossModalAlignmentLoss` (ℓ_CMA)
+    reuse :func:`mixed_teacher_similarity` and :func:`teacher_kl`.
+
+    Args:
+        text_teachers: ``(role, weight)`` pairs.
+        temperature, teacher_temperature: τ_s, τ_t.
+        margin: the student scores' arc margin (0: plain cosines).
+        teacher_mix: ``"embeddings"`` or ``"similarities"`` (above).
+    """
+
     requires = tuple(role for role, _ in DEFAULT_TEXT_TEACHERS)
     terms = ("ima_loss",)
+    slots = {"student": "mlp"}
 
     def __init__(
         self,
-        hidden_size: int,
         text_teachers: Sequence[Sequence[object]] = DEFAULT_TEXT_TEACHERS,
         temperature: float = 0.0225,
         teacher_temperature: float = 0.5,
         margin: float = 0.0,
         teacher_mix: str = "similarities",
-        student_head: str | None = None,
-        student_head_dim: int | None = None,
-        head_init: str = "bert",
-        shared_heads: dict | None = None,
-        **_: object,
     ) -> None:
         super().__init__()
         self.text_teachers = normalize_teachers(text_teachers)
@@ -137,8 +142,6 @@ class IntraModalAlignmentLoss(Loss):
         self.teacher_temperature = teacher_temperature
         self.margin = margin
         self.teacher_mix = teacher_mix
-        out = student_head_dim if student_head else hidden_size
-        self.mlp = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
 
     @staticmethod
     def compute_loss_from_embeddings(
@@ -154,8 +157,9 @@ class IntraModalAlignmentLoss(Loss):
         student = student_scores(h1, h2, margin) / temperature
         return teacher_kl(student, teacher_similarity / teacher_temperature)
 
-    def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
-        h1, h2 = map(gather_across_ranks, project_views(self.mlp, inputs.view1, inputs.view2))
+    def forward(self, inputs: LossInputs, heads: Heads) -> dict[str, Tensor]:
+        views = project_views(heads["student"], inputs.view1, inputs.view2)
+        h1, h2 = map(gather_across_ranks, views)
         teacher = mixed_teacher_similarity(inputs, self.text_teachers, self.teacher_mix)
         loss = self.compute_loss_from_embeddings(
             h1, h2, teacher, self.temperature, self.teacher_temperature, self.margin

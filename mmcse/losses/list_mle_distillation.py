@@ -1,32 +1,4 @@
-"""DALR's ranking distillation ℓ_rank: ListMLE over each anchor's in-batch list, teacher-ranked.
-
-He et al., *DALR* (2025), §3.3, eq. 10; the ListMLE of Xia et al. (ICML 2008) as RankCSE
-(Liu et al., ACL 2023) uses it for sentence embeddings; authors' code ``Hekang001/DALR``
-(``ListMLE``, ``--distillation_loss listmle``):
-
-    ℓ_rank = −(1/N) Σ_i Σ_{r=1}^{N} log  exp(S_i[π_i(r)]) / Σ_{q=r}^{N} exp(S_i[π_i(q)])
-
-``S_i[j] = sim(s_i^z, s_j^{z'}) / τ`` is the student's score of candidate ``j`` for anchor ``i``
-(``s = MLP([CLS])``, this loss's own Linear H→H + Tanh head; τ = 0.05), and ``π_i`` sorts the
-candidates by the teachers' mixed similarity ``Σ_k w_k cos(t_i^k, t_j^k)`` (descending). The list
-is the whole batch, the anchor itself included (the teacher always ranks it first). Only the
-teacher's *order* matters, so its scale is irrelevant.
-
-Paper vs code: eq. 10 sums over anchors; the code (and mmcse) average. The code breaks ties
-between equal teacher scores by a random shuffle (``torch.randperm``); mmcse uses a stable sort
-(ties keep batch order), so the loss is a deterministic function of its inputs — ties only arise
-for duplicate sentences. In the code the student scores are the SimCSE term's logits
-(``student_top1_sim_pred = cos_sim.clone()``: the pooler's ``z1·z2`` cosines with the arc margin
-m = 0.18, over τ = 0.05); ``student_head`` (the shared pooler) + ``margin`` reproduce that, and
-without them this loss has its own head and plain cosines (eq. 10). The teacher order comes from
-``teacher_mix`` (:func:`~mmcse.losses.intra_modal_alignment.mixed_teacher_similarity`): the code
-ranks by the mixed *similarities* (``α·cos₁/τ₂ + (1−α)·cos₂/τ₂``); the paper by the similarity
-of the mixed *embeddings*. ``gamma_`` (1.0) is not a separate knob: the method's term weight
-scales the loss.
-
-Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[role]`` per teacher role.
-Returns ``{"rank_loss": scalar}``. Siblings: :mod:`intra_modal_alignment` (ℓ_IMA; teacher mixing).
-"""
+"""DALR's ranking distillation ℓ_rank (:class:`ListMLEDistillationLoss`; :func:`list_mle`)."""
 
 from __future__ import annotations
 
@@ -36,8 +8,7 @@ import torch
 from torch import Tensor
 
 from mmcse.distributed import gather_across_ranks
-from mmcse.losses.base import Loss, LossInputs, project_views
-from mmcse.losses.heads import resolve_head
+from mmcse.losses.base import Heads, Loss, LossInputs, project_views
 from mmcse.losses.intra_modal_alignment import (
     DEFAULT_TEXT_TEACHERS,
     mixed_teacher_similarity,
@@ -58,21 +29,56 @@ def list_mle(student_scores: Tensor, teacher_scores: Tensor) -> Tensor:
 
 @register_loss("list_mle_distillation")
 class ListMLEDistillationLoss(Loss):
+    """DALR's ranking distillation ℓ_rank: ListMLE over each anchor's in-batch list, teacher-ranked.
+
+    He et al., *DALR* (2025), §3.3, eq. 10; the ListMLE of Xia et al. (ICML 2008) as RankCSE
+    (Liu et al., ACL 2023) uses it for sentence embeddings; authors' code ``Hekang001/DALR``
+    (``ListMLE``, ``--distillation_loss listmle``):
+
+        ℓ_rank = −(1/N) Σ_i Σ_{r=1}^{N} log  exp(S_i[π_i(r)]) / Σ_{q=r}^{N} exp(S_i[π_i(q)])
+
+    ``S_i[j] = sim(s_i^z, s_j^{z'}) / τ`` is the student's score of candidate ``j`` for anchor
+    ``i`` (``s = MLP([CLS])``; τ = 0.05), and ``π_i`` sorts the candidates by the teachers'
+    mixed similarity ``Σ_k w_k cos(t_i^k, t_j^k)`` (descending). The list is the whole batch,
+    the anchor itself included (the teacher always ranks it first). Only the teacher's *order*
+    matters, so its scale is irrelevant.
+
+    Paper vs code: eq. 10 sums over anchors; the code (and mmcse) average. The code breaks ties
+    between equal teacher scores by a random shuffle (``torch.randperm``); mmcse uses a stable
+    sort (ties keep batch order), so the loss is a deterministic function of its inputs — ties
+    only arise for duplicate sentences. In the code the student scores are the SimCSE term's
+    logits (``student_top1_sim_pred = cos_sim.clone()``: the pooler's ``z1·z2`` cosines with the
+    arc margin m = 0.18, over τ = 0.05); the ``dalr`` method wires the shared pooler and sets
+    ``margin``, and with a head of its own and ``margin=0`` this is eq. 10. The teacher order
+    comes from ``teacher_mix``
+    (:func:`~mmcse.losses.intra_modal_alignment.mixed_teacher_similarity`): the code ranks by
+    the mixed *similarities* (``α·cos₁/τ₂ + (1−α)·cos₂/τ₂``); the paper by the similarity of the
+    mixed *embeddings*. ``gamma_`` (1.0) is not a separate knob: the method's term weight scales
+    the loss.
+
+    Heads: ``student`` — Linear H→H + Tanh (BERT-initialised in DALR's methods), on [CLS].
+
+    Inputs: ``view1``, ``view2`` ``[B, H]``; ``features[role]`` per teacher role.
+    Returns ``{"rank_loss": scalar}``. Siblings:
+    :class:`~mmcse.losses.intra_modal_alignment.IntraModalAlignmentLoss` (ℓ_IMA; teacher mixing).
+
+    Args:
+        text_teachers: ``(role, weight)`` pairs.
+        temperature: τ.
+        margin: the student scores' arc margin (0: plain cosines).
+        teacher_mix: ``"embeddings"`` or ``"similarities"``.
+    """
+
     requires = tuple(role for role, _ in DEFAULT_TEXT_TEACHERS)
     terms = ("rank_loss",)
+    slots = {"student": "mlp"}
 
     def __init__(
         self,
-        hidden_size: int,
         text_teachers: Sequence[Sequence[object]] = DEFAULT_TEXT_TEACHERS,
         temperature: float = 0.05,
         margin: float = 0.0,
         teacher_mix: str = "similarities",
-        student_head: str | None = None,
-        student_head_dim: int | None = None,
-        head_init: str = "bert",
-        shared_heads: dict | None = None,
-        **_: object,
     ) -> None:
         super().__init__()
         self.text_teachers = normalize_teachers(text_teachers)
@@ -80,8 +86,6 @@ class ListMLEDistillationLoss(Loss):
         self.temperature = temperature
         self.margin = margin
         self.teacher_mix = teacher_mix
-        out = student_head_dim if student_head else hidden_size
-        self.mlp = resolve_head(shared_heads, student_head, hidden_size, out, head_init)
 
     @staticmethod
     def compute_loss_from_embeddings(
@@ -95,8 +99,9 @@ class ListMLEDistillationLoss(Loss):
         order of ``teacher_similarity`` ``[N, N]``."""
         return list_mle(student_scores(h1, h2, margin) / temperature, teacher_similarity)
 
-    def forward(self, inputs: LossInputs) -> dict[str, Tensor]:
-        h1, h2 = map(gather_across_ranks, project_views(self.mlp, inputs.view1, inputs.view2))
+    def forward(self, inputs: LossInputs, heads: Heads) -> dict[str, Tensor]:
+        views = project_views(heads["student"], inputs.view1, inputs.view2)
+        h1, h2 = map(gather_across_ranks, views)
         with torch.no_grad():
             teacher = mixed_teacher_similarity(inputs, self.text_teachers, self.teacher_mix)
         loss = self.compute_loss_from_embeddings(h1, h2, teacher, self.temperature, self.margin)

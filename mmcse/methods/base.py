@@ -4,15 +4,27 @@ Each method is a dataclass registered with :func:`mmcse.registry.register_method
 the hyperparameters a researcher tunes or ablates (weights, temperatures, margins) and
 :meth:`Method.terms` turns them into :class:`Term` s. A term whose weight is zero is not computed,
 so an ablation is the same method with some weights set to zero.
+
+A term also declares the projection heads its loss applies (:class:`~mmcse.losses.heads.Head`,
+one per slot of the loss). The trainer builds each head name once (:func:`build_heads`): terms
+naming the same head share its parameters. :func:`build_losses` builds the (parameter-free) loss
+of every active term from its options, refusing an option the loss does not take.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from torch import nn
+
+from mmcse.errors import MmcseError
+from mmcse.losses.base import build_loss, check_slots
+from mmcse.losses.heads import Head
 from mmcse.registry import METHODS
+from mmcse.settings import check_settings
 
 BATCH_KINDS = ("all", "text", "caption")
 
@@ -27,7 +39,9 @@ class Term:
         weight: multiplier in the total; 0 switches the term off (it is not computed).
         on: which batches it applies to: ``"all"``, ``"text"`` (text-only corpus) or
             ``"caption"`` (image–caption batches, where cached image features exist).
-        options: keyword arguments for the loss constructor (temperature, margins, dims, ...).
+        options: keyword arguments for the loss constructor (temperature, margins, roles, ...).
+        heads: the head in each of the loss's slots (e.g. ``{"student": Head(HIDDEN, 256)}``);
+            heads named alike are one head, shared by every term naming it.
     """
 
     name: str
@@ -35,6 +49,7 @@ class Term:
     weight: float = 1.0
     on: str = "all"
     options: dict[str, Any] = field(default_factory=dict)
+    heads: dict[str, Head] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.on not in BATCH_KINDS:
@@ -44,6 +59,10 @@ class Term:
 
     def applies_to(self, batch_kind: str) -> bool:
         return self.weight != 0 and self.on in ("all", batch_kind)
+
+    def head_names(self) -> dict[str, str]:
+        """Slot → the name of the head in it (a head without a name is ``{term}_{slot}``)."""
+        return {slot: head.name or f"{self.name}_{slot}" for slot, head in self.heads.items()}
 
 
 @dataclass
@@ -70,9 +89,15 @@ class Method:
         return {"name": self.name, **dataclasses.asdict(self)}
 
     def describe(self) -> str:
-        """The composition, one term a line (``mmcse methods``, ``train --dry-run``)."""
+        """The composition, one term a line, then the heads several terms share (``mmcse
+        methods``, ``train --dry-run``)."""
         lines = [f"  {t.weight:g} × {t.name} ({t.loss}, on {t.on} batches)" for t in self.terms()]
-        return "\n".join([f"{self.name}:", *lines])
+        users: dict[str, list[str]] = {}
+        for term in self.active_terms():
+            for name in term.head_names().values():
+                users.setdefault(name, []).append(term.name)
+        shared = [f"  head {n} shared by {', '.join(t)}" for n, t in users.items() if len(t) > 1]
+        return "\n".join([f"{self.name}:", *lines, *shared])
 
     # -- optional hooks the trainer calls; the defaults do nothing ---------------------------
     def batch_extras(self, data: Any, batch: Any) -> dict[str, Any]:
@@ -93,8 +118,47 @@ def build_method(name: str, **overrides: Any) -> Method:
         raise ValueError(
             f"method {name!r} has no setting {', '.join(unknown)}; it has: {', '.join(sorted(known))}"
         )
-    from mmcse.training.config import (
-        check_settings,  # types from the annotations, ranges from metadata
-    )
-
+    # types from the annotations, ranges from the fields' metadata
     return cls(**check_settings(cls, overrides, f"method {name!r} setting"))
+
+
+def build_losses(method: Method) -> nn.ModuleDict:
+    """The loss of every active term, by term name, each checked against the heads it is given."""
+    losses = {}
+    for term in method.active_terms():
+        where = f"method {method.name!r} term {term.name!r}"
+        loss = build_loss(term.loss, term.options, where)
+        check_slots(loss, {slot: head.kind for slot, head in term.heads.items()}, where)
+        losses[term.name] = loss
+    return nn.ModuleDict(losses)
+
+
+def build_heads(method: Method, hidden_size: int, feature_dims: Mapping[str, int]) -> nn.ModuleDict:
+    """Every head the active terms name, built once, by name.
+
+    Heads are built in the order the terms first name them (term order, then slot order): the
+    order the seed's draws follow, so keep it when editing a method, or a seed's initial heads
+    change. Two terms naming one head must declare it alike (same kind, widths and init); a
+    mismatch is a one-line error naming both terms.
+    """
+    heads: dict[str, nn.Module] = {}
+    declared: dict[str, tuple[tuple, str]] = {}  # name → (kind, widths, init), first term
+    for term in method.active_terms():
+        for slot, name in term.head_names().items():
+            head = term.heads[slot]
+            shape = (head.kind, *head.widths(hidden_size, feature_dims), head.init)
+            if name not in heads:
+                heads[name] = head.build(hidden_size, feature_dims)
+                declared[name] = (shape, term.name)
+            elif declared[name][0] != shape:
+                first_shape, first = declared[name]
+                raise MmcseError(
+                    f"method {method.name!r}: terms {first!r} and {term.name!r} declare head "
+                    f"{name!r} differently: {_shape_text(first_shape)} vs {_shape_text(shape)}"
+                )
+    return nn.ModuleDict(heads)
+
+
+def _shape_text(shape: tuple) -> str:
+    kind, in_dim, out_dim, init = shape
+    return f"{kind} {in_dim}→{out_dim} ({init} init)"

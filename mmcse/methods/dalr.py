@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from mmcse.losses.heads import HIDDEN, Head
 from mmcse.losses.intra_modal_alignment import DEFAULT_TEXT_TEACHERS, normalize_teachers
 from mmcse.methods.base import Method, Term
 from mmcse.registry import register_method
 
 #: Term options that name cached feature roles (what the method must declare it reads)
 ROLE_OPTIONS = ("feature_role", "image_role", "text_role", "token_role")
-#: names of the heads shared between terms (:mod:`mmcse.losses.heads`)
+#: names of the heads shared between terms (:class:`~mmcse.losses.heads.Head`)
 STUDENT_HEAD, IMAGE_HEAD = "dalr_student", "dalr_image"
 
 CHOICES = {
@@ -151,62 +152,81 @@ class DALR(Method):
             *self._intra_modal_terms(),
         ]
 
-    # -- shared heads --------------------------------------------------------------------------
-    def _student(self) -> dict[str, Any]:
-        """Options naming the shared student head (none: each term has its own)."""
-        if not self.shared_student_head:
-            return {"head_init": self.head_init}
-        return {
-            "student_head": STUDENT_HEAD,
-            "student_head_dim": self.student_head_dim,
-            "head_init": self.head_init,
-        }
+    # -- heads -------------------------------------------------------------------------------
+    @property
+    def _student_width(self) -> int | str:
+        """The shared student head's width: ``student_head_dim``, or the encoder's (H→H)."""
+        return HIDDEN if self.student_head_dim is None else self.student_head_dim
+
+    def _student_head(self, own_width: int | str, own_init: str | None = None) -> Head:
+        """A term's student head: the shared one (the code's pooler, the paper's ``s^z``), or,
+        with ``shared_student_head=False``, the term's own H→``own_width`` head."""
+        if self.shared_student_head:
+            return Head(HIDDEN, self._student_width, self.head_init, name=STUDENT_HEAD)
+        return Head(HIDDEN, own_width, own_init or self.head_init)
+
+    def _image_head(self, width: int | str) -> Head:
+        """A term's image head into ``width`` (shared with ℓ_Info when ``share_image_head``)."""
+        return Head(self.image_role, width, name=IMAGE_HEAD if self.share_image_head else None)
 
     # -- terms ---------------------------------------------------------------------------------
     def _text_term(self) -> Term:
-        options = {"temperature": self.temperature, **self._student()}
+        options = {"temperature": self.temperature}
+        heads = {"student": self._student_head(HIDDEN)}
         if self.text_objective == "arc_margin":
             options["margin"] = self.text_margin
-            return Term("simcse", "arc_margin_info_nce", self.simcse_weight, "all", options)
-        return Term("simcse", "simcse", self.simcse_weight, "all", options)
+            return Term("simcse", "arc_margin_info_nce", self.simcse_weight, "all", options, heads)
+        return Term("simcse", "simcse", self.simcse_weight, "all", options, heads)
 
     def _image_text_term(self) -> Term:
         weight = self.image_text_weight
         if self.image_text_in_cross_modal:
             weight *= self.cross_modal_weight
-        grounding = {"temperature": self.temperature, "proj_dim": self.proj_dim}
         if self.image_objective == "adapacse":  # own grounding heads, as the code's
-            options = {**grounding, "image_role": self.image_role, "text_role": None}
-            options["margin"] = self.image_margin
-            return Term("image_text", "adaptive_angular_margin", weight, "caption", options)
-        options = {**grounding, "feature_role": self.image_role, "views": self.image_views}
-        if self.shared_student_head:
-            options.update(self._student())
-        if self.share_image_head:
-            options["image_head"] = IMAGE_HEAD
-        return Term("image_text", "image_text_info_nce", weight, "caption", options)
+            options = {
+                "image_role": self.image_role,
+                "text_role": None,
+                "margin": self.image_margin,
+                "temperature": self.temperature,
+            }
+            heads = {
+                "student": Head(HIDDEN, self.proj_dim),
+                "image": Head(self.image_role, self.proj_dim),
+            }
+            return Term("image_text", "adaptive_angular_margin", weight, "caption", options, heads)
+        options = {
+            "temperature": self.temperature,
+            "feature_role": self.image_role,
+            "views": self.image_views,
+        }
+        student = self._student_head(self.proj_dim, own_init="torch")  # MCSE's grounding
+        heads = {"student": student, "image": self._image_head(student.output)}
+        return Term("image_text", "image_text_info_nce", weight, "caption", options, heads)
 
     def _cross_modal_terms(self) -> list[Term]:
         lam = self.cross_modal_weight
         consistency = {
             "image_role": self.image_role,
-            "proj_dim": self.proj_dim,
             "margin": self.consistency_margin,
             "mismatch": self.consistency_mismatch,
-            **(self._student() if self.shared_student_head else {}),
         }
+        aligned: dict[str, Head] = {}
+        aligner_input: int | str = HIDDEN  # without a shared student head: [CLS]
+        if self.shared_student_head:  # the code's aligners read the pooler's z1
+            aligned["student"] = self._student_head(HIDDEN)
+            aligner_input = self._student_width
+        aligned["text_aligner"] = Head(aligner_input, self.proj_dim, kind="aligner")
+        aligned["image_aligner"] = Head(self.image_role, self.proj_dim, kind="aligner")
         alignment = {
             "image_role": self.image_role,
             "text_teachers": self.text_teachers,
-            "proj_dim": self.proj_dim,
             "margin": self.student_margin,
             "pairing": self.cma_pairing,
             "teacher_mix": self.teacher_mix,
-            **self._student(),
             **self._kl_options(),
         }
-        if self.share_image_head:
-            alignment["image_head"] = IMAGE_HEAD
+        student = self._student_head(self.proj_dim)
+        cma_heads = {"student": student, "image": self._image_head(student.output)}
         return [
             Term(
                 "consistency",
@@ -214,24 +234,41 @@ class DALR(Method):
                 lam * self.consistency_weight,
                 "caption",
                 consistency,
+                aligned,
             ),
-            Term("cma", "cross_modal_alignment", lam * self.cma_weight, "caption", alignment),
+            Term(
+                "cma",
+                "cross_modal_alignment",
+                lam * self.cma_weight,
+                "caption",
+                alignment,
+                cma_heads,
+            ),
         ]
 
     def _intra_modal_terms(self) -> list[Term]:
         mu, on = self.intra_modal_weight, self.teachers_on
         shared = {"text_teachers": self.text_teachers, "margin": self.student_margin}
-        shared.update(self._student())
         rank = {**shared, "temperature": self.temperature, "teacher_mix": self.rank_teacher_mix}
         ima = {**shared, "teacher_mix": self.teacher_mix, **self._kl_options()}
+        heads = {"student": self._student_head(HIDDEN)}
         tokens = {"token_role": self.token_role, "temperature": self.temperature}
+        # ℓ_g2l compares the sentence with the teacher's tokens directly: its head outputs their
+        # width (the shared pooler must then have it too, as 768 = 768 in the code)
         if self.shared_student_head:
-            tokens.update(self._student())
+            token_head = Head(HIDDEN, self.token_role, self.head_init, name=STUDENT_HEAD)
+        else:
+            token_head = Head(HIDDEN, self.token_role)
         return [
-            Term("rank", "list_mle_distillation", mu * self.rank_weight, on, rank),
-            Term("ima", "intra_modal_alignment", mu * self.ima_weight, on, ima),
+            Term("rank", "list_mle_distillation", mu * self.rank_weight, on, rank, heads),
+            Term("ima", "intra_modal_alignment", mu * self.ima_weight, on, ima, heads),
             Term(
-                "global_local", "global_local_info_nce", mu * self.global_local_weight, on, tokens
+                "global_local",
+                "global_local_info_nce",
+                mu * self.global_local_weight,
+                on,
+                tokens,
+                {"student": token_head},
             ),
         ]
 

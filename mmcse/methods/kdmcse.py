@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from mmcse.losses.heads import HIDDEN, Head
 from mmcse.methods.base import Method, Term
 from mmcse.registry import register_method
 
@@ -56,11 +57,8 @@ class KDMCSE(Method):
             "arc_margin_info_nce",
             self.text_weight,
             "all",
-            {
-                "margin": self.text_margin,
-                "temperature": self.temperature,
-                "head_init": self.head_init,
-            },
+            {"margin": self.text_margin, "temperature": self.temperature},
+            {"student": Head(HIDDEN, HIDDEN, self.head_init)},  # the code's BertForCL.pooler
         )
         grounding = Term(
             "grounding",
@@ -72,10 +70,14 @@ class KDMCSE(Method):
                 "text_role": "clip_text",
                 "margin": self.grounding_margin,
                 "temperature": self.grounding_temperature,
-                "proj_dim": self.proj_dim,
                 "false_negative_threshold": (
                     self.false_negative_threshold if self.false_negative_filter else None
                 ),
+            },
+            {  # grounding_text, ClipVisnModel and the caption head: PyTorch's default init
+                "student": Head(HIDDEN, self.proj_dim),
+                "image": Head("clip_image", self.proj_dim),
+                "text": Head("clip_text", self.proj_dim),
             },
         )
         return [text, grounding]

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from mmcse.losses.heads import HIDDEN, Head
 from mmcse.methods.base import Term
+from mmcse.methods.phrases import PhraseIndex, table_of
 from mmcse.methods.simcse import MCSE
 from mmcse.registry import register_method
 
@@ -39,11 +41,8 @@ class MCSEO(MCSE):
             "object_phrase_info_nce",
             self.object_phrase_weight,
             "caption",
-            {
-                "temperature": self.object_temperature,
-                "proj_dim": self.proj_dim,
-                "views": self.views,
-            },
+            {"temperature": self.object_temperature, "views": self.views},
+            {"phrase": Head(HIDDEN, self.proj_dim), "object": Head("object", self.proj_dim)},
         )
         return [*super().terms(), alignment]
 
@@ -61,9 +60,7 @@ class MCSEO(MCSE):
         batch.features["object"] = phrases.objects
         return {"phrase_spans": phrases.spans, "phrase_mask": phrases.mask}
 
-    def _phrase_index(self, data: Any):
-        from mmcse.training.phrases import PhraseIndex, table_of
-
+    def _phrase_index(self, data: Any) -> PhraseIndex:
         source = data.sources["caption"]
         cached = self.__dict__.get("_phrases")
         if cached is None or cached[0] is not source:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from mmcse.losses.heads import HIDDEN, Head
 from mmcse.methods.base import Method, Term
 from mmcse.registry import register_method
 
@@ -24,8 +25,9 @@ class SimCSE(Method):
     head_init: str = "bert"
 
     def terms(self) -> list[Term]:
-        options = {"temperature": self.temperature, "head_init": self.head_init}
-        return [Term("simcse", "simcse", self.simcse_weight, "all", options)]
+        options = {"temperature": self.temperature}
+        heads = {"student": Head(HIDDEN, HIDDEN, self.head_init)}  # the [CLS] MLP, H→H
+        return [Term("simcse", "simcse", self.simcse_weight, "all", options, heads)]
 
 
 @register_method("mcse")
@@ -47,12 +49,12 @@ class MCSE(SimCSE):
     views: str = "mean"
 
     def terms(self) -> list[Term]:
-        options = {
-            "temperature": self.image_temperature,
-            "proj_dim": self.proj_dim,
-            "views": self.views,
+        options = {"temperature": self.image_temperature, "views": self.views}
+        heads = {  # MCSE's grounding and image MLPLayer: PyTorch's default init
+            "student": Head(HIDDEN, self.proj_dim),
+            "image": Head("image", self.proj_dim),
         }
         grounding = Term(
-            "image_text", "image_text_info_nce", self.image_text_weight, "caption", options
+            "image_text", "image_text_info_nce", self.image_text_weight, "caption", options, heads
         )
         return [*super().terms(), grounding]

@@ -36,6 +36,7 @@ from mmcse import distributed as dist
 from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of  # noqa: F401
 from mmcse.errors import MmcseError
 from mmcse.losses.base import LossInputs
+from mmcse.losses.heads import MLPHead
 from mmcse.nonling.augment import ViewAugmentation, two_views
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
 from mmcse.registry import LOSSES
@@ -102,7 +103,7 @@ def encode_tokens(backbone: nn.Module, tokens: Tensor) -> Tensor:
 class NonLinguisticTask:
     """One image (or audio) contrastive step on the shared encoder; see the module docstring.
 
-    Its own modules (:attr:`heads`: the patch embedding and the loss with its MLP) train with it
+    Its own modules (:attr:`heads`: the patch embedding and the loss's MLP head) train with it
     and belong in the checkpoint (:meth:`state_dict`); they are not part of the sentence encoder.
     """
 
@@ -127,8 +128,10 @@ class NonLinguisticTask:
         self._check_examples()
         self.labels = self._labels()
         hidden = encoder.backbone.config.hidden_size
-        loss = LOSSES.get(self.settings.objective)(hidden, temperature=self.settings.temperature)
-        self.heads = nn.ModuleDict({"patch_embed": self._patch_embedding(hidden), "loss": loss})
+        self.loss = LOSSES.get(self.settings.objective)(temperature=self.settings.temperature)
+        # BERT init: the authors' image_mlp is built in cl_init, before init_weights()
+        mlp = MLPHead(hidden, hidden, init="bert")  # before the patch embedding: seeded init order
+        self.heads = nn.ModuleDict({"patch_embed": self._patch_embedding(hidden), "mlp": mlp})
         self.heads.to(self.device)
         self.optimizer: torch.optim.Optimizer | None = None
         self.steps_taken = 0
@@ -212,7 +215,7 @@ class NonLinguisticTask:
         self.heads.train()
         rows = self._batch_rows(index)
         with self._autocast():
-            terms = self.heads["loss"](self._inputs(rows, index))
+            terms = self.loss(self._inputs(rows, index), {"student": self.heads["mlp"]})
         total = self.settings.weight * sum(terms.values())
         # no isfinite(total) here: it would wait for the device every step; the trainer checks
         # every logged term once per logging window (mmcse.training.metrics.LossWindow.flush)

@@ -34,9 +34,8 @@ from mmcse.devices import pick_device
 from mmcse.errors import MmcseError, naming_os_errors
 from mmcse.hub import load_tokenizer
 from mmcse.losses.base import LossInputs
-from mmcse.methods import Method, build_method
+from mmcse.methods import Method, build_heads, build_losses, build_method
 from mmcse.model import SentenceEncoder
-from mmcse.registry import LOSSES
 from mmcse.rundir import BEST_DIR, HEADS_FILE, LAST_DIR, METRICS_FILE, PLAN_FILE
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
@@ -49,24 +48,17 @@ from mmcse.training.preflight import clear_previous_run, preflight
 
 
 class Student(nn.Module):
-    """The encoder plus the method's loss modules (their heads train with it)."""
+    """The encoder, the heads the method declares (each built once, trained with it) and the
+    method's parameter-free loss modules."""
 
     def __init__(self, encoder: SentenceEncoder, method: Method, feature_dims: dict[str, int]):
         super().__init__()
         self.encoder = encoder
         self.terms = method.active_terms()
-        shared_heads: dict = {}  # heads several terms name (mmcse.losses.heads)
-        self.losses = nn.ModuleDict(
-            {
-                t.name: LOSSES.get(t.loss)(
-                    hidden_size=encoder.hidden_size,
-                    feature_dims=feature_dims,
-                    shared_heads=shared_heads,
-                    **t.options,
-                )
-                for t in self.terms
-            }
-        )
+        self.heads = build_heads(method, encoder.hidden_size, feature_dims)
+        self.losses = build_losses(method)
+        #: term → slot → head name (saved with each checkpoint: which term trained which head)
+        self.term_heads = {t.name: t.head_names() for t in self.terms}
         self.needs_token_states = any(m.needs_token_states for m in self.losses.values())
 
     def forward(self, batch: Batch, extras: dict) -> dict[str, Tensor]:
@@ -91,7 +83,8 @@ class Student(nn.Module):
         for term in self.terms:
             if not term.applies_to(batch.kind):
                 continue
-            for key, value in self.losses[term.name](inputs).items():
+            heads = {slot: self.heads[name] for slot, name in self.term_heads[term.name].items()}
+            for key, value in self.losses[term.name](inputs, heads).items():
                 terms[key] = value
                 total = total + term.weight * value
         return {"loss": total, **terms}
@@ -126,11 +119,11 @@ def grad_scaler_for(device: torch.device, precision: str) -> torch.amp.GradScale
 
 
 def adamw_groups(student: nn.Module) -> list[dict]:
-    """One AdamW group per module whose parameters step together (the encoder, each loss
-    term's heads): parameters of a group share their step count, which ε's scaling needs."""
-    seen: set[int] = set()  # a head shared by several terms (DALR) joins the first group only
+    """One AdamW group per module whose parameters step together (the encoder, each head):
+    parameters of a group share their step count, which ε's scaling needs."""
+    seen: set[int] = set()  # a module's parameters join one group only
     groups = []
-    for module in (student.encoder, *student.losses.values()):
+    for module in (student.encoder, *student.heads.values(), *student.losses.values()):
         params = [p for p in module.parameters() if id(p) not in seen]
         seen.update(id(p) for p in params)
         if params:
@@ -453,6 +446,7 @@ class Run:
             "pooler": self.cfg.pooler,
             "pooler_source": self.pooler_source,
             "fingerprints": self.data.fingerprints(),
+            "term_heads": self.student.term_heads,  # which heads of mmcse_heads each term used
         }
         if self.aux is not None:
             info["fingerprints"].update(
@@ -461,7 +455,7 @@ class Run:
         return info
 
     def _heads(self) -> nn.ModuleDict:
-        heads = nn.ModuleDict({"losses": self.student.losses})
+        heads = nn.ModuleDict({"heads": self.student.heads})
         if self.aux is not None:  # e.g. VisualCSE's patch embedding and image head
             heads["aux"] = self.aux.heads
         return heads

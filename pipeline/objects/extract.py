@@ -7,7 +7,7 @@ itself), the object is cut out on a filled background (:mod:`pipeline.objects.cu
 image teacher encodes it. Layout under ``out``::
 
     captions/            corpus table of the selected captions (shared with extract-images)
-    objects/             objects table (kind 'objects'; see mmcse.training.phrases)
+    objects/             objects table (kind 'objects'; see mmcse.methods.phrases)
     object-<teacher>/    object features (kind 'object', ids = object ids)
     errors.jsonl         images that could not be read
 

@@ -69,14 +69,21 @@ def fake_run(tiny_model: Path, root: Path, image_dim: int, with_heads: bool = Tr
     """A run directory whose best/ is the tiny student plus random grounding heads."""
     best = root / "best"
     shutil.copytree(tiny_model, best)
-    (best / "mmcse_run.json").write_text(json.dumps({"pooler": "avg", "step": 1}))
+    term_heads = {  # as an MCSE run records them: which saved head each term's slot used
+        "simcse": {"student": "simcse_student"},
+        "image_text": {"student": "image_text_student", "image": "image_text_image"},
+    }
+    info = {"pooler": "avg", "step": 1, "term_heads": term_heads}
+    (best / "mmcse_run.json").write_text(json.dumps(info))
     if with_heads:
         g = torch.Generator().manual_seed(0)
         heads = {
-            "losses.image_text.text_head.0.weight": torch.randn(8, 32, generator=g),
-            "losses.image_text.text_head.0.bias": torch.randn(8, generator=g),
-            "losses.image_text.image_head.0.weight": torch.randn(8, image_dim, generator=g),
-            "losses.image_text.image_head.0.bias": torch.randn(8, generator=g),
+            "heads.simcse_student.0.weight": torch.randn(32, 32, generator=g),
+            "heads.simcse_student.0.bias": torch.randn(32, generator=g),
+            "heads.image_text_student.0.weight": torch.randn(8, 32, generator=g),
+            "heads.image_text_student.0.bias": torch.randn(8, generator=g),
+            "heads.image_text_image.0.weight": torch.randn(8, image_dim, generator=g),
+            "heads.image_text_image.0.bias": torch.randn(8, generator=g),
         }
         save_file(heads, str(best / "mmcse_heads.safetensors"))
     return root
@@ -175,8 +182,22 @@ def test_cli_retrieval_writes_into_the_run_and_refuses_runs_without_heads(
 
 def test_heads_without_an_image_side_are_refused(tmp_path):
     save_file(
-        {"losses.simcse.head.0.weight": torch.zeros(2, 2)},
+        {"heads.simcse_student.0.weight": torch.zeros(2, 2)},
         str(tmp_path / "mmcse_heads.safetensors"),
     )
-    with pytest.raises(MmcseError, match="no text_head"):
+    info = {"term_heads": {"simcse": {"student": "simcse_student"}}}
+    (tmp_path / "mmcse_run.json").write_text(json.dumps(info))
+    with pytest.raises(MmcseError, match="no student \\+ image head pair"):
         load_heads(tmp_path)
+
+
+def test_heads_are_those_the_chosen_term_used(tiny_model, tmp_path):
+    run = fake_run(tiny_model, tmp_path / "run", 6) / "best"
+    heads = load_heads(run)  # the only term with a student and an image head
+    assert heads.term == "image_text" and list(heads.image_weight.shape) == [8, 6]
+    assert load_heads(run, "image_text").text_weight.shape == heads.text_weight.shape
+    with pytest.raises(MmcseError, match="no grounding heads for a term 'simcse'"):
+        load_heads(run, "simcse")
+    (run / "mmcse_run.json").write_text(json.dumps({"pooler": "avg"}))
+    with pytest.raises(MmcseError, match="does not record which heads each loss term used"):
+        load_heads(run)

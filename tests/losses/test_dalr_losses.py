@@ -11,12 +11,12 @@ import mmcse.methods  # noqa: F401  (registers every loss and method)
 from mmcse.losses.base import LossInputs
 from mmcse.losses.cross_modal_alignment import CrossModalAlignmentLoss
 from mmcse.losses.global_local_info_nce import GlobalLocalInfoNCELoss
+from mmcse.losses.heads import AlignerHead, MLPHead
 from mmcse.losses.image_text_consistency import ImageTextConsistencyLoss, random_derangement
 from mmcse.losses.info_nce import SimCSELoss
 from mmcse.losses.intra_modal_alignment import IntraModalAlignmentLoss, mixed_teacher_similarity
 from mmcse.losses.list_mle_distillation import ListMLEDistillationLoss
-from mmcse.methods import build_method
-from mmcse.registry import LOSSES
+from mmcse.methods import build_heads, build_losses, build_method
 
 H, B, D = 16, 6, 10
 TEACHERS = (("teacher_a", 0.33), ("teacher_b", 0.67))
@@ -64,10 +64,14 @@ def test_mixed_teacher_similarity_matches_loop(inputs):
             )
 
 
+def student_head():
+    return {"student": MLPHead(H, H, "bert")}
+
+
 def test_list_mle_matches_loop(inputs):
-    loss = ListMLEDistillationLoss(H, text_teachers=TEACHERS, temperature=0.1)
-    got = loss(inputs)["rank_loss"].item()
-    h1, h2 = loss.mlp(inputs.view1), loss.mlp(inputs.view2)
+    loss, heads = ListMLEDistillationLoss(text_teachers=TEACHERS, temperature=0.1), student_head()
+    got = loss(inputs, heads)["rank_loss"].item()
+    h1, h2 = heads["student"](inputs.view1), heads["student"](inputs.view2)
     total = 0.0
     for i in range(B):
         ranking = sorted(range(B), key=lambda j: -teacher_sim_loop(inputs.features, i, j))
@@ -78,9 +82,10 @@ def test_list_mle_matches_loop(inputs):
 
 
 def test_intra_modal_kl_matches_loop(inputs):
-    loss = IntraModalAlignmentLoss(H, TEACHERS, temperature=0.2, teacher_temperature=0.5)
-    got = loss(inputs)["ima_loss"].item()
-    h1, h2 = loss.mlp(inputs.view1), loss.mlp(inputs.view2)
+    loss = IntraModalAlignmentLoss(TEACHERS, temperature=0.2, teacher_temperature=0.5)
+    heads = student_head()
+    got = loss(inputs, heads)["ima_loss"].item()
+    h1, h2 = heads["student"](inputs.view1), heads["student"](inputs.view2)
     expected = 0.0
     for i in range(B):
         q = softmax([teacher_sim_loop(inputs.features, i, j) / 0.5 for j in range(B)])
@@ -90,11 +95,10 @@ def test_intra_modal_kl_matches_loop(inputs):
 
 
 def test_cross_modal_alignment_matches_loop(inputs):
-    loss = CrossModalAlignmentLoss(
-        H, {"image": D}, text_teachers=TEACHERS, temperature=0.2, teacher_temperature=0.5
-    )
-    got = loss(inputs)["cma_loss"].item()
-    text, image = loss.text_head(inputs.view1), loss.image_head(inputs.features["image"])
+    loss = CrossModalAlignmentLoss(text_teachers=TEACHERS, temperature=0.2, teacher_temperature=0.5)
+    heads = {"student": MLPHead(H, 8), "image": MLPHead(D, 8)}
+    got = loss(inputs, heads)["cma_loss"].item()
+    text, image = heads["student"](inputs.view1), heads["image"](inputs.features["image"])
     raw_image = inputs.features["image"]
     text_side = image_side = 0.0
     for i in range(B):  # text anchor i: a distribution over images, target the text teachers
@@ -107,14 +111,15 @@ def test_cross_modal_alignment_matches_loop(inputs):
 
 
 def test_consistency_matches_loop(inputs):
-    loss = ImageTextConsistencyLoss(H, {"image": D}, margin=0.2)
+    loss = ImageTextConsistencyLoss(margin=0.2)
+    heads = {"text_aligner": AlignerHead(H, 8), "image_aligner": AlignerHead(D, 8)}
     torch.manual_seed(7)
-    got = loss(inputs)["consistency_loss"].item()
+    got = loss(inputs, heads)["consistency_loss"].item()
     torch.manual_seed(7)
     shuffled = random_derangement(B).tolist()
-    text = loss.text_aligner(inputs.view1)
-    image = loss.image_aligner(inputs.features["image"])
-    other = loss.image_aligner(inputs.features["image"][shuffled])
+    text = heads["text_aligner"](inputs.view1)
+    image = heads["image_aligner"](inputs.features["image"])
+    other = heads["image_aligner"](inputs.features["image"][shuffled])
     pairs = [1 - cos(text[i], image[i]) for i in range(B)]
     pairs += [max(0.0, cos(text[i], other[i]) - 0.2) for i in range(B)]
     assert got == pytest.approx(sum(pairs) / (2 * B), rel=1e-5)
@@ -138,9 +143,9 @@ def test_global_local_matches_loop():
     inputs = LossInputs(
         torch.randn(B, H), torch.randn(B, H), features={"text_teacher_tokens": tokens}
     )
-    loss = GlobalLocalInfoNCELoss(H, {"text_teacher_tokens": D}, temperature=0.1)
-    got = loss(inputs)["global_local_loss"].item()
-    g = loss.head(inputs.view1)
+    loss, head = GlobalLocalInfoNCELoss(temperature=0.1), MLPHead(H, D)
+    got = loss(inputs, {"student": head})["global_local_loss"].item()
+    g = head(inputs.view1)
     valid = [[t for t in range(4) if tokens[j, t].abs().sum() > 0] for j in range(B)]
     total = 0.0
     for i in range(B):
@@ -164,25 +169,34 @@ def test_dalr_without_alignment_terms_is_simcse(inputs):
         text_objective="infonce",
     )
     (term,) = method.active_terms()
-    student = LOSSES.get(term.loss)(hidden_size=H, feature_dims={}, **term.options)
-    reference = SimCSELoss(H)
-    student.load_state_dict(reference.state_dict())
-    got = sum(term.weight * v for v in student(inputs).values())
-    assert got.item() == pytest.approx(reference(inputs)["simcse_loss"].item(), rel=1e-6)
+    student, heads = build_losses(method)[term.name], build_heads(method, H, {})
+    reference = {"student": MLPHead(H, H)}
+    reference["student"].load_state_dict(heads[term.head_names()["student"]].state_dict())
+    wired = {slot: heads[name] for slot, name in term.head_names().items()}
+    got = sum(term.weight * v for v in student(inputs, wired).values())
+    expected = SimCSELoss()(inputs, reference)["simcse_loss"]
+    assert got.item() == pytest.approx(expected.item(), rel=1e-6)
     assert method.text_roles == () and method.caption_roles == ()
 
 
 def test_gradients_reach_views_and_heads(inputs):
     losses = [
-        ListMLEDistillationLoss(H, TEACHERS),
-        IntraModalAlignmentLoss(H, TEACHERS),
-        CrossModalAlignmentLoss(H, {"image": D}, text_teachers=TEACHERS),
-        ImageTextConsistencyLoss(H, {"image": D}),
+        (ListMLEDistillationLoss(TEACHERS), student_head()),
+        (IntraModalAlignmentLoss(TEACHERS), student_head()),
+        (
+            CrossModalAlignmentLoss(text_teachers=TEACHERS),
+            {"student": MLPHead(H, 8), "image": MLPHead(D, 8)},
+        ),
+        (
+            ImageTextConsistencyLoss(),
+            {"text_aligner": AlignerHead(H, 8), "image_aligner": AlignerHead(D, 8)},
+        ),
     ]
-    sum(sum(loss(inputs).values()) for loss in losses).backward()
+    sum(sum(loss(inputs, heads).values()) for loss, heads in losses).backward()
     assert inputs.view1.grad.abs().sum() > 0 and inputs.view2.grad.abs().sum() > 0
-    for loss in losses:
-        assert all(p.grad is not None for p in loss.parameters()), type(loss).__name__
+    for loss, heads in losses:
+        for head in heads.values():
+            assert all(p.grad is not None for p in head.parameters()), type(loss).__name__
 
 
 def test_roles_follow_the_switches():
@@ -193,9 +207,7 @@ def test_roles_follow_the_switches():
     caption_only = build_method("dalr", teachers_on="caption", global_local_weight=1.0)
     assert caption_only.text_roles == ()
     assert "text_teacher_tokens" in caption_only.caption_roles
-    swapped = build_method(
-        "dalr", teachers_on="all", text_teachers=[["text_teacher_rankcse", 1.0]]
-    )
+    swapped = build_method("dalr", teachers_on="all", text_teachers=[["text_teacher_rankcse", 1.0]])
     assert swapped.text_roles == ("text_teacher_rankcse",)
 
 

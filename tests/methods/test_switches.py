@@ -18,10 +18,10 @@ from torch import nn
 
 import mmcse.methods  # noqa: F401  (registers every loss and method)
 from mmcse.losses.base import LossInputs
+from mmcse.losses.heads import MLPHead
 from mmcse.losses.image_text_info_nce import ImageTextInfoNCELoss
 from mmcse.losses.object_phrase import ObjectPhraseInfoNCELoss
-from mmcse.methods import build_method
-from mmcse.registry import LOSSES
+from mmcse.methods import build_heads, build_losses, build_method
 from mmcse.training.loop import Student
 
 B, H = 6, 16
@@ -98,10 +98,10 @@ def caption_inputs():
     return LossInputs(torch.randn(B, H), torch.randn(B, H), {"image": image}, "caption")
 
 
-def mcse_view_losses(loss, inputs):
-    v = head(loss.image_head, inputs.features["image"])
+def mcse_view_losses(heads, inputs):
+    v = head(heads["image"], inputs.features["image"])
     return [
-        nll_diagonal(cos_matrix(head(loss.text_head, x), v) / 0.05)
+        nll_diagonal(cos_matrix(head(heads["student"], x), v) / 0.05)
         for x in (inputs.view1, inputs.view2)
     ]
 
@@ -115,9 +115,10 @@ def mcse_view_losses(loss, inputs):
     ],
 )
 def test_mcse_image_text_views(caption_inputs, views, combine):
-    loss = ImageTextInfoNCELoss(H, {"image": 12}, proj_dim=8, views=views)
-    got = loss(caption_inputs)["image_text_loss"].item()
-    assert got == pytest.approx(combine(*mcse_view_losses(loss, caption_inputs)).item(), rel=1e-5)
+    loss = ImageTextInfoNCELoss(views=views)
+    heads = {"student": MLPHead(H, 8), "image": MLPHead(12, 8)}
+    got = loss(caption_inputs, heads)["image_text_loss"].item()
+    assert got == pytest.approx(combine(*mcse_view_losses(heads, caption_inputs)).item(), rel=1e-5)
 
 
 def test_mcse_method_defaults_to_the_released_mean_and_keeps_the_sum():
@@ -134,9 +135,9 @@ def test_mcse_method_defaults_to_the_released_mean_and_keeps_the_sum():
     assert build_method("mcseo", views="sum").terms()[2].options["views"] == "sum"
 
 
-def object_phrase_eq7(loss, states, spans, mask, objects, tau=0.05):
+def object_phrase_eq7(heads, states, spans, mask, objects, tau=0.05):
     """Eq. 7 per pair (pairs with ≥ 2 phrases), summed over phrases, averaged over the B pairs."""
-    o = head(loss.object_head, objects)
+    o = head(heads["object"], objects)
     total = 0.0
     for b in range(states.shape[0]):
         real = [k for k in range(mask.shape[1]) if mask[b, k]]
@@ -144,7 +145,7 @@ def object_phrase_eq7(loss, states, spans, mask, objects, tau=0.05):
             continue
         for k in real:
             start, end = spans[b, k].tolist()
-            phrase = head(loss.phrase_head, states[b, start:end].mean(0, keepdim=True))[0]
+            phrase = head(heads["phrase"], states[b, start:end].mean(0, keepdim=True))[0]
             logits = [float(unit(phrase) @ unit(o[b, j])) / tau for j in real]
             total -= logits[real.index(k)] - math.log(sum(math.exp(v) for v in logits))
     return total / states.shape[0]
@@ -153,9 +154,12 @@ def object_phrase_eq7(loss, states, spans, mask, objects, tau=0.05):
 @pytest.mark.parametrize("views", ["mean", "sum", "first"])
 def test_object_phrase_views(views):
     torch.manual_seed(3)
-    loss = ObjectPhraseInfoNCELoss(6, {"object": 10}, proj_dim=4, views=views)
+    loss = ObjectPhraseInfoNCELoss(views=views)
+    heads = {"phrase": MLPHead(6, 4), "object": MLPHead(10, 4)}
     states = (torch.randn(3, 6, 6), torch.randn(3, 6, 6))
-    spans = torch.tensor([[[1, 2], [2, 4], [4, 6]], [[1, 3], [3, 4], [-1, -1]], [[1, 2], [-1, -1], [-1, -1]]])
+    spans = torch.tensor(
+        [[[1, 2], [2, 4], [4, 6]], [[1, 3], [3, 4], [-1, -1]], [[1, 2], [-1, -1], [-1, -1]]]
+    )
     mask = spans[..., 0] >= 0
     objects = torch.randn(3, 3, 10)
     inputs = LossInputs(
@@ -166,31 +170,31 @@ def test_object_phrase_views(views):
         token_states=states,
         extras={"phrase_spans": spans, "phrase_mask": mask},
     )
-    per_view = [object_phrase_eq7(loss, s, spans, mask, objects) for s in states]
+    per_view = [object_phrase_eq7(heads, s, spans, mask, objects) for s in states]
     expected = {"mean": sum(per_view) / 2, "sum": sum(per_view), "first": per_view[0]}[views]
-    assert loss(inputs)["object_phrase_loss"].item() == pytest.approx(expected, rel=1e-5)
+    assert loss(inputs, heads)["object_phrase_loss"].item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_unknown_views_value_is_refused():
     with pytest.raises(ValueError, match="views must be one of"):
-        ImageTextInfoNCELoss(H, {"image": 12}, views="max")
+        ImageTextInfoNCELoss(views="max")
 
 
 # ---- 3. KDMCSE false-negative filter ---------------------------------------------------------
 
 
-def adapacse_reference(loss, inputs, threshold):
+def adapacse_reference(loss, heads, inputs, threshold):
     """Eq. of AdapACSE (image target) with the false-negative filter on the normalised
     text–image teacher cosine, mean over the two views."""
     raw_image, raw_text = inputs.features["clip_image"], inputs.features["clip_text"]
-    keys = head(loss.image_head, raw_image)
+    keys = head(heads["image"], raw_image)
     similarity = cos_matrix(raw_image, raw_image)
     drop = torch.zeros(B, B, dtype=torch.bool)
     if threshold is not None:
         drop = (cos_matrix(raw_text, raw_image) > threshold) & ~torch.eye(B, dtype=torch.bool)
     losses = []
     for view in (inputs.view1, inputs.view2):
-        cos = cos_matrix(head(loss.grounding, view), keys)
+        cos = cos_matrix(head(heads["student"], view), keys)
         logits = arc(cos, loss.margin, similarity) / 0.05
         losses.append(nll_diagonal(logits.masked_fill(drop, float("-inf"))))
     return sum(losses) / 2, int(drop.sum())
@@ -208,10 +212,12 @@ def test_kdmcse_false_negative_filter(filter_on):
     method = build_method("kdmcse", false_negative_filter=filter_on, false_negative_threshold=0.9)
     (_, term) = method.terms()
     assert term.options["false_negative_threshold"] == (0.9 if filter_on else None)
-    loss = LOSSES.get(term.loss)(H, {"clip_image": 8, "clip_text": 8}, **term.options)
-    expected, dropped = adapacse_reference(loss, inputs, 0.9 if filter_on else None)
+    loss = build_losses(method)[term.name]
+    built = build_heads(method, H, {"clip_image": 8, "clip_text": 8})
+    heads = {slot: built[name] for slot, name in term.head_names().items()}
+    expected, dropped = adapacse_reference(loss, heads, inputs, 0.9 if filter_on else None)
     assert (dropped > 0) == filter_on  # the reference drops caption 1 ↔ image 0 when on
-    got = loss(inputs)["image_margin_loss"].item()
+    got = loss(inputs, heads)["image_margin_loss"].item()
     assert got == pytest.approx(expected.item(), rel=1e-5)
 
 
@@ -265,7 +271,11 @@ def student_total(name, kind, **overrides):
     )
     torch.manual_seed(0)
     out = student(batch, {})
-    return out, student.losses, (view1.double(), view2.double(), features)
+    heads = {  # term → slot → the head module it trained
+        term: {slot: student.heads[name] for slot, name in slots.items()}
+        for term, slots in student.term_heads.items()
+    }
+    return out, heads, (view1.double(), view2.double(), features)
 
 
 def teacher_cos(features, mix):
@@ -280,33 +290,37 @@ def teacher_cos(features, mix):
 def test_dalr_released_composition_caption_batch():
     """train_mix.py: loss + 0.1·(0.01·ℓ_cons + ℓ_CMA + AdapACSE) + 0.2·(ℓ_IMA + ℓ_rank), one
     shared pooler z, arc margin 0.18 on the SimCSE/rank/IMA/CMA scores, MARGIN2 0.18."""
-    out, losses, (v1, v2, f) = student_total("dalr", "caption")
-    pooler = losses["simcse"].mlp
-    for name, attr in (("rank", "mlp"), ("ima", "mlp"), ("cma", "text_head")):
-        assert getattr(losses[name], attr) is pooler, name  # one shared head, as the code's z
-    assert losses["consistency"].student_head is pooler
+    out, heads, (v1, v2, f) = student_total("dalr", "caption")
+    pooler = heads["simcse"]["student"]
+    for name in ("rank", "ima", "cma", "consistency"):
+        assert heads[name]["student"] is pooler, name  # one shared head, as the code's z
     z1, z2 = head(pooler, v1), head(pooler, v2)
     m, image = 0.18, f["image"].double()
     arc_scores = arc(cos_matrix(z1, z2), m)
     simcse = nll_diagonal(arc_scores / 0.05)
     # ℓ_cons: aligners on z1, images rolled by 5 for the mismatches, margin 0.2
-    cons_loss = losses["consistency"]
-    text_al = cons_loss.text_aligner(z1)
-    cons = cosine_embedding(
-        text_al, cons_loss.image_aligner(image), cons_loss.image_aligner(image.roll(5, 0)), 0.2
-    )
+    cons_heads = heads["consistency"]
+    text_al = cons_heads["text_aligner"](z1)
+    image_al = cons_heads["image_aligner"]
+    cons = cosine_embedding(text_al, image_al(image), image_al(image.roll(5, 0)), 0.2)
     # ℓ_CMA: arc scores z1 × image /0.05/0.45; text rows ↔ text teacher, image rows ↔ image
-    scores = arc(cos_matrix(z1, head(losses["cma"].image_head, image)), m) / 0.0225
+    scores = arc(cos_matrix(z1, head(heads["cma"]["image"], image)), m) / 0.0225
     text_teacher = teacher_cos(f, "embeddings") / 0.5
     image_teacher = cos_matrix(image, image) / 0.5
     cma = (kl_rows(text_teacher, scores) + kl_rows(image_teacher, scores.T)) / 2
     # AdapACSE image half: own grounding heads, margin (1 − s_vv)·0.18, mean over views
-    adap_loss = losses["image_text"]
-    keys = head(adap_loss.image_head, image)
-    adap = sum(
-        nll_diagonal(arc(cos_matrix(head(adap_loss.grounding, v), keys), m, cos_matrix(image, image)) / 0.05)
-        for v in (v1, v2)
-    ) / 2
+    adap_heads = heads["image_text"]
+    keys = head(adap_heads["image"], image)
+    adap = (
+        sum(
+            nll_diagonal(
+                arc(cos_matrix(head(adap_heads["student"], v), keys), m, cos_matrix(image, image))
+                / 0.05
+            )
+            for v in (v1, v2)
+        )
+        / 2
+    )
     rank = list_mle_loop(arc_scores / 0.05, teacher_cos(f, "similarities"))
     ima = kl_rows(text_teacher, arc_scores / 0.0225)
     expected = simcse + 0.1 * (0.01 * cons + cma + adap) + 0.2 * (ima + rank)
@@ -317,8 +331,8 @@ def test_dalr_released_composition_caption_batch():
 
 
 def test_dalr_released_composition_text_batch_is_arc_simcse():
-    out, losses, (v1, v2, _) = student_total("dalr", "text")
-    z1, z2 = head(losses["simcse"].mlp, v1), head(losses["simcse"].mlp, v2)
+    out, heads, (v1, v2, _) = student_total("dalr", "text")
+    z1, z2 = head(heads["simcse"]["student"], v1), head(heads["simcse"]["student"], v2)
     expected = nll_diagonal(arc(cos_matrix(z1, z2), 0.18) / 0.05)
     assert set(out) == {"loss", "arc_margin_loss"}
     assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
@@ -335,20 +349,20 @@ def test_dalr_released_teacher_order_and_numbers():
 def test_dalr_paper_composition_caption_batch():
     """Eq. 14: ℓ_Info + 0.1·(ℓ_cons + ℓ_CMA) + 0.2·(ℓ_rank + ℓ_IMA); one s^z (H→256) and one
     h^v for eqs. 4, 6, 10, 11; CMA paired as eqs. 6/8 print it; τ = 1 in the KL terms."""
-    out, losses, (v1, v2, f) = student_total("dalr-paper", "caption", consistency_mismatch="roll5")
-    s_head, hv_head = losses["image_text"].text_head, losses["image_text"].image_head
+    out, heads, (v1, v2, f) = student_total("dalr-paper", "caption", consistency_mismatch="roll5")
+    s_head, hv_head = heads["image_text"]["student"], heads["image_text"]["image"]
     assert s_head[0].out_features == 256
-    assert losses["cma"].text_head is s_head and losses["cma"].image_head is hv_head
-    assert losses["rank"].mlp is s_head and losses["ima"].mlp is s_head
+    assert heads["cma"]["student"] is s_head and heads["cma"]["image"] is hv_head
+    assert heads["rank"]["student"] is s_head and heads["ima"]["student"] is s_head
     s1, s2 = head(s_head, v1), head(s_head, v2)
     image = f["image"].double()
     h_v = head(hv_head, image)
     info = nll_diagonal(cos_matrix(s1, h_v) / 0.05)  # eq. 4: view z only
-    cons_loss = losses["consistency"]
+    cons_heads = heads["consistency"]
     cons = cosine_embedding(
-        cons_loss.text_aligner(s1),
-        cons_loss.image_aligner(image),
-        cons_loss.image_aligner(image.roll(5, 0)),
+        cons_heads["text_aligner"](s1),
+        cons_heads["image_aligner"](image),
+        cons_heads["image_aligner"](image.roll(5, 0)),
         0.2,
     )
     # eq. 6: P_i^{t2v} = softmax_j sim(s_j, h_i^v) — image-anchored — matched to Q^{t2t} (eq. 8)
@@ -364,11 +378,13 @@ def test_dalr_paper_composition_caption_batch():
 
 
 def test_dalr_paper_text_batch_is_the_intra_modal_terms():
-    out, losses, (v1, v2, f) = student_total("dalr-paper", "text")
-    s_head = losses["image_text"].text_head
+    out, heads, (v1, v2, f) = student_total("dalr-paper", "text")
+    s_head = heads["rank"]["student"]
     s1, s2 = head(s_head, v1), head(s_head, v2)
     q_tt = teacher_cos(f, "embeddings")
-    expected = 0.2 * (list_mle_loop(cos_matrix(s1, s2) / 0.05, q_tt) + kl_rows(q_tt, cos_matrix(s1, s2)))
+    expected = 0.2 * (
+        list_mle_loop(cos_matrix(s1, s2) / 0.05, q_tt) + kl_rows(q_tt, cos_matrix(s1, s2))
+    )
     assert set(out) == {"loss", "rank_loss", "ima_loss"}
     assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
 
@@ -396,8 +412,8 @@ def test_dalr_variants_differ_only_by_named_fields():
     }
     # moving every switch of the released method to the paper's values gives eq. 14
     moved = build_method("dalr", **{k: paper.to_dict()[k] for k in differing - {"name"}})
-    assert [(t.name, t.loss, t.weight, t.on, t.options) for t in moved.terms()] == [
-        (t.name, t.loss, t.weight, t.on, t.options) for t in paper.terms()
+    assert [(t.name, t.loss, t.weight, t.on, t.options, t.heads) for t in moved.terms()] == [
+        (t.name, t.loss, t.weight, t.on, t.options, t.heads) for t in paper.terms()
     ]
 
 
@@ -409,21 +425,42 @@ def test_dalr_bad_switch_value_is_refused():
 # ---- 5. heads initialised like BERT ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("loss_name", ["simcse", "arc_margin_info_nce", "simclr", "supcon"])
-def test_cls_heads_are_bert_initialised(loss_name):
+def cls_head(method_name, term_name, **overrides):
+    """The head a method's term applies to [CLS], as the trainer builds it (H = 256)."""
+    method = build_method(method_name, **overrides)
+    dims = {"image": 8, "clip_image": 8, "clip_text": 8}
+    (term,) = [t for t in method.active_terms() if t.name == term_name]
+    return build_heads(method, 256, dims)[term.head_names()["student"]][0]
+
+
+@pytest.mark.parametrize(
+    ("method", "term"),
+    [("simcse", "simcse"), ("mcse", "simcse"), ("kdmcse", "text"), ("dalr", "simcse")],
+)
+def test_cls_heads_are_bert_initialised(method, term):
     torch.manual_seed(0)
-    linear = LOSSES.get(loss_name)(hidden_size=256).mlp[0]
+    linear = cls_head(method, term)
     assert torch.count_nonzero(linear.bias) == 0
     assert linear.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert linear.weight.mean().abs().item() < 0.002
-    torch_init = LOSSES.get(loss_name)(hidden_size=256, head_init="torch").mlp[0]
+    torch_init = cls_head(method, term, head_init="torch")
     bound = 1 / math.sqrt(256)  # PyTorch's default: uniform(±1/√fan_in) for weight and bias
     assert torch_init.weight.abs().max().item() <= bound
     assert torch_init.weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
     assert torch.count_nonzero(torch_init.bias) > 0
 
 
+def test_grounding_heads_keep_the_torch_init():
+    """MCSE's grounding and image heads live outside BertForCL: PyTorch's default init."""
+    torch.manual_seed(0)
+    heads = build_heads(build_method("mcse"), 256, {"image": 256})
+    for name in ("image_text_student", "image_text_image"):
+        linear = heads[name][0]
+        assert torch.count_nonzero(linear.bias) > 0, name
+        assert linear.weight.abs().max().item() <= 1 / math.sqrt(256), name
+
+
 def test_simcse_method_passes_head_init():
-    assert build_method("simcse").terms()[0].options["head_init"] == "bert"
-    assert build_method("mcse", head_init="torch").terms()[0].options["head_init"] == "torch"
-    assert build_method("kdmcse").terms()[0].options["head_init"] == "bert"
+    assert build_method("simcse").terms()[0].heads["student"].init == "bert"
+    assert build_method("mcse", head_init="torch").terms()[0].heads["student"].init == "torch"
+    assert build_method("kdmcse").terms()[0].heads["student"].init == "bert"

@@ -14,6 +14,7 @@ from support.worlds import SR, make_image_folder, write_sine_wav
 from mmcse.cache import FeatureSet, write_feature_set
 from mmcse.errors import MmcseError
 from mmcse.losses.base import LossInputs
+from mmcse.losses.heads import MLPHead
 from mmcse.methods import build_method
 from mmcse.model import SentenceEncoder
 from mmcse.nonling.augment import ViewAugmentation, augment, two_views
@@ -143,12 +144,13 @@ def test_simclr_matches_loop():
 
 @pytest.mark.parametrize("name", ["supcon", "simclr"])
 def test_loss_modules_return_their_terms_and_gradients(name):
-    loss = LOSSES.get(name)(hidden_size=8)
+    loss, head = LOSSES.get(name)(), MLPHead(8, 8, "bert")
     view1, view2 = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8)
-    terms = loss(LossInputs(view1, view2, extras={"labels": torch.tensor([0, 0, 1, 2])}))
+    inputs = LossInputs(view1, view2, extras={"labels": torch.tensor([0, 0, 1, 2])})
+    terms = loss(inputs, {"student": head})
     assert set(terms) == set(loss.terms) and torch.isfinite(terms[f"{name}_loss"])
     terms[f"{name}_loss"].backward()
-    assert view1.grad is not None and loss.mlp[0].weight.grad is not None
+    assert view1.grad is not None and head[0].weight.grad is not None
 
 
 # -- augmentation and patch embeddings ---------------------------------------------------------
@@ -338,7 +340,10 @@ def test_method_hooks_and_errors(tmp_path, tiny_bert):
     with pytest.raises(MmcseError, match="simclr"):
         NonLinguisticTask(encoder, method, tmp_path / "u", "cpu")
     simclr = build_method("visualcse", image_batch_size=2, image_size=16, image_objective="simclr")
-    assert NonLinguisticTask(encoder, simclr, tmp_path / "u", "cpu").labels is None
+    task = NonLinguisticTask(encoder, simclr, tmp_path / "u", "cpu")
+    assert task.labels is None
+    mlp = task.heads["mlp"][0]  # the authors' image_mlp, BERT-initialised (built in cl_init)
+    assert torch.count_nonzero(mlp.bias) == 0 and mlp.weight.std().item() < 0.03
     with pytest.raises(MmcseError, match="audio_fbank"):
         NonLinguisticTask(encoder, build_method("audiocse"), tmp_path / "u", "cpu")
     with pytest.raises(MmcseError, match="fewer than one batch"):

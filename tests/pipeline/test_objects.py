@@ -260,7 +260,7 @@ def boxes_run(tmp_path, coco_records, teacher):
 
 def test_boxes_file_import_with_box_masks(boxes_run, coco_records):
     from mmcse.cache import FeatureSet
-    from mmcse.training.phrases import OBJECT_ROW, ObjectsTable, table_of
+    from mmcse.methods.phrases import OBJECT_ROW, ObjectsTable, table_of
 
     out, results, captions = boxes_run
     assert results["objects"].num_rows == 8  # 2 objects per caption; 2 boxes → 1 object
@@ -445,7 +445,7 @@ def test_phrase_index_slices_equal_the_per_batch_collate(boxes_run, tiny_model):
     from transformers import AutoTokenizer
 
     from mmcse.cache import Corpus, FeatureSet
-    from mmcse.training.phrases import PhraseIndex, build_phrase_batch, table_of
+    from mmcse.methods.phrases import PhraseIndex, build_phrase_batch, table_of
 
     out, _, _ = boxes_run
     corpus = Corpus.open(out / "captions")

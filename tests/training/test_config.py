@@ -12,7 +12,8 @@ from mmcse import distributed
 from mmcse.errors import MmcseError
 from mmcse.methods import build_method
 from mmcse.registry import METHODS
-from mmcse.training.config import SettingError, TrainConfig, check_settings, resolve_config
+from mmcse.settings import SettingError, check_settings
+from mmcse.training.config import TrainConfig, resolve_config
 
 BAD_SETTINGS = [
     ("batch_size", "64", "must be an integer"),

@@ -156,6 +156,7 @@ FUSED_LOSSES = {  # registered loss → (module that calls project_views, its fe
     "list_mle_distillation": ("list_mle_distillation", {}),
     "object_phrase_info_nce": ("object_phrase", {"object": 12}),
 }
+HEAD_INPUTS = {"student": H, "phrase": H, "image": 12, "text": 10, "object": 12}  # slot → width
 
 
 def _loss_inputs(dims: dict):
@@ -182,22 +183,26 @@ def _loss_inputs(dims: dict):
 def test_one_head_call_for_both_views_changes_no_loss_or_gradient(name, monkeypatch):
     import importlib
 
+    from mmcse.losses.heads import MLPHead
     from mmcse.registry import LOSSES
 
     module_name, dims = FUSED_LOSSES[name]
     module = importlib.import_module(f"mmcse.losses.{module_name}")
     torch.manual_seed(0)
-    loss = LOSSES.get(name)(hidden_size=H, feature_dims=dims)
+    loss = LOSSES.get(name)()
+    heads = {slot: MLPHead(HEAD_INPUTS[slot], 8) for slot in loss.slots}
     results = {}
     for how in ("fused", "separate"):
         if how == "separate":  # the code before the fusion: the head called once per view
             monkeypatch.setattr(module, "project_views", lambda head, a, b: (head(a), head(b)))
         inputs = _loss_inputs(dims)
-        terms = loss(inputs)
+        terms = loss(inputs, heads)
         total = sum(terms.values())
         total.backward()
-        grads = [inputs.view1.grad] + [p.grad.clone() for p in loss.parameters()]
-        loss.zero_grad()
+        params = [p for head in heads.values() for p in head.parameters()]
+        grads = [inputs.view1.grad] + [p.grad.clone() for p in params]
+        for p in params:
+            p.grad = None
         results[how] = ({k: v.detach() for k, v in terms.items()}, grads)
     fused, separate = results["fused"], results["separate"]
     assert fused[0].keys() == separate[0].keys()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mmcse.errors import MmcseError
+from mmcse.evaluation.retrieval import load_heads
 from mmcse.rundir import BEST_DIR, HEADS_FILE, RUN_INFO_FILE
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import mix_batches
@@ -55,6 +56,12 @@ def test_smoke_run_writes_checkpoint_and_terms(method, tiny_model, tiny_world, t
     if method == "mcse":
         assert all("image_text_loss" in r for r in caption_rows)
         assert "feature:image" in info["fingerprints"]
+        grounding = load_heads(best)  # as retrieval reads them: the term's student + image heads
+        assert grounding.term == "image_text" and grounding.text_weight.shape[0] == 256
+        assert info["term_heads"]["image_text"] == {
+            "student": "image_text_student",
+            "image": "image_text_image",
+        }
     assert all("image_text_loss" not in r for r in rows if r["kind"] == "text")
 
 

@@ -209,11 +209,12 @@ def test_adamw_eps_placement_matches_transformers_adamw(style):
 def test_adamw_groups_cover_every_parameter_once():
     student = torch.nn.Module()
     student.encoder = torch.nn.Linear(3, 3)
-    student.losses = torch.nn.ModuleDict(
+    student.heads = torch.nn.ModuleDict(
         {"a": torch.nn.Linear(3, 2), "b": torch.nn.Identity(), "c": torch.nn.Linear(2, 2)}
     )
+    student.losses = torch.nn.ModuleDict({"t": torch.nn.Identity()})
     groups = adamw_groups(student)
-    assert len(groups) == 3  # encoder, a, c (b has no parameters)
+    assert len(groups) == 3  # encoder, a, c (b and the loss have no parameters)
     grouped = [id(p) for g in groups for p in g["params"]]
     assert sorted(grouped) == sorted(id(p) for p in student.parameters())
 

@@ -1,4 +1,5 @@
-"""MCSEO's object–phrase pairs at training time: the objects table, and the per-batch collate.
+"""MCSEO's object–phrase pairs at training time: the objects table, and the per-batch collate
+that :meth:`mmcse.methods.mcseo.MCSEO.batch_extras` runs for every caption batch.
 
 Stage 1 (``mmcse extract-objects``) writes two cache sets:
 
@@ -14,7 +15,7 @@ Stage 1 (``mmcse extract-objects``) writes two cache sets:
   re-encoding with another teacher points to the same table.
 
 :func:`build_phrase_batch` turns a batch of captions into the padded tensors the object–phrase
-loss reads (contract in :mod:`mmcse.losses.object_phrase`).
+loss reads (contract in :class:`mmcse.losses.object_phrase.ObjectPhraseInfoNCELoss`).
 """
 
 from __future__ import annotations
