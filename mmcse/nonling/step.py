@@ -37,7 +37,7 @@ from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of  # n
 from mmcse.errors import MmcseError
 from mmcse.losses.base import LossInputs
 from mmcse.losses.heads import MLPHead
-from mmcse.nonling.augment import ViewAugmentation, two_views
+from mmcse.nonling.augment import ViewAugmentation, augment
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
 from mmcse.registry import LOSSES
 
@@ -249,9 +249,9 @@ class NonLinguisticTask:
         if self.settings.kind == IMAGE_KIND:
             seed = int(np.random.SeedSequence([self.seed, dist.rank(), index]).generate_state(1)[0])
             spec = ViewAugmentation(size=self.settings.image_size)
-            first, second = two_views(values, seed, spec)
-            inputs = torch.cat([first, second])
-        else:  # audio: the same spectrogram twice; the two views differ by dropout only
+            inputs = augment(torch.cat([values, values]), seed, spec)  # = cat(two_views(...))
+        else:  # audio: the same spectrogram twice, views differ by dropout only (the paper;
+            # the released loader also masks and mixes clips: docs/fidelity.md, audio views)
             inputs = torch.cat([values, values]).float()
         cls = encode_tokens(self.encoder.backbone, self.heads["patch_embed"](inputs))
         view1, view2 = cls.float().chunk(2)
