@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 from mmcse.cache import Corpus, FeatureSet, FeatureSetWriter, Manifest, write_corpus
 from mmcse.cache.layout import MANIFEST_NAME, os_errors, sha256_ids
 from mmcse.cache.writer import settings_mismatch
+from mmcse.distributed import env_int
 from mmcse.errors import CacheError, MmcseError
 from pipeline.datasets.base import (
     DatasetRecords,
@@ -112,9 +113,23 @@ class RunOptions:
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit flags win; otherwise torchrun's ``RANK``/``WORLD_SIZE``; otherwise ``(0, 1)``."""
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    """Explicit flags win; otherwise torchrun's ``RANK``/``WORLD_SIZE``; otherwise ``(0, 1)``.
+    A malformed value is one error naming the flag or variable and its value."""
+    rank_name = "--rank" if rank is not None else "RANK"
+    world_name = "--world-size" if world_size is not None else "WORLD_SIZE"
+    if world_size is None:
+        world_size = env_int("WORLD_SIZE", 1, minimum=1)
+    elif world_size < 1:
+        raise MmcseError(f"--world-size must be at least 1, got {world_size}")
+    if rank is None:
+        rank = env_int("RANK", 0)
+    elif rank < 0:
+        raise MmcseError(f"--rank must be at least 0, got {rank}")
+    if rank >= world_size:
+        raise MmcseError(
+            f"{rank_name}={rank} is not below {world_name}={world_size} "
+            f"(ranks run from 0 to {world_size - 1})"
+        )
     return rank, world_size
 
 

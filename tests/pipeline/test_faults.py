@@ -468,3 +468,34 @@ def test_visualcse_image_cache_skips_a_truncated_image(tmp_path, monkeypatch, ca
     assert sorted(FeatureSet.open(out).ids) == ["cat/im0", "cat/im1", "dog/im0"]
     output = capsys.readouterr()
     assert "dog/cut" in output.out + output.err and "truncated JPEG" in output.out + output.err
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "fragments"),
+    [
+        ({"RANK": "abc"}, [], ["RANK='abc'", "must be an integer"]),
+        ({"WORLD_SIZE": "two"}, [], ["WORLD_SIZE='two'", "must be an integer"]),
+        ({"WORLD_SIZE": "0"}, [], ["WORLD_SIZE='0'", "≥ 1"]),
+        ({"RANK": "2", "WORLD_SIZE": "2"}, [], ["RANK=2 is not below WORLD_SIZE=2"]),
+        ({"WORLD_SIZE": "2"}, ["--rank", "5"], ["--rank=5 is not below WORLD_SIZE=2"]),
+        ({}, ["--rank", "1", "--world-size", "1"], ["--rank=1 is not below --world-size=1"]),
+        ({}, ["--world-size", "0"], ["--world-size must be at least 1, got 0"]),
+    ],
+)
+def test_malformed_rank_names_the_variable_and_its_value(
+    tmp_path, monkeypatch, capsys, env, flags, fragments
+):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    text = tmp_path / "wiki.txt"
+    text.write_text("one sentence\n")
+    out = tmp_path / "o"
+    code, stderr = run_main(
+        ["extract-text", "--corpus", "wiki1m", "--text-file", str(text), "--teacher", "none",
+         "--out", str(out), *flags],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert_one_error(code, stderr, *fragments)
+    assert not out.exists()
