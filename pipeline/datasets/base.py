@@ -96,8 +96,19 @@ def load_dataset(name: str, source: DataSource, split: str) -> DatasetRecords:
     if source.images is not None and records.images:
         records = confine_images(records, source.images)
     if not records.images and not records.sentences:
-        raise MmcseError(f"{name} split {split!r}: no records found (check the paths and split)")
+        raise MmcseError(no_records_message(name, split, where, records.errors))
     return records
+
+
+def no_records_message(name: str, split: str, where: Path | None, errors: list) -> str:
+    """Why a dataset came out empty: the file read and, if entries were unreadable, the first
+    of them (which file, which entry, why), so an empty result is never a mystery."""
+    message = f"{where}: no {name} records found for split {split!r}"
+    if errors:
+        first = errors[0]
+        located = first.id if first.path == str(where) else f"{first.path} {first.id}"
+        message += f"; {len(errors)} entries left out, the first: {located}: {first.reason}"
+    return message + " (check the paths and split)"
 
 
 def confine_images(records: DatasetRecords, root: Path) -> DatasetRecords:

@@ -261,20 +261,47 @@ def test_null_caption_names_the_file_and_the_entry(tmp_path):
     ("payload", "fragment"),
     [
         ({"annotations": []}, "needs an 'images' list"),
-        ([{"image": "x.jpg"}], None),  # ALBEF list, an entry without captions: logged
+        ([{"image": "x.jpg"}], r"no coco records found.* the first: \[0\]: unreadable caption"),
     ],
 )
 def test_caption_file_errors_name_the_file(tmp_path, payload, fragment):
     images = images_folder(tmp_path / "imgs", 1)
     path = tmp_path / "captions.json"
     path.write_text(json.dumps(payload))
-    if fragment is None:
-        with pytest.raises(MmcseError, match="no records found"):
-            load_dataset("coco", DataSource(images, path), "train")
-        return
     with pytest.raises(MmcseError, match=fragment) as info:
         load_dataset("coco", DataSource(images, path), "train")
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "payload", "entry"),
+    [
+        (
+            "captions_train2017.json",
+            {"annotations": [None], "images": [{"id": 1}]},
+            "annotations[0]",
+        ),
+        ("captions_train2017.json", {"annotations": [], "images": [None]}, "images[0]"),
+        ("albef.json", [None], "[0]"),  # the ALBEF/BLIP list format
+        ("dataset_coco.json", {"images": [None]}, "images[0]"),  # Karpathy
+    ],
+)
+def test_a_file_of_null_entries_names_the_file_and_the_entry(
+    tmp_path, monkeypatch, capsys, name, payload, entry
+):
+    """Every entry unreadable: the error says which file and which entry, not only that no
+    records were found."""
+    images = images_folder(tmp_path / "imgs", 1)
+    path = tmp_path / name
+    path.write_text(json.dumps(payload))
+    out = tmp_path / "o"
+    code, stderr = run_main(
+        ["extract-text", "--corpus", "coco", "--images", str(images), "--captions", str(path),
+         "--teacher", "none", "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert_one_error(code, stderr, str(path), "no coco records", f"the first: {entry}: ", "null")
+    assert not out.exists()
 
 
 def test_bad_image_entry_id_names_file_and_entry(tmp_path):
