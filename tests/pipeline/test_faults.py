@@ -172,19 +172,44 @@ def test_sixteen_bit_png_is_not_saturated(tmp_path):
 # ---- paths, text, caption files --------------------------------------------------------------
 
 
-def test_image_paths_escaping_the_root_are_refused_and_logged(tmp_path):
+def test_image_paths_escaping_the_root_are_logged_with_their_caption_line(
+    tmp_path, monkeypatch, capsys
+):
+    """``--dataset local``: a caption row naming ``../x`` or an absolute path outside --images
+    is left out and logged under the caption file and line; the file is never opened."""
+    from pipeline import images as decoder
+
     for name in ("secret.jpg", "other.jpg"):
         Image.new("RGB", (8, 8)).save(tmp_path / name)
-    escapes = [
+    images = images_folder(tmp_path / "imgs", 3)
+    (images / "sub").mkdir()
+    rows = [{"image": f"im{i}.jpg", "caption": f"caption {i}"} for i in range(2)]
+    rows += [
         {"image": "../secret.jpg", "caption": "up"},
         {"image": str(tmp_path / "other.jpg"), "caption": "absolute"},
+        {"image": "sub/../im2.jpg", "caption": "stays inside"},
     ]
-    records = local_records(tmp_path, escapes)
-    assert sorted(r.image_id for r in records.images) == ["im0", "im1", "im2", "im3"]
-    assert sorted((e.id, e.reason) for e in records.errors) == [
-        ("other", "image path outside --images"),
-        ("secret", "image path outside --images"),
-    ]
+    captions = captions_file(tmp_path / "c.jsonl", rows)
+    opened = []
+    real = decoder._load_rgb
+    monkeypatch.setattr(
+        decoder, "_load_rgb", lambda path, *a: opened.append(path) or real(path, *a)
+    )
+    out = tmp_path / "o"
+    code, _ = run_main(
+        ["extract-images", "--dataset", "local", "--images", str(images), "--captions",
+         str(captions), "--teacher", "resnet50", "--weights", "random", "--teacher-size", "tiny",
+         "--device", "cpu", "--workers", "0", "--caption-policy", "all", "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0
+    assert sorted(FeatureSet.open(out / "image-resnet50").ids) == ["im0", "im1", "im2"]
+    assert {Path(p).name for p in opened} == {"im0.jpg", "im1.jpg", "im2.jpg"}
+    logged = [(r["stage"], r["id"], r["path"], r["reason"]) for r in errors_jsonl(out)]
+    assert logged == [
+        ("captions", "line 3", str(captions), f"image path outside --images: '../secret.jpg' leaves {images}"),
+        ("captions", "line 4", str(captions), f"image path outside --images: '{tmp_path / 'other.jpg'}' leaves {images}"),
+    ]  # fmt: skip
 
 
 def test_strict_stops_on_an_escaping_path(tmp_path, monkeypatch, capsys):
@@ -197,7 +222,10 @@ def test_strict_stops_on_an_escaping_path(tmp_path, monkeypatch, capsys):
          "--device", "cpu", "--workers", "0", "--strict", "--out", str(tmp_path / "o")],
         monkeypatch, capsys,
     )  # fmt: skip
-    assert_one_error(code, stderr, "image path outside --images", "--strict")
+    assert_one_error(
+        code, stderr, f"{captions}: image path outside --images: '../x.jpg'", "(id line 2)",
+        "--strict",
+    )  # fmt: skip
     assert not (tmp_path / "o" / "image-resnet50" / "manifest.json").exists()
 
 
