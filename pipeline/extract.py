@@ -312,6 +312,7 @@ def extract_texts(
             out / part, ids, texts, image_ids, records=records, extra=extra
         )
     if teacher is None:  # --teacher none: the corpus table only (SimCSE/MCSE read no features)
+        merge_errors(out)  # the loader's rows left out still go to errors.jsonl
         return results
     job = _text_job(records, teacher, teacher_name, ids, texts, options)
     job.settings["extra"].update(extra)

@@ -259,6 +259,49 @@ def test_text_with_a_byte_order_mark_is_decoded(tmp_path, encoding):
     assert records.errors == []
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32", "utf-8-sig", "utf-8"])
+def test_text_corpus_reaches_the_cache_without_replacement_characters(
+    tmp_path, monkeypatch, capsys, encoding
+):
+    text = tmp_path / "wiki.txt"
+    bom = {"utf-16-le": b"\xff\xfe", "utf-16-be": b"\xfe\xff"}.get(encoding, b"")
+    text.write_bytes(bom + "héllo wörld\r\n\nzweite Zeile — 東京\n".encode(encoding))
+    out = tmp_path / "o"
+    code, _ = run_main(
+        ["extract-text", "--corpus", "wiki1m", "--text-file", str(text), "--teacher", "none",
+         "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0
+    corpus = Corpus.open(out / "sentences")
+    assert corpus.texts == ["héllo wörld", "zweite Zeile — 東京"]
+    assert [str(i) for i in corpus.ids] == ["wiki1m-0000000", "wiki1m-0000002"]
+    assert [(r["id"], r["reason"]) for r in errors_jsonl(out)] == [("wiki1m-0000001", "blank line")]
+
+
+def test_utf16_text_with_an_invalid_unit_is_refused_naming_the_line(tmp_path, monkeypatch, capsys):
+    text = tmp_path / "wiki.txt"
+    lone_surrogate = b"\x00\xd8"  # a high surrogate with no low one after it
+    text.write_bytes(b"\xff\xfe" + "ok\nbad ".encode("utf-16-le") + lone_surrogate + b"\n\x00")
+    out = tmp_path / "o"
+    code, stderr = run_main(
+        ["extract-text", "--corpus", "wiki1m", "--text-file", str(text), "--teacher", "none",
+         "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert_one_error(code, stderr, f"{text}:2: not valid utf-16 text")
+    assert not out.exists()
+
+
+def test_utf8_bom_text_logs_a_bad_line_like_plain_utf8(tmp_path):
+    text = tmp_path / "wiki.txt"
+    text.write_bytes(b"\xef\xbb\xbffirst\nbad \xff byte\nthird\n")
+    records = load_dataset("wiki1m", DataSource(text=text), "train")
+    assert [s.text for s in records.sentences] == ["first", "third"]
+    (error,) = records.errors
+    assert error.reason.startswith("line 2: invalid UTF-8")
+
+
 def test_utf16_without_a_byte_order_mark_is_refused(tmp_path):
     text = tmp_path / "wiki.txt"
     text.write_bytes("hello\nworld\n".encode("utf-16-le"))
