@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from mmcse.cache import Corpus, FeatureSet, FeatureSetWriter, Manifest, write_corpus
 from mmcse.cache.layout import MANIFEST_NAME, os_errors, sha256_ids
-from mmcse.cache.writer import settings_mismatch
+from mmcse.cache.writer import remove_finished_leftovers, settings_mismatch
 from mmcse.distributed import env_int
 from mmcse.errors import CacheError, MmcseError
 from pipeline.datasets.base import (
@@ -396,7 +396,9 @@ def run_job(out: Path, job: FeatureJob, teacher: Any, options: RunOptions) -> Ma
         "extra": {**job.settings["extra"], "inputs_sha256": sha256_ids(job.ids)},
     }
     if (path / MANIFEST_NAME).exists():  # finished by an earlier run or another rank
-        return reuse_finished(path, settings, options)
+        manifest = reuse_finished(path, settings, options)
+        merge_errors(out)  # a run killed right after the manifest had not merged them yet
+        return manifest
     writer = FeatureSetWriter(path, backend=options.backend, **settings)
     plan = ShardPlan(len(job.ids), options.shard_size)
     pending = [
@@ -421,7 +423,9 @@ def run_job(out: Path, job: FeatureJob, teacher: Any, options: RunOptions) -> Ma
 
 def reuse_finished(path: Path, settings: dict[str, Any], options: RunOptions) -> Manifest:
     """The manifest of the finished set at ``path`` if this command would write the same set;
-    a :class:`CacheError` saying what differs otherwise (never a silent reuse)."""
+    a :class:`CacheError` saying what differs otherwise (never a silent reuse). Writer state a
+    run killed right after the manifest left behind (``.pending.json``) is removed."""
+    remove_finished_leftovers(path)
     manifest = FeatureSet.open(path).manifest
     differences = settings_mismatch(manifest, **{"backend": options.backend, **settings})
     if differences:

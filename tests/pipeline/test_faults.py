@@ -485,6 +485,61 @@ def test_killed_corpus_write_leaves_temp_files_that_the_next_run_cleans(tmp_path
     assert not list(out.rglob("*.tmp-*"))
 
 
+# The CLI in a child process that SIGKILLs itself right after the first manifest is written:
+# the image set is complete, its writer state (.pending.json) and errors.jsonl not yet cleaned.
+_KILLED_AFTER_MANIFEST = """
+import os, signal, sys
+import cli
+from mmcse.cache.manifest import Manifest
+write = Manifest.write
+def write_then_die(self, directory):
+    write(self, directory)
+    os.kill(os.getpid(), signal.SIGKILL)
+Manifest.write = write_then_die
+sys.argv = ["mmcse", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_kill_right_after_the_manifest_then_rerun_leaves_what_a_clean_run_does(
+    tmp_path, monkeypatch, capsys
+):
+    import signal
+    import subprocess
+
+    images = images_folder(tmp_path / "imgs", 3)
+    (images / "im2.jpg").write_bytes(b"not an image")  # one logged error
+    captions = captions_file(
+        tmp_path / "c.jsonl", [{"image": f"im{i}.jpg", "caption": f"c {i}"} for i in range(3)]
+    )
+    args = ["extract-images", "--dataset", "local", "--images", str(images), "--captions",
+            str(captions), "--teacher", "resnet50", "--weights", "random", "--teacher-size",
+            "tiny", "--device", "cpu", "--workers", "0"]  # fmt: skip
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER_MANIFEST, *args, "--out", str(killed)],
+        cwd=Path(cli.__file__).parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    image_set = killed / "image-resnet50"
+    assert (image_set / "manifest.json").exists() and (image_set / ".pending.json").exists()
+    for out in (killed, clean):
+        code, stderr = run_main([*args, "--out", str(out)], monkeypatch, capsys)
+        assert code == 0, stderr
+
+    def files(root: Path) -> dict[str, bytes | None]:
+        """Every file by relative path; the content too except the stat-based verified state."""
+        return {
+            str(p.relative_to(root)): None if p.name == ".verified.json" else p.read_bytes()
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+        }
+
+    assert files(killed) == files(clean)
+    assert not list(killed.rglob(".pending.json")) and not list(killed.rglob("*.tmp-*"))
+    assert [r["id"] for r in errors_jsonl(killed) if r["stage"] == "image-resnet50"] == ["im2"]
+
+
 def test_wrong_images_folder_is_an_error_not_an_empty_set(tmp_path, monkeypatch, capsys):
     images_folder(tmp_path / "imgs", 2)
     captions = captions_file(
