@@ -66,14 +66,7 @@ from pipeline.errors_log import (
     sidecar_path,
     write_sidecar,
 )
-from pipeline.images import (
-    CPU_DECODER,
-    DEFAULT_MAX_PIXELS,
-    GPU_DECODER,
-    DecodeDataset,
-    collate_decoded,
-    gpu_decode_batch,
-)
+from pipeline.images import CPU_DECODER, DEFAULT_MAX_PIXELS, DecodeDataset, collate_decoded
 
 DEFAULT_SHARD_SIZE = 4096
 DEFAULT_BATCH_SIZE = 256
@@ -98,7 +91,7 @@ class RunOptions:
     strict: bool = False
     rank: int = 0
     world_size: int = 1
-    decode: str = "cpu"  # "cpu" (PIL in workers) or "gpu" (nvJPEG)
+    decode: str = "cpu"  # the one decoder: Pillow in the workers ("gpu" was removed)
     max_pixels: int = DEFAULT_MAX_PIXELS
     backend: str = "arrow"
     progress: bool = True
@@ -108,8 +101,13 @@ class RunOptions:
             raise MmcseError("--shard-size and --batch-size must be positive")
         if not 0 <= self.rank < self.world_size:
             raise MmcseError(f"rank {self.rank} is outside world size {self.world_size}")
-        if self.decode not in ("cpu", "gpu"):
-            raise MmcseError(f"--decode must be cpu or gpu, got {self.decode!r}")
+        if self.decode != "cpu":
+            raise MmcseError(
+                f"--decode {self.decode} is not available: images are decoded by Pillow on the "
+                "CPU workers only, the decoder whose truncation checks and pixels the tests pin "
+                "(the nvJPEG route, removed, used torchvision.io's deprecated decoding and was "
+                "never measured to pay); drop --decode"
+            )
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -209,7 +207,7 @@ def extract_images(
         part=f"image-{teacher_name}",
         ids=[r.image_id for r in image_list],
         inputs=[str(r.path) for r in image_list],
-        settings=_settings(records, teacher, "image", options, decode=_decoder_name(options)),
+        settings=_settings(records, teacher, "image", options, decode=CPU_DECODER),
     )
     results: dict[str, Manifest | None] = {
         image_job.part: run_job(out, image_job, teacher, options)
@@ -269,10 +267,6 @@ def _caption_rows(images, policy: str, seed: int) -> tuple[list, list, list]:
 
 def _seed_extra(policy: str, seed: int) -> dict:
     return {"caption_seed": seed} if policy == "random-one" else {}
-
-
-def _decoder_name(options: RunOptions) -> str:
-    return GPU_DECODER if options.decode == "gpu" else CPU_DECODER
 
 
 # ---- texts -----------------------------------------------------------------------------------
@@ -362,9 +356,7 @@ def image_batches(
     """``(shard, rows, features, bad)`` per batch: workers decode to uint8, the teacher's device
     normalises and encodes. Batches are fixed slices of one shard (see the module docstring)."""
     device = torch.device(getattr(teacher, "device", "cpu"))
-    if options.decode == "gpu" and device.type != "cuda":
-        raise MmcseError("--decode gpu needs a CUDA teacher device (use --decode cpu)")
-    dataset = DecodeDataset(job.inputs, teacher.preprocess, options.max_pixels, options.decode)
+    dataset = DecodeDataset(job.inputs, teacher.preprocess, options.max_pixels)
     batch_rows = [list(rows) for k in shards for rows in plan.batches(k, options.batch_size)]
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -374,9 +366,6 @@ def image_batches(
         pin_memory=device.type == "cuda",
     )
     for rows, pixels, reasons in loader:
-        if options.decode == "gpu":
-            pixels, gpu_reasons = gpu_decode_batch(pixels, rows, dataset, device)
-            reasons = {**reasons, **gpu_reasons}
         bad = {r: RecordError(job.ids[r], job.inputs[r], reason) for r, reason in reasons.items()}
         if len(pixels):
             features = teacher.encode_images(pixels.to(device, non_blocking=True))

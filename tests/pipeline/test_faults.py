@@ -28,6 +28,9 @@ from pipeline.images import BadImageError, open_rgb
 from pipeline.teachers.base import ImagePreprocess
 
 TINY = ImagePreprocess(resize=36, crop=32)
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = Path(os.environ.get("MMCSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+COCO_MINI = SHARED / "images" / "coco_mini"
 
 
 class MeanTeacher:
@@ -121,6 +124,75 @@ def test_cut_jpeg_without_end_marker_is_truncated(tmp_path):
     path.write_bytes(data[:-2])  # only the EOI marker missing
     with pytest.raises(BadImageError, match="truncated"):
         open_rgb(path, 36)
+
+
+def _photo_jpeg(progressive: bool = False) -> bytes:
+    """A real photo as JPEG bytes: a coco_mini file when present, else a generated one."""
+    photos = sorted(COCO_MINI.rglob("*.jpg")) if COCO_MINI.is_dir() else []
+    if photos and not progressive:
+        return photos[0].read_bytes()
+    if photos:
+        image = Image.open(photos[0])
+    else:
+        steps = np.random.default_rng(0).integers(-4, 5, (240, 320, 3))
+        image = Image.fromarray(np.clip(np.cumsum(steps, axis=1) + 128, 0, 255).astype(np.uint8))
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90, progressive=progressive)
+    return buffer.getvalue()
+
+
+def _cut_then_ended(data: bytes, keep: float) -> bytes:
+    """The first ``keep`` of a JPEG and an end-of-image marker: libjpeg pads the missing scan
+    data with grey and only warns ("premature end of data segment"), which Pillow drops."""
+    cut = data[: int(len(data) * keep)]
+    return cut.rstrip(b"\xff") + b"\xff\xd9"
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+@pytest.mark.parametrize("keep", [0.3, 0.7, 0.97])
+def test_cut_jpeg_with_an_end_marker_is_truncated(tmp_path, progressive, keep):
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(_cut_then_ended(_photo_jpeg(progressive), keep))
+    with Image.open(path) as plain:  # what the check is for: Pillow decodes it, grey and all
+        plain.load()
+    # a progressive file drafted to 1/8 decodes its DC only: a cut that loses only finer
+    # detail leaves those pixels as the complete file's (see pipeline.images.load_jpeg)
+    for short_side in (224, 1 << 30) if progressive else (36, 224, 1 << 30):
+        with pytest.raises(BadImageError, match="truncated JPEG"):
+            open_rgb(path, short_side)
+
+
+def test_progressive_jpeg_missing_its_last_scans_is_truncated(tmp_path):
+    data = _photo_jpeg(progressive=True)
+    scans = [i for i in range(len(data) - 1) if data[i : i + 2] == b"\xff\xda"]
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(data[: scans[len(scans) // 2]] + b"\xff\xd9")  # whole scans gone
+    with pytest.raises(BadImageError, match="its last scans are missing"):
+        open_rgb(path, 36)
+
+
+def test_cut_jpeg_is_logged_and_left_out_or_stops_strict(tmp_path, monkeypatch, capsys):
+    """Through extract-images: logged in errors.jsonl and left out with its captions, as every
+    bad image; with --strict one error line naming the file, and no set written."""
+    images = images_folder(tmp_path / "imgs", 2)
+    (images / "cut.jpg").write_bytes(_cut_then_ended(_photo_jpeg(), 0.5))
+    names = ["im0.jpg", "im1.jpg", "cut.jpg"]
+    captions = captions_file(tmp_path / "c.jsonl", [{"image": n, "caption": n} for n in names])
+    args = ["extract-images", "--dataset", "local", "--images", str(images), "--captions",
+            str(captions), "--teacher", "resnet50", "--weights", "random", "--teacher-size",
+            "tiny", "--device", "cpu", "--workers", "0", "--caption-policy", "all"]  # fmt: skip
+    out = tmp_path / "o"
+    code, _ = run_main([*args, "--out", str(out)], monkeypatch, capsys)
+    assert code == 0
+    assert sorted(FeatureSet.open(out / "image-resnet50").ids) == ["im0", "im1"]
+    assert sorted(set(Corpus.open(out / "captions").image_ids)) == ["im0", "im1"]
+    (row,) = [r for r in errors_jsonl(out) if r["stage"] == "image-resnet50"]
+    assert row["id"] == "cut" and row["path"] == str(images / "cut.jpg")
+    assert row["reason"] == "corrupt image: truncated JPEG (premature end of data)"
+    strict = tmp_path / "strict"
+    code, stderr = run_main([*args, "--strict", "--out", str(strict)], monkeypatch, capsys)
+    assert_one_error(code, stderr, str(images / "cut.jpg"), "truncated JPEG", "--strict")
+    assert not list(strict.rglob("manifest.json")) and not list(strict.rglob("*.tmp-*"))
 
 
 def test_decoder_warnings_are_errors(tmp_path, monkeypatch):
@@ -611,6 +683,7 @@ def test_visualcse_image_cache_skips_a_truncated_image(tmp_path, monkeypatch, ca
     images_folder(tmp_path / "tree" / "cat", 2)
     images_folder(tmp_path / "tree" / "dog", 1)
     (tmp_path / "tree" / "dog" / "cut.jpg").write_bytes(_jpeg_bytes((200, 200), 90)[:-2])
+    (tmp_path / "tree" / "dog" / "ended.jpg").write_bytes(_cut_then_ended(_photo_jpeg(), 0.5))
     out = tmp_path / "o"
     monkeypatch.setattr(sys, "argv", ["mmcse", "extract-image-tensors", str(tmp_path / "tree"),
                                       str(out), "--size", "16", "--workers", "0"])  # fmt: skip
@@ -620,7 +693,8 @@ def test_visualcse_image_cache_skips_a_truncated_image(tmp_path, monkeypatch, ca
     assert info.value.code == 0
     assert sorted(FeatureSet.open(out).ids) == ["cat/im0", "cat/im1", "dog/im0"]
     output = capsys.readouterr()
-    assert "dog/cut" in output.out + output.err and "truncated JPEG" in output.out + output.err
+    shown = output.out + output.err
+    assert "skipped 2 unreadable images" in shown and "truncated JPEG" in shown
 
 
 @pytest.mark.parametrize(
