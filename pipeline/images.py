@@ -151,9 +151,8 @@ TRUNCATED_JPEG = "corrupt image: truncated JPEG (premature end of data)"
 #: as few missing blocks as possible (measured on coco_mini: best of 0xFE, 0x00, 0x55, 0xAA,
 #: stuffed 0xFF).
 SCAN_FILLER = b"\xfe" * 8
-#: the marker ending a scan's data: 0xFF (fill bytes included) followed by neither a stuffed
-#: zero nor a restart marker
-_SCAN_END = re.compile(rb"\xff++(?![\x00\xd0-\xd7])")
+#: 0xFF and a marker code: not a stuffed zero, a restart marker or a fill byte
+_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 #: frame headers of DCT images Pillow decodes (baseline, extended, progressive; Huffman or
 #: arithmetic): their scans must cover every coefficient of every component
 _DCT_FRAMES = {0xC0: False, 0xC1: False, 0xC2: True, 0xC9: False, 0xCA: True}
@@ -200,14 +199,23 @@ def jpeg_layout(data: bytes) -> JpegLayout:
             frame, unfinished = _frame(segment, code)
         elif code == _SOS:
             _cover(unfinished, segment)
-            scan_end = _SCAN_END.search(data, pos)
-            scans.append((pos, scan_end.start() if scan_end else len(data)))
+            scans.append((pos, _scan_end(data, pos)))
             pos = scans[-1][1]
     if frame is None or not scans:
         raise BadImageError("corrupt image: JPEG without a frame header or scan")
     if any(unfinished.values()):
         raise BadImageError("corrupt image: truncated JPEG (its last scans are missing)")
     return JpegLayout(tuple(scans), pos, *frame)
+
+
+def _scan_end(data: bytes, start: int) -> int:
+    """Where the entropy-coded data starting at ``start`` ends: at the next marker, before the
+    fill bytes (0xFF) that may precede it."""
+    marker = _MARKER.search(data, start)
+    end = marker.start() if marker else len(data)
+    while end > start and data[end - 1] == 0xFF:
+        end -= 1
+    return end
 
 
 def _frame(segment: bytes, code: int) -> tuple[tuple[int, int, bool], dict[int, set[int]]]:
