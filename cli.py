@@ -582,7 +582,7 @@ _DTYPE = typer.Option("float32", help="Storage dtype of the features: float32 or
 _STRICT = typer.Option(False, "--strict", help="Stop at the first bad input (exit 2).")
 _RANK = typer.Option(None, help="This job's rank (default $RANK or 0).")
 _WORLD = typer.Option(None, help="Number of jobs (default $WORLD_SIZE or 1).")
-_DECODE = typer.Option("cpu", help="cpu: PIL in workers; gpu: nvJPEG on the teacher's GPU.")
+_DECODE = typer.Option("cpu", hidden=True, help="Only cpu (Pillow); gpu was removed.")
 _MAX_PIXELS = typer.Option(89_478_485, help="Refuse images decoding larger than this many pixels.")
 _BACKEND = typer.Option("arrow", help="Shard format: arrow or hdf5.")
 _RUN_FLAGS = {  # name: (type, option) — the shared flags of the extract commands

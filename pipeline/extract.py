@@ -47,7 +47,8 @@ from tqdm.auto import tqdm
 
 from mmcse.cache import Corpus, FeatureSet, FeatureSetWriter, Manifest, write_corpus
 from mmcse.cache.layout import MANIFEST_NAME, os_errors, sha256_ids
-from mmcse.cache.writer import settings_mismatch
+from mmcse.cache.writer import remove_finished_leftovers, settings_mismatch
+from mmcse.distributed import env_int
 from mmcse.errors import CacheError, MmcseError
 from pipeline.datasets.base import (
     DatasetRecords,
@@ -65,14 +66,7 @@ from pipeline.errors_log import (
     sidecar_path,
     write_sidecar,
 )
-from pipeline.images import (
-    CPU_DECODER,
-    DEFAULT_MAX_PIXELS,
-    GPU_DECODER,
-    DecodeDataset,
-    collate_decoded,
-    gpu_decode_batch,
-)
+from pipeline.images import CPU_DECODER, DEFAULT_MAX_PIXELS, DecodeDataset, collate_decoded
 
 DEFAULT_SHARD_SIZE = 4096
 DEFAULT_BATCH_SIZE = 256
@@ -97,7 +91,7 @@ class RunOptions:
     strict: bool = False
     rank: int = 0
     world_size: int = 1
-    decode: str = "cpu"  # "cpu" (PIL in workers) or "gpu" (nvJPEG)
+    decode: str = "cpu"  # the one decoder: Pillow in the workers ("gpu" was removed)
     max_pixels: int = DEFAULT_MAX_PIXELS
     backend: str = "arrow"
     progress: bool = True
@@ -107,14 +101,33 @@ class RunOptions:
             raise MmcseError("--shard-size and --batch-size must be positive")
         if not 0 <= self.rank < self.world_size:
             raise MmcseError(f"rank {self.rank} is outside world size {self.world_size}")
-        if self.decode not in ("cpu", "gpu"):
-            raise MmcseError(f"--decode must be cpu or gpu, got {self.decode!r}")
+        if self.decode != "cpu":
+            raise MmcseError(
+                f"--decode {self.decode} is not available: images are decoded by Pillow on the "
+                "CPU workers only, the decoder whose truncation checks and pixels the tests pin "
+                "(the nvJPEG route, removed, used torchvision.io's deprecated decoding and was "
+                "never measured to pay); drop --decode"
+            )
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit flags win; otherwise torchrun's ``RANK``/``WORLD_SIZE``; otherwise ``(0, 1)``."""
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    """Explicit flags win; otherwise torchrun's ``RANK``/``WORLD_SIZE``; otherwise ``(0, 1)``.
+    A malformed value is one error naming the flag or variable and its value."""
+    rank_name = "--rank" if rank is not None else "RANK"
+    world_name = "--world-size" if world_size is not None else "WORLD_SIZE"
+    if world_size is None:
+        world_size = env_int("WORLD_SIZE", 1, minimum=1)
+    elif world_size < 1:
+        raise MmcseError(f"--world-size must be at least 1, got {world_size}")
+    if rank is None:
+        rank = env_int("RANK", 0)
+    elif rank < 0:
+        raise MmcseError(f"--rank must be at least 0, got {rank}")
+    if rank >= world_size:
+        raise MmcseError(
+            f"{rank_name}={rank} is not below {world_name}={world_size} "
+            f"(ranks run from 0 to {world_size - 1})"
+        )
     return rank, world_size
 
 
@@ -194,7 +207,7 @@ def extract_images(
         part=f"image-{teacher_name}",
         ids=[r.image_id for r in image_list],
         inputs=[str(r.path) for r in image_list],
-        settings=_settings(records, teacher, "image", options, decode=_decoder_name(options)),
+        settings=_settings(records, teacher, "image", options, decode=CPU_DECODER),
     )
     results: dict[str, Manifest | None] = {
         image_job.part: run_job(out, image_job, teacher, options)
@@ -256,10 +269,6 @@ def _seed_extra(policy: str, seed: int) -> dict:
     return {"caption_seed": seed} if policy == "random-one" else {}
 
 
-def _decoder_name(options: RunOptions) -> str:
-    return GPU_DECODER if options.decode == "gpu" else CPU_DECODER
-
-
 # ---- texts -----------------------------------------------------------------------------------
 
 
@@ -297,6 +306,7 @@ def extract_texts(
             out / part, ids, texts, image_ids, records=records, extra=extra
         )
     if teacher is None:  # --teacher none: the corpus table only (SimCSE/MCSE read no features)
+        merge_errors(out)  # the loader's rows left out still go to errors.jsonl
         return results
     job = _text_job(records, teacher, teacher_name, ids, texts, options)
     job.settings["extra"].update(extra)
@@ -346,9 +356,7 @@ def image_batches(
     """``(shard, rows, features, bad)`` per batch: workers decode to uint8, the teacher's device
     normalises and encodes. Batches are fixed slices of one shard (see the module docstring)."""
     device = torch.device(getattr(teacher, "device", "cpu"))
-    if options.decode == "gpu" and device.type != "cuda":
-        raise MmcseError("--decode gpu needs a CUDA teacher device (use --decode cpu)")
-    dataset = DecodeDataset(job.inputs, teacher.preprocess, options.max_pixels, options.decode)
+    dataset = DecodeDataset(job.inputs, teacher.preprocess, options.max_pixels)
     batch_rows = [list(rows) for k in shards for rows in plan.batches(k, options.batch_size)]
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -358,9 +366,6 @@ def image_batches(
         pin_memory=device.type == "cuda",
     )
     for rows, pixels, reasons in loader:
-        if options.decode == "gpu":
-            pixels, gpu_reasons = gpu_decode_batch(pixels, rows, dataset, device)
-            reasons = {**reasons, **gpu_reasons}
         bad = {r: RecordError(job.ids[r], job.inputs[r], reason) for r, reason in reasons.items()}
         if len(pixels):
             features = teacher.encode_images(pixels.to(device, non_blocking=True))
@@ -380,7 +385,9 @@ def run_job(out: Path, job: FeatureJob, teacher: Any, options: RunOptions) -> Ma
         "extra": {**job.settings["extra"], "inputs_sha256": sha256_ids(job.ids)},
     }
     if (path / MANIFEST_NAME).exists():  # finished by an earlier run or another rank
-        return reuse_finished(path, settings, options)
+        manifest = reuse_finished(path, settings, options)
+        merge_errors(out)  # a run killed right after the manifest had not merged them yet
+        return manifest
     writer = FeatureSetWriter(path, backend=options.backend, **settings)
     plan = ShardPlan(len(job.ids), options.shard_size)
     pending = [
@@ -405,7 +412,9 @@ def run_job(out: Path, job: FeatureJob, teacher: Any, options: RunOptions) -> Ma
 
 def reuse_finished(path: Path, settings: dict[str, Any], options: RunOptions) -> Manifest:
     """The manifest of the finished set at ``path`` if this command would write the same set;
-    a :class:`CacheError` saying what differs otherwise (never a silent reuse)."""
+    a :class:`CacheError` saying what differs otherwise (never a silent reuse). Writer state a
+    run killed right after the manifest left behind (``.pending.json``) is removed."""
+    remove_finished_leftovers(path)
     manifest = FeatureSet.open(path).manifest
     differences = settings_mismatch(manifest, **{"backend": options.backend, **settings})
     if differences:

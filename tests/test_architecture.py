@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: modules both stages may import: the cache contract and the small ground modules
 SHARED = ("mmcse.cache", "mmcse.errors", "mmcse.registry", "mmcse.hub", "mmcse.devices",
           "mmcse.rundir", "mmcse.pooling", "mmcse.distributed", "mmcse.tiny", "mmcse.logs",
-          "mmcse.settings", "mmcse.environment", "mmcse")  # fmt: skip
+          "mmcse.settings", "mmcse.environment", "mmcse.textfiles", "mmcse")  # fmt: skip
 #: the applications: they may import both stages
 APPS = ("cli", "mmcse.commands", "mmcse.bench", "mmcse.demo")
 

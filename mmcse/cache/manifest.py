@@ -193,8 +193,8 @@ class Manifest:
         for index, shard in enumerate(self.shards):
             if not is_shard_name(shard.file) or not shard.file.endswith(suffix):
                 raise ValueError(
-                    f"shard file {shard.file!r} is not a {self.backend} shard of this set "
-                    "(shard paths must be plain names inside the set directory)"
+                    f"shards[{index}].file {shard.file!r} is not one of this set's {suffix} "
+                    "shards (shard paths must be plain names inside the set directory)"
                 )
             if shard.file != shard_name(index, suffix):
                 raise ValueError(

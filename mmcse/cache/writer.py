@@ -264,6 +264,18 @@ class FeatureSetWriter:
             )
 
 
+def remove_finished_leftovers(path: str | Path) -> None:
+    """Delete the writer state a finished set no longer needs: ``.pending.json`` and temp files
+    of dead writers, left when a writer was killed between writing the manifest and cleaning
+    up (the manifest alone makes the set complete, so nothing of value goes)."""
+    path = Path(path)
+    if not (path / MANIFEST_NAME).is_file():
+        return
+    with os_errors(path / PENDING_NAME, "remove"):
+        (path / PENDING_NAME).unlink(missing_ok=True)
+    remove_stale_temp_files(path)
+
+
 def settings_mismatch(manifest: Manifest, **settings: Any) -> list[str]:
     """How a finished set's manifest differs from the :class:`FeatureSetWriter` settings a
     command would write it with (``"dtype: float32 in the set, float16 asked"``; empty: same).

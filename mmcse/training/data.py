@@ -21,6 +21,7 @@ from mmcse import distributed as dist
 from mmcse.cache import Corpus, FeatureSet
 from mmcse.errors import MissingIdsError, MmcseError
 from mmcse.methods.base import Method
+from mmcse.textfiles import decode_text
 from mmcse.training.config import TrainConfig
 
 TEXT, CAPTION = "text", "caption"
@@ -79,7 +80,7 @@ def read_corpus(path: str) -> tuple[np.ndarray, list[str], np.ndarray | None, st
     import hashlib
 
     raw = p.read_bytes()
-    lines = [s.strip() for s in raw.decode("utf-8", errors="replace").splitlines()]
+    lines = [s.strip() for s in decode_text(p, raw).splitlines()]  # no silent U+FFFD
     kept = [(i, s) for i, s in enumerate(lines) if s]
     if not kept:
         raise MmcseError(f"corpus {p} has no non-empty lines")

@@ -10,15 +10,15 @@ keeps its id whichever caption policy picks it. Rows a loader cannot read become
 
 from __future__ import annotations
 
-import codecs
 import os
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mmcse.errors import MmcseError
 from mmcse.registry import Registry
+from mmcse.textfiles import read_text_lines
 
 DATASETS = Registry("dataset")
 
@@ -96,8 +96,19 @@ def load_dataset(name: str, source: DataSource, split: str) -> DatasetRecords:
     if source.images is not None and records.images:
         records = confine_images(records, source.images)
     if not records.images and not records.sentences:
-        raise MmcseError(f"{name} split {split!r}: no records found (check the paths and split)")
+        raise MmcseError(no_records_message(name, split, where, records.errors))
     return records
+
+
+def no_records_message(name: str, split: str, where: Path | None, errors: list) -> str:
+    """Why a dataset came out empty: the file read and, if entries were unreadable, the first
+    of them (which file, which entry, why), so an empty result is never a mystery."""
+    message = f"{where}: no {name} records found for split {split!r}"
+    if errors:
+        first = errors[0]
+        located = first.id if first.path == str(where) else f"{first.path} {first.id}"
+        message += f"; {len(errors)} entries left out, the first: {located}: {first.reason}"
+    return message + " (check the paths and split)"
 
 
 def confine_images(records: DatasetRecords, root: Path) -> DatasetRecords:
@@ -125,56 +136,7 @@ def inside(root: Path, name: str) -> bool:
     return target.startswith(base + os.sep)
 
 
-# ---- strict text decoding ---------------------------------------------------------------------
-
-_BOMS = (
-    (codecs.BOM_UTF32_LE, "utf-32"),
-    (codecs.BOM_UTF32_BE, "utf-32"),
-    (codecs.BOM_UTF8, "utf-8-sig"),
-    (codecs.BOM_UTF16_LE, "utf-16"),
-    (codecs.BOM_UTF16_BE, "utf-16"),
-)
-
-
-def text_encoding(path: Path, head: bytes) -> str:
-    """``utf-8`` unless a BOM says UTF-8-sig/16/32; a BOM-less UTF-16/32 file is refused."""
-    for bom, encoding in _BOMS:
-        if head.startswith(bom):
-            return encoding
-    if b"\0" in head[:4096]:
-        raise MmcseError(
-            f"{path}: holds NUL bytes, so it is not UTF-8 text (UTF-16/32 without a byte-order "
-            "mark?); convert it to UTF-8, e.g. `iconv -f UTF-16LE -t UTF-8`"
-        )
-    return "utf-8"
-
-
-def read_text_lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
-    """``(line number, text, None)`` per line, or ``(line number, None, reason)`` for a line
-    that is not valid in the file's encoding (UTF-8 unless a BOM says otherwise). Line endings
-    are stripped; a line is never silently altered (no U+FFFD replacement)."""
-    try:
-        data = path.read_bytes()
-    except IsADirectoryError:
-        raise MmcseError(f"{path}: is a folder, expected a text file") from None
-    encoding = text_encoding(path, data[:4096])
-    if encoding != "utf-8":
-        try:
-            text = data.decode(encoding)
-        except UnicodeDecodeError as exc:
-            raise MmcseError(f"{path}: not valid {encoding} text ({exc.reason})") from None
-        for number, line in enumerate(text.split("\n"), start=1):
-            if line or number == 1:
-                yield number, line.rstrip("\r").lstrip("\ufeff"), None
-        return
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    for number, raw in enumerate(lines, start=1):
-        try:
-            yield number, raw.rstrip(b"\r").decode("utf-8"), None
-        except UnicodeDecodeError as exc:
-            yield number, None, f"invalid UTF-8 at byte {exc.start} of the line"
+# ---- strict text decoding (shared with Stage 2: mmcse.textfiles) ---------------------------
 
 
 def read_text(path: Path) -> str:

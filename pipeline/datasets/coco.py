@@ -33,6 +33,7 @@ from pipeline.datasets.base import (
 from pipeline.datasets.formats import (
     caption_text,
     karpathy_splits,
+    not_an_object,
     parquet_captions,
     read_json,
     read_karpathy_json,
@@ -92,6 +93,9 @@ def _coco_captions(data: dict, path: Path, images: Path) -> tuple[list, list]:
         if not isinstance(data.get(key), list):
             raise MmcseError(f"{path}: a COCO captions file needs an {key!r} list")
     for n, ann in enumerate(data["annotations"]):
+        if not isinstance(ann, dict):
+            errors.append(RecordError(f"annotations[{n}]", str(path), not_an_object(ann)))
+            continue
         try:
             caption = caption_text(ann["caption"])
             by_image.setdefault(int(ann["image_id"]), []).append((int(ann["id"]), caption))
@@ -99,6 +103,9 @@ def _coco_captions(data: dict, path: Path, images: Path) -> tuple[list, list]:
             errors.append(RecordError(f"annotations[{n}]", str(path), unreadable(exc)))
     records = []
     for n, image in enumerate(data["images"]):
+        if not isinstance(image, dict):
+            errors.append(RecordError(f"images[{n}]", str(path), not_an_object(image)))
+            continue
         try:
             image_id, file_name = int(image["id"]), str(image["file_name"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -115,6 +122,9 @@ def _albef(entries: list, path: Path, images: Path) -> tuple[list, list]:
     by_image: dict[str, tuple[Path, list[str]]] = {}
     errors = []
     for n, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            errors.append(RecordError(f"[{n}]", str(path), not_an_object(entry)))
+            continue
         try:
             image_id = _coco_id(entry["image"])
             raw = entry["caption"]

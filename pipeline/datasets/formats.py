@@ -36,7 +36,7 @@ def read_karpathy_json(
     records, errors = [], []
     for n, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            errors.append(RecordError(f"images[{n}]", str(path), "unreadable entry: not an object"))
+            errors.append(RecordError(f"images[{n}]", str(path), not_an_object(entry)))
             continue
         if entry.get("split") not in wanted:
             continue
@@ -67,6 +67,12 @@ def caption_text(value: object) -> str:
     if not value.strip():
         raise ValueError("caption is blank")
     return value.strip()
+
+
+def not_an_object(entry: object) -> str:
+    """The errors.jsonl reason for an entry that should be a JSON object (e.g. ``null``)."""
+    kind = "null" if entry is None else f"a JSON {type(entry).__name__}"
+    return f"unreadable entry: {kind}, expected an object"
 
 
 def unreadable(exc: Exception) -> str:

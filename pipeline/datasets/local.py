@@ -2,7 +2,8 @@
 
 ``image`` is a file name relative to ``images``; an image may appear on several rows (one caption
 each, kept in file order). An optional ``split`` column restricts rows to ``--split``. Rows with a
-missing image name or empty caption are reported as unreadable and skipped.
+missing image name or empty caption are reported as unreadable and skipped, and so are rows whose
+image leaves ``images`` (``../``, absolute paths): errors name the caption file and line.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pipeline.datasets.base import (
     ImageRecord,
     RecordError,
     image_stem,
+    inside,
     read_text,
     read_text_lines,
     register_dataset,
@@ -42,7 +44,7 @@ def load_local(source: DataSource, split: str) -> DatasetRecords:
             continue
         if row.get("split") not in (None, "", split):
             continue
-        reason = _row_problem(row.get("image"), row.get("caption"))
+        reason = _row_problem(row.get("image"), row.get("caption"), images)
         if reason:
             errors.append(RecordError(f"line {line_no}", str(captions), reason))
             continue
@@ -75,9 +77,11 @@ def _read_rows(path: Path) -> list[tuple[int, dict | None, str]]:
     return [(reader.line_num, row, "unreadable row") for row in reader]
 
 
-def _row_problem(name: object, caption: object) -> str | None:
+def _row_problem(name: object, caption: object, images: Path) -> str | None:
     if not isinstance(name, str) or not name.strip():
         return f"unreadable caption row: 'image' is {name!r}, expected a file name"
+    if not inside(images, name):  # refused before anything is opened: ``../``, absolute paths
+        return f"image path outside --images: {name!r} leaves {images}"
     if not isinstance(caption, str) or not caption.strip():
         return f"unreadable caption row: 'caption' is {caption!r}, expected text"
     return None

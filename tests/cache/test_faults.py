@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from pathlib import Path
 
 import h5py
@@ -189,19 +190,52 @@ def test_manifest_that_is_not_json(tmp_path, monkeypatch, capsys):
     refused_everywhere(path, monkeypatch, capsys, str(path / "manifest.json"), "not JSON")
 
 
-def test_escaping_shard_path_never_opens_the_outside_file(tmp_path, monkeypatch):
+#: files opened by Python code (``open``, ``os.open``, ``Path.read_bytes``…) under a watched
+#: folder; an audit hook sees every one of them, whichever function opens the file
+_OPENED_UNDER: dict[str, list[str]] = {}
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if event == "open" and args and isinstance(args[0], str | bytes | os.PathLike):
+        name = os.path.normpath(os.path.abspath(os.fsdecode(args[0])))
+        for folder, opened in _OPENED_UNDER.items():
+            if name.startswith(folder):
+                opened.append(name)
+
+
+@pytest.fixture
+def opens_under():
+    """``opens_under(folder)`` → the list of files opened under ``folder`` from now on."""
+    if not _OPENED_UNDER.get("hooked"):
+        sys.addaudithook(_record_opens)  # cannot be removed; inert once the dict is emptied
+        _OPENED_UNDER["hooked"] = ["hooked"]
+    yield lambda folder: _OPENED_UNDER.setdefault(str(folder), [])
+    for key in [k for k in _OPENED_UNDER if k != "hooked"]:
+        del _OPENED_UNDER[key]
+
+
+@pytest.mark.parametrize("where", ["set", "tree"])
+def test_escaping_shard_path_is_refused_before_anything_is_opened(
+    tmp_path, monkeypatch, capsys, opens_under, where
+):
+    """A manifest naming ``../outside/shard-00000.arrow`` (a real, readable shard of another
+    set): open and ``cache verify`` refuse it naming the manifest and the entry, and the
+    outside file is never opened (not even to hash it)."""
     outside = make_set(tmp_path / "outside")
-    path = make_set(tmp_path / "s")
-    opened = []
-    real = integrity.sha256_file
-    monkeypatch.setattr(integrity, "sha256_file", lambda p: opened.append(p) or real(p))
+    path = make_set(tmp_path / "cache" / "s")
+    escape = "../../outside/shard-00000.arrow"
     edit_manifest(
-        path,
-        lambda m: {**m, "shards": [{**m["shards"][0], "file": "../outside/shard-00000.arrow"}]},
+        path, lambda m: {**m, "shards": [{**m["shards"][0], "file": escape}, *m["shards"][1:]]}
     )
-    with pytest.raises(CacheError, match="plain names inside the set"):
+    opened = opens_under(outside)
+    with pytest.raises(CacheError, match=r"shards\[0\]\.file '\.\./\.\./outside/shard-00000"):
         FeatureSet.open(path)
-    assert opened == [] and (outside / "shard-00000.arrow").exists()
+    target = path if where == "set" else tmp_path / "cache"
+    code, stderr = run_main(["cache", "verify", str(target)], monkeypatch, capsys)
+    assert_one_error(code, stderr, str(path / "manifest.json"), f"shards[0].file {escape!r}")
+    assert opened == []
+    assert (outside / "shard-00000.arrow").read_bytes()  # the watch itself works
+    assert opened == [str(outside / "shard-00000.arrow")]
 
 
 def test_symlinked_shard_is_refused(tmp_path):

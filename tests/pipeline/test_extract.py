@@ -26,13 +26,7 @@ from mmcse.errors import MmcseError
 from pipeline.datasets import DataSource, load_dataset
 from pipeline.extract import RunOptions, ShardPlan, extract_images, extract_texts
 from pipeline.hdf5_import import import_hdf5_features
-from pipeline.images import (
-    BadImageError,
-    DecodeDataset,
-    collate_decoded,
-    decode_image,
-    gpu_decode_batch,
-)
+from pipeline.images import BadImageError, decode_image, open_rgb
 from pipeline.teachers.base import ImagePreprocess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -455,27 +449,57 @@ def test_import_hdf5_row_mismatch_is_a_one_line_cli_error(tmp_path, monkeypatch,
     ]
 
 
-def test_gpu_decode_path_logic_runs_on_any_device(tmp_path):
-    """The --decode gpu batch logic (raw JPEG bytes → decode_jpeg → resize/crop on the device,
-    CPU fallback for files it rejects), exercised with decode_jpeg on the CPU."""
-    make_bad_and_odd_images(tmp_path)
-    names = ["rgb.jpg", "gray.png", "truncated.jpg", "full.jpg"]
-    dataset = DecodeDataset([str(tmp_path / n) for n in names], TINY, 10**8, decode="gpu")
-    rows, decoded, reasons = collate_decoded([dataset[i] for i in range(len(names))])
-    # a truncated JPEG (no end marker) never reaches nvJPEG, which may pad it with grey
-    assert list(reasons) == [2] and reasons[2].startswith("corrupt image: truncated JPEG")
-    assert isinstance(decoded, list)
-    pixels, gpu_reasons = gpu_decode_batch(decoded, rows, dataset, torch.device("cpu"))
-    assert pixels.shape == (3, 3, 32, 32) and pixels.dtype == torch.uint8
-    assert gpu_reasons == {}
-    np.testing.assert_allclose(pixels[0].float().mean((1, 2)), [10, 200, 30], atol=3)
-    assert (pixels[1] == decode_image(tmp_path / "gray.png", TINY)).all()  # decoded by a worker
+def test_decode_gpu_is_refused_saying_why(tmp_path, monkeypatch, capsys):
+    """The nvJPEG route is gone: one decoder (Pillow, CPU workers); the old flag says so."""
+    source = _synthetic_images(tmp_path / "imgs", 2)
+    code, stderr = run_main(
+        ["extract-images", "--dataset", "local", "--images", str(source.images), "--captions",
+         str(source.captions), *_TINY_FLAGS, "--decode", "gpu", "--out", str(tmp_path / "o")],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 2
+    (line,) = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert "--decode gpu is not available" in line and "Pillow" in line and "drop --decode" in line
+    assert not (tmp_path / "o").exists()
 
 
-def test_gpu_decode_without_cuda_is_a_clear_error(tmp_path):
-    records = load_dataset("local", _synthetic_images(tmp_path / "imgs", 2), "train")
-    with pytest.raises(MmcseError, match="--decode gpu needs a CUDA"):
-        extract_images(
-            records, FakeTeacher(), "fake", tmp_path / "o", caption_policy="all", seed=0,
-            options=options(decode="gpu"),
-        )  # fmt: skip
+def _real_or_generated_jpegs(tmp_path: Path) -> list[Path]:
+    """coco_mini's photos when present, else generated ones; plus progressive, grayscale, CMYK,
+    restart-marker and MPO variants (each its own decode route)."""
+    paths = sorted(COCO_MINI.rglob("*.jpg"))[:40] if COCO_MINI.is_dir() else []
+    rng = np.random.default_rng(0)
+    smooth = np.cumsum(rng.integers(-3, 4, (300, 400, 3)), axis=1)
+    photo = Image.fromarray(np.clip(smooth + 128, 0, 255).astype(np.uint8))
+    if not paths:
+        for quality in (30, 75, 95):
+            paths.append(tmp_path / f"gen{quality}.jpg")
+            photo.save(paths[-1], quality=quality)
+    variants = {
+        "progressive.jpg": (photo, {"progressive": True}),
+        "gray.jpg": (photo.convert("L"), {}),
+        "cmyk.jpg": (photo.convert("CMYK"), {"progressive": True}),
+        "restart.jpg": (photo, {"restart_marker_blocks": 3}),
+        "multi.mpo": (photo, {"save_all": True, "append_images": [photo.rotate(90)]}),
+    }
+    for name, (image, options) in variants.items():
+        image.save(tmp_path / name, "MPO" if name.endswith(".mpo") else "JPEG", **options)
+        paths.append(tmp_path / name)
+    return paths
+
+
+def test_checked_jpeg_decode_gives_the_pixels_of_a_plain_pillow_decode(tmp_path):
+    """The truncation checks decode from altered bytes: the pixels must still be exactly those
+    Pillow gives for the file (draft for the same short side, then RGB), the input every
+    teacher's preprocessing is tested on."""
+    for path in _real_or_generated_jpegs(tmp_path):
+        for short_side in (1 << 30, 224, 40):
+            with Image.open(path) as plain:
+                plain.draft("RGB", _draft_for(plain.size, short_side))
+                expected = np.asarray(plain.convert("RGB"))
+            got = np.asarray(open_rgb(path, short_side))
+            assert got.shape == expected.shape and (got == expected).all(), (path, short_side)
+
+
+def _draft_for(size: tuple[int, int], short_side: int) -> tuple[int, int]:
+    scale = short_side / min(size)
+    return max(1, round(size[0] * scale)), max(1, round(size[1] * scale))

@@ -28,6 +28,9 @@ from pipeline.images import BadImageError, open_rgb
 from pipeline.teachers.base import ImagePreprocess
 
 TINY = ImagePreprocess(resize=36, crop=32)
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = Path(os.environ.get("MMCSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+COCO_MINI = SHARED / "images" / "coco_mini"
 
 
 class MeanTeacher:
@@ -123,6 +126,75 @@ def test_cut_jpeg_without_end_marker_is_truncated(tmp_path):
         open_rgb(path, 36)
 
 
+def _photo_jpeg(progressive: bool = False) -> bytes:
+    """A real photo as JPEG bytes: a coco_mini file when present, else a generated one."""
+    photos = sorted(COCO_MINI.rglob("*.jpg")) if COCO_MINI.is_dir() else []
+    if photos and not progressive:
+        return photos[0].read_bytes()
+    if photos:
+        image = Image.open(photos[0])
+    else:
+        steps = np.random.default_rng(0).integers(-4, 5, (240, 320, 3))
+        image = Image.fromarray(np.clip(np.cumsum(steps, axis=1) + 128, 0, 255).astype(np.uint8))
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90, progressive=progressive)
+    return buffer.getvalue()
+
+
+def _cut_then_ended(data: bytes, keep: float) -> bytes:
+    """The first ``keep`` of a JPEG and an end-of-image marker: libjpeg pads the missing scan
+    data with grey and only warns ("premature end of data segment"), which Pillow drops."""
+    cut = data[: int(len(data) * keep)]
+    return cut.rstrip(b"\xff") + b"\xff\xd9"
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+@pytest.mark.parametrize("keep", [0.3, 0.7, 0.97])
+def test_cut_jpeg_with_an_end_marker_is_truncated(tmp_path, progressive, keep):
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(_cut_then_ended(_photo_jpeg(progressive), keep))
+    with Image.open(path) as plain:  # what the check is for: Pillow decodes it, grey and all
+        plain.load()
+    # a progressive file drafted to 1/8 decodes its DC only: a cut that loses only finer
+    # detail leaves those pixels as the complete file's (see pipeline.images.load_jpeg)
+    for short_side in (224, 1 << 30) if progressive else (36, 224, 1 << 30):
+        with pytest.raises(BadImageError, match="truncated JPEG"):
+            open_rgb(path, short_side)
+
+
+def test_progressive_jpeg_missing_its_last_scans_is_truncated(tmp_path):
+    data = _photo_jpeg(progressive=True)
+    scans = [i for i in range(len(data) - 1) if data[i : i + 2] == b"\xff\xda"]
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(data[: scans[len(scans) // 2]] + b"\xff\xd9")  # whole scans gone
+    with pytest.raises(BadImageError, match="its last scans are missing"):
+        open_rgb(path, 36)
+
+
+def test_cut_jpeg_is_logged_and_left_out_or_stops_strict(tmp_path, monkeypatch, capsys):
+    """Through extract-images: logged in errors.jsonl and left out with its captions, as every
+    bad image; with --strict one error line naming the file, and no set written."""
+    images = images_folder(tmp_path / "imgs", 2)
+    (images / "cut.jpg").write_bytes(_cut_then_ended(_photo_jpeg(), 0.5))
+    names = ["im0.jpg", "im1.jpg", "cut.jpg"]
+    captions = captions_file(tmp_path / "c.jsonl", [{"image": n, "caption": n} for n in names])
+    args = ["extract-images", "--dataset", "local", "--images", str(images), "--captions",
+            str(captions), "--teacher", "resnet50", "--weights", "random", "--teacher-size",
+            "tiny", "--device", "cpu", "--workers", "0", "--caption-policy", "all"]  # fmt: skip
+    out = tmp_path / "o"
+    code, _ = run_main([*args, "--out", str(out)], monkeypatch, capsys)
+    assert code == 0
+    assert sorted(FeatureSet.open(out / "image-resnet50").ids) == ["im0", "im1"]
+    assert sorted(set(Corpus.open(out / "captions").image_ids)) == ["im0", "im1"]
+    (row,) = [r for r in errors_jsonl(out) if r["stage"] == "image-resnet50"]
+    assert row["id"] == "cut" and row["path"] == str(images / "cut.jpg")
+    assert row["reason"] == "corrupt image: truncated JPEG (premature end of data)"
+    strict = tmp_path / "strict"
+    code, stderr = run_main([*args, "--strict", "--out", str(strict)], monkeypatch, capsys)
+    assert_one_error(code, stderr, str(images / "cut.jpg"), "truncated JPEG", "--strict")
+    assert not list(strict.rglob("manifest.json")) and not list(strict.rglob("*.tmp-*"))
+
+
 def test_decoder_warnings_are_errors(tmp_path, monkeypatch):
     import warnings
 
@@ -172,19 +244,44 @@ def test_sixteen_bit_png_is_not_saturated(tmp_path):
 # ---- paths, text, caption files --------------------------------------------------------------
 
 
-def test_image_paths_escaping_the_root_are_refused_and_logged(tmp_path):
+def test_image_paths_escaping_the_root_are_logged_with_their_caption_line(
+    tmp_path, monkeypatch, capsys
+):
+    """``--dataset local``: a caption row naming ``../x`` or an absolute path outside --images
+    is left out and logged under the caption file and line; the file is never opened."""
+    from pipeline import images as decoder
+
     for name in ("secret.jpg", "other.jpg"):
         Image.new("RGB", (8, 8)).save(tmp_path / name)
-    escapes = [
+    images = images_folder(tmp_path / "imgs", 3)
+    (images / "sub").mkdir()
+    rows = [{"image": f"im{i}.jpg", "caption": f"caption {i}"} for i in range(2)]
+    rows += [
         {"image": "../secret.jpg", "caption": "up"},
         {"image": str(tmp_path / "other.jpg"), "caption": "absolute"},
+        {"image": "sub/../im2.jpg", "caption": "stays inside"},
     ]
-    records = local_records(tmp_path, escapes)
-    assert sorted(r.image_id for r in records.images) == ["im0", "im1", "im2", "im3"]
-    assert sorted((e.id, e.reason) for e in records.errors) == [
-        ("other", "image path outside --images"),
-        ("secret", "image path outside --images"),
-    ]
+    captions = captions_file(tmp_path / "c.jsonl", rows)
+    opened = []
+    real = decoder._load_rgb
+    monkeypatch.setattr(
+        decoder, "_load_rgb", lambda path, *a: opened.append(path) or real(path, *a)
+    )
+    out = tmp_path / "o"
+    code, _ = run_main(
+        ["extract-images", "--dataset", "local", "--images", str(images), "--captions",
+         str(captions), "--teacher", "resnet50", "--weights", "random", "--teacher-size", "tiny",
+         "--device", "cpu", "--workers", "0", "--caption-policy", "all", "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0
+    assert sorted(FeatureSet.open(out / "image-resnet50").ids) == ["im0", "im1", "im2"]
+    assert {Path(p).name for p in opened} == {"im0.jpg", "im1.jpg", "im2.jpg"}
+    logged = [(r["stage"], r["id"], r["path"], r["reason"]) for r in errors_jsonl(out)]
+    assert logged == [
+        ("captions", "line 3", str(captions), f"image path outside --images: '../secret.jpg' leaves {images}"),
+        ("captions", "line 4", str(captions), f"image path outside --images: '{tmp_path / 'other.jpg'}' leaves {images}"),
+    ]  # fmt: skip
 
 
 def test_strict_stops_on_an_escaping_path(tmp_path, monkeypatch, capsys):
@@ -197,7 +294,10 @@ def test_strict_stops_on_an_escaping_path(tmp_path, monkeypatch, capsys):
          "--device", "cpu", "--workers", "0", "--strict", "--out", str(tmp_path / "o")],
         monkeypatch, capsys,
     )  # fmt: skip
-    assert_one_error(code, stderr, "image path outside --images", "--strict")
+    assert_one_error(
+        code, stderr, f"{captions}: image path outside --images: '../x.jpg'", "(id line 2)",
+        "--strict",
+    )  # fmt: skip
     assert not (tmp_path / "o" / "image-resnet50" / "manifest.json").exists()
 
 
@@ -231,6 +331,49 @@ def test_text_with_a_byte_order_mark_is_decoded(tmp_path, encoding):
     assert records.errors == []
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32", "utf-8-sig", "utf-8"])
+def test_text_corpus_reaches_the_cache_without_replacement_characters(
+    tmp_path, monkeypatch, capsys, encoding
+):
+    text = tmp_path / "wiki.txt"
+    bom = {"utf-16-le": b"\xff\xfe", "utf-16-be": b"\xfe\xff"}.get(encoding, b"")
+    text.write_bytes(bom + "héllo wörld\r\n\nzweite Zeile — 東京\n".encode(encoding))
+    out = tmp_path / "o"
+    code, _ = run_main(
+        ["extract-text", "--corpus", "wiki1m", "--text-file", str(text), "--teacher", "none",
+         "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0
+    corpus = Corpus.open(out / "sentences")
+    assert corpus.texts == ["héllo wörld", "zweite Zeile — 東京"]
+    assert [str(i) for i in corpus.ids] == ["wiki1m-0000000", "wiki1m-0000002"]
+    assert [(r["id"], r["reason"]) for r in errors_jsonl(out)] == [("wiki1m-0000001", "blank line")]
+
+
+def test_utf16_text_with_an_invalid_unit_is_refused_naming_the_line(tmp_path, monkeypatch, capsys):
+    text = tmp_path / "wiki.txt"
+    lone_surrogate = b"\x00\xd8"  # a high surrogate with no low one after it
+    text.write_bytes(b"\xff\xfe" + "ok\nbad ".encode("utf-16-le") + lone_surrogate + b"\n\x00")
+    out = tmp_path / "o"
+    code, stderr = run_main(
+        ["extract-text", "--corpus", "wiki1m", "--text-file", str(text), "--teacher", "none",
+         "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert_one_error(code, stderr, f"{text}:2: not valid utf-16 text")
+    assert not out.exists()
+
+
+def test_utf8_bom_text_logs_a_bad_line_like_plain_utf8(tmp_path):
+    text = tmp_path / "wiki.txt"
+    text.write_bytes(b"\xef\xbb\xbffirst\nbad \xff byte\nthird\n")
+    records = load_dataset("wiki1m", DataSource(text=text), "train")
+    assert [s.text for s in records.sentences] == ["first", "third"]
+    (error,) = records.errors
+    assert error.reason.startswith("line 2: invalid UTF-8")
+
+
 def test_utf16_without_a_byte_order_mark_is_refused(tmp_path):
     text = tmp_path / "wiki.txt"
     text.write_bytes("hello\nworld\n".encode("utf-16-le"))
@@ -261,20 +404,47 @@ def test_null_caption_names_the_file_and_the_entry(tmp_path):
     ("payload", "fragment"),
     [
         ({"annotations": []}, "needs an 'images' list"),
-        ([{"image": "x.jpg"}], None),  # ALBEF list, an entry without captions: logged
+        ([{"image": "x.jpg"}], r"no coco records found.* the first: \[0\]: unreadable caption"),
     ],
 )
 def test_caption_file_errors_name_the_file(tmp_path, payload, fragment):
     images = images_folder(tmp_path / "imgs", 1)
     path = tmp_path / "captions.json"
     path.write_text(json.dumps(payload))
-    if fragment is None:
-        with pytest.raises(MmcseError, match="no records found"):
-            load_dataset("coco", DataSource(images, path), "train")
-        return
     with pytest.raises(MmcseError, match=fragment) as info:
         load_dataset("coco", DataSource(images, path), "train")
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "payload", "entry"),
+    [
+        (
+            "captions_train2017.json",
+            {"annotations": [None], "images": [{"id": 1}]},
+            "annotations[0]",
+        ),
+        ("captions_train2017.json", {"annotations": [], "images": [None]}, "images[0]"),
+        ("albef.json", [None], "[0]"),  # the ALBEF/BLIP list format
+        ("dataset_coco.json", {"images": [None]}, "images[0]"),  # Karpathy
+    ],
+)
+def test_a_file_of_null_entries_names_the_file_and_the_entry(
+    tmp_path, monkeypatch, capsys, name, payload, entry
+):
+    """Every entry unreadable: the error says which file and which entry, not only that no
+    records were found."""
+    images = images_folder(tmp_path / "imgs", 1)
+    path = tmp_path / name
+    path.write_text(json.dumps(payload))
+    out = tmp_path / "o"
+    code, stderr = run_main(
+        ["extract-text", "--corpus", "coco", "--images", str(images), "--captions", str(path),
+         "--teacher", "none", "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert_one_error(code, stderr, str(path), "no coco records", f"the first: {entry}: ", "null")
+    assert not out.exists()
 
 
 def test_bad_image_entry_id_names_file_and_entry(tmp_path):
@@ -387,6 +557,61 @@ def test_killed_corpus_write_leaves_temp_files_that_the_next_run_cleans(tmp_path
     assert not list(out.rglob("*.tmp-*"))
 
 
+# The CLI in a child process that SIGKILLs itself right after the first manifest is written:
+# the image set is complete, its writer state (.pending.json) and errors.jsonl not yet cleaned.
+_KILLED_AFTER_MANIFEST = """
+import os, signal, sys
+import cli
+from mmcse.cache.manifest import Manifest
+write = Manifest.write
+def write_then_die(self, directory):
+    write(self, directory)
+    os.kill(os.getpid(), signal.SIGKILL)
+Manifest.write = write_then_die
+sys.argv = ["mmcse", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_kill_right_after_the_manifest_then_rerun_leaves_what_a_clean_run_does(
+    tmp_path, monkeypatch, capsys
+):
+    import signal
+    import subprocess
+
+    images = images_folder(tmp_path / "imgs", 3)
+    (images / "im2.jpg").write_bytes(b"not an image")  # one logged error
+    captions = captions_file(
+        tmp_path / "c.jsonl", [{"image": f"im{i}.jpg", "caption": f"c {i}"} for i in range(3)]
+    )
+    args = ["extract-images", "--dataset", "local", "--images", str(images), "--captions",
+            str(captions), "--teacher", "resnet50", "--weights", "random", "--teacher-size",
+            "tiny", "--device", "cpu", "--workers", "0"]  # fmt: skip
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER_MANIFEST, *args, "--out", str(killed)],
+        cwd=Path(cli.__file__).parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    image_set = killed / "image-resnet50"
+    assert (image_set / "manifest.json").exists() and (image_set / ".pending.json").exists()
+    for out in (killed, clean):
+        code, stderr = run_main([*args, "--out", str(out)], monkeypatch, capsys)
+        assert code == 0, stderr
+
+    def files(root: Path) -> dict[str, bytes | None]:
+        """Every file by relative path; the content too except the stat-based verified state."""
+        return {
+            str(p.relative_to(root)): None if p.name == ".verified.json" else p.read_bytes()
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+        }
+
+    assert files(killed) == files(clean)
+    assert not list(killed.rglob(".pending.json")) and not list(killed.rglob("*.tmp-*"))
+    assert [r["id"] for r in errors_jsonl(killed) if r["stage"] == "image-resnet50"] == ["im2"]
+
+
 def test_wrong_images_folder_is_an_error_not_an_empty_set(tmp_path, monkeypatch, capsys):
     images_folder(tmp_path / "imgs", 2)
     captions = captions_file(
@@ -458,6 +683,7 @@ def test_visualcse_image_cache_skips_a_truncated_image(tmp_path, monkeypatch, ca
     images_folder(tmp_path / "tree" / "cat", 2)
     images_folder(tmp_path / "tree" / "dog", 1)
     (tmp_path / "tree" / "dog" / "cut.jpg").write_bytes(_jpeg_bytes((200, 200), 90)[:-2])
+    (tmp_path / "tree" / "dog" / "ended.jpg").write_bytes(_cut_then_ended(_photo_jpeg(), 0.5))
     out = tmp_path / "o"
     monkeypatch.setattr(sys, "argv", ["mmcse", "extract-image-tensors", str(tmp_path / "tree"),
                                       str(out), "--size", "16", "--workers", "0"])  # fmt: skip
@@ -467,4 +693,36 @@ def test_visualcse_image_cache_skips_a_truncated_image(tmp_path, monkeypatch, ca
     assert info.value.code == 0
     assert sorted(FeatureSet.open(out).ids) == ["cat/im0", "cat/im1", "dog/im0"]
     output = capsys.readouterr()
-    assert "dog/cut" in output.out + output.err and "truncated JPEG" in output.out + output.err
+    shown = output.out + output.err
+    assert "skipped 2 unreadable images" in shown and "truncated JPEG" in shown
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "fragments"),
+    [
+        ({"RANK": "abc"}, [], ["RANK='abc'", "must be an integer"]),
+        ({"WORLD_SIZE": "two"}, [], ["WORLD_SIZE='two'", "must be an integer"]),
+        ({"WORLD_SIZE": "0"}, [], ["WORLD_SIZE='0'", "≥ 1"]),
+        ({"RANK": "2", "WORLD_SIZE": "2"}, [], ["RANK=2 is not below WORLD_SIZE=2"]),
+        ({"WORLD_SIZE": "2"}, ["--rank", "5"], ["--rank=5 is not below WORLD_SIZE=2"]),
+        ({}, ["--rank", "1", "--world-size", "1"], ["--rank=1 is not below --world-size=1"]),
+        ({}, ["--world-size", "0"], ["--world-size must be at least 1, got 0"]),
+    ],
+)
+def test_malformed_rank_names_the_variable_and_its_value(
+    tmp_path, monkeypatch, capsys, env, flags, fragments
+):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    text = tmp_path / "wiki.txt"
+    text.write_text("one sentence\n")
+    out = tmp_path / "o"
+    code, stderr = run_main(
+        ["extract-text", "--corpus", "wiki1m", "--text-file", str(text), "--teacher", "none",
+         "--out", str(out), *flags],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert_one_error(code, stderr, *fragments)
+    assert not out.exists()

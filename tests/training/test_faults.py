@@ -575,3 +575,27 @@ def test_empty_feature_value_and_pinned_multi_set_role(
 def test_eval_settings_are_one_line(flags, words, tiny_model, monkeypatch, capsys, no_model_load):
     args = ["eval", "--model", str(tiny_model), "--data", str(FIXTURE_SENTEVAL), *flags]
     refused(args, monkeypatch, capsys, *words)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-32"])
+def test_text_corpus_file_is_decoded_by_its_byte_order_mark(tmp_path, encoding):
+    """A ``.txt`` corpus in UTF-16/32 with a BOM (or UTF-8 with one) gives the sentences
+    themselves, never U+FFFD garbage; ids are the same line numbers in every encoding."""
+    from mmcse.training.data import read_corpus
+
+    path = tmp_path / "wiki.txt"
+    path.write_bytes("héllo wörld\n\nzweite Zeile — 東京\n".encode(encoding))
+    ids, texts, image_ids, _ = read_corpus(str(path))
+    assert texts == ["héllo wörld", "zweite Zeile — 東京"]
+    assert list(ids) == ["wiki:0", "wiki:2"] and image_ids is None
+
+
+def test_text_corpus_that_is_not_utf8_is_refused_naming_the_line(tmp_path):
+    """read_corpus itself refuses (``mmcse train``'s preflight says the same earlier), so no
+    caller gets U+FFFD rows."""
+    from mmcse.training.data import read_corpus
+
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("first line\nsecond line\ncaf\u00e9 au lait\n".encode("latin-1"))
+    with pytest.raises(MmcseError, match=f"{bad}:3: not valid utf-8 text"):
+        read_corpus(str(bad))
