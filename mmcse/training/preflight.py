@@ -21,7 +21,6 @@ Setting types and ranges are checked earlier, by the config dataclasses (:mod:`m
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from mmcse import distributed
 from mmcse.devices import check_device
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
+from mmcse.textfiles import decode_text
 from mmcse.training.config import TrainConfig
 
 #: what a training run writes into its output folder (``--overwrite`` removes only these)
@@ -94,7 +94,7 @@ def check_paths(cfg: TrainConfig) -> None:
         if value:
             _readable(Path(value), f"{flag} {value}", "file or folder")
             if Path(value).is_file():
-                check_utf8(Path(value), flag)
+                check_text_file(Path(value), flag)
     for role, dirs in cfg.features.items():
         parts = [d for d in dirs.split(",") if d.strip()]
         if not parts:
@@ -108,29 +108,13 @@ def check_paths(cfg: TrainConfig) -> None:
             )
 
 
-BOMS = (
-    (codecs.BOM_UTF32_LE, "UTF-32"),  # before UTF-16: its BOM starts like UTF-16 LE's
-    (codecs.BOM_UTF32_BE, "UTF-32"),
-    (codecs.BOM_UTF16_LE, "UTF-16"),
-    (codecs.BOM_UTF16_BE, "UTF-16"),
-)
-
-
-def check_utf8(path: Path, flag: str) -> None:
-    """A sentence file is UTF-8 (training would keep bad bytes as U+FFFD rows silently)."""
-    raw = path.read_bytes()
-    for bom, encoding in BOMS:
-        if raw.startswith(bom):
-            raise MmcseError(
-                f"{flag} {path} is {encoding} text (byte-order mark); convert it to UTF-8"
-            )
+def check_text_file(path: Path, flag: str) -> None:
+    """A sentence file decodes as training will read it (UTF-8, or UTF-16/32 with a byte-order
+    mark; :mod:`mmcse.textfiles`): a bad byte is refused naming the line, never kept as U+FFFD."""
     try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise MmcseError(
-            f"{flag} {path}:{line}: not UTF-8 ({exc.reason} at byte {exc.start}); fix or drop the line"
-        ) from None
+        decode_text(path, path.read_bytes())
+    except MmcseError as exc:
+        raise MmcseError(f"{flag} {exc}") from None
 
 
 def sources_of(cfg: TrainConfig) -> list[str]:

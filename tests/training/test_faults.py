@@ -517,12 +517,12 @@ def test_ablation_checks_every_row_before_the_first_trains(
 @pytest.mark.parametrize(
     ("content", "words"),
     [
-        (b"a dog runs\nthe cat \xff sits\n", [":2:", "not UTF-8"]),
-        ("a dog runs\n".encode("utf-16"), ["UTF-16", "convert it to UTF-8"]),
-        ("a dog runs\n".encode("utf-32"), ["UTF-32"]),
+        (b"a dog runs\nthe cat \xff sits\n", [":2:", "not valid utf-8"]),
+        ("a dog runs\n\ud800".encode("utf-16", "surrogatepass"), [":2:", "not valid utf-16"]),
+        ("a dog runs\n".encode("utf-16-le"), ["NUL bytes", "convert it to UTF-8"]),
     ],
 )
-def test_text_corpus_in_another_encoding_is_refused(
+def test_text_corpus_that_does_not_decode_is_refused_naming_the_line(
     content, words, tiny_model, tiny_world, tmp_path, monkeypatch, capsys
 ):
     corpus = tmp_path / "wiki.txt"
