@@ -61,9 +61,9 @@ def load_heads(model_dir: str | Path, term: str | None = None) -> GroundingHeads
     """The grounding heads saved with a checkpoint (the first term having both, or ``term``)."""
     from safetensors.torch import load_file
 
-    from mmcse.rundir import HEADS_FILE
+    from mmcse.rundir import HEADS_FILE, Checkpoint
 
-    path = Path(model_dir) / HEADS_FILE
+    path = Checkpoint(model_dir).heads
     if not path.is_file():
         raise MmcseError(
             f"{model_dir} has no {HEADS_FILE}: retrieval needs a run trained with a grounding "
@@ -151,7 +151,7 @@ def evaluate_retrieval(
     progress: bool = False,
 ) -> dict:
     """Recall@1/5/10 and median rank both ways, grounded space and raw zero-shot baseline."""
-    from mmcse.hub import resolve_model_dir
+    from mmcse.rundir import resolve_model_dir
 
     started = time.perf_counter()
     heads = load_heads(resolve_model_dir(str(model)), head)  # fail before encoding anything
