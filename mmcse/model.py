@@ -4,21 +4,21 @@ Loading takes a local directory or a hub id; with ``HF_HUB_OFFLINE=1`` (or no ne
 directories and already-cached ids resolve. A training checkpoint is an ordinary HF model
 directory (``save_pretrained`` of the backbone + tokenizer, safetensors) plus
 ``mmcse_heads.safetensors`` (the loss heads, training-only) and ``mmcse_run.json`` (resolved
-config and the fingerprints of every feature set it trained on), so any HF tool can load it.
+config and the fingerprints of every feature set it trained on), so any HF tool can load it
+(the layout: :mod:`mmcse.rundir`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from mmcse.hub import quiet_transformers, resolve_model_dir
+from mmcse.hub import quiet_transformers
 from mmcse.pooling import needs_hidden_states, pool
-from mmcse.rundir import HEADS_FILE, RUN_INFO_FILE
+from mmcse.rundir import Checkpoint, resolve_model_dir
 
 
 @dataclass
@@ -89,14 +89,15 @@ class SentenceEncoder(nn.Module):
     def save_checkpoint(
         self, out_dir: str | Path, tokenizer, heads: nn.Module, run_info: dict
     ) -> None:
-        """Write an HF model dir + training heads + run info (atomic per file via HF/safetensors)."""
+        """Write an HF model dir + training heads + run info (:class:`mmcse.rundir.Checkpoint`;
+        the trainer writes it into a temp dir renamed into place)."""
         from safetensors.torch import save_file
 
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
+        checkpoint = Checkpoint(out_dir)
+        checkpoint.path.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(checkpoint.path, safe_serialization=True)
+        tokenizer.save_pretrained(checkpoint.path)
         # cloned: safetensors refuses tensors that share storage (a module saved under two names)
         state = {k: v.detach().cpu().contiguous().clone() for k, v in heads.state_dict().items()}
-        save_file(state, str(out / HEADS_FILE))
-        (out / RUN_INFO_FILE).write_text(json.dumps(run_info, indent=2, default=str))
+        save_file(state, str(checkpoint.heads))
+        checkpoint.write_info(run_info)

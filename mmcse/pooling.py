@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmcse.errors import MmcseError
-from mmcse.rundir import RUN_INFO_FILE
+from mmcse.rundir import Checkpoint
 
 if TYPE_CHECKING:  # names are checked (TrainConfig) without importing torch
     from torch import Tensor
@@ -100,10 +100,8 @@ def student_pooling(model_dir: str | Path) -> str | None:
 
 def recorded_pooler(model_dir: str | Path) -> str | None:
     """The pooler a training checkpoint recorded in its run info, if it is one."""
-    path = Path(model_dir) / RUN_INFO_FILE
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text()).get("pooler") or None
+    info = Checkpoint(model_dir).read_info() or {}
+    return info.get("pooler") or None
 
 
 def resolve_pooler(

@@ -24,6 +24,7 @@ import torch
 import typer
 
 from mmcse.demo.world import generate
+from mmcse.rundir import RunDir
 from mmcse.tiny import build_tiny_bert
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train
@@ -100,7 +101,7 @@ def score_demo_tasks(run_dir: Path, tasks, device: str) -> dict[str, float]:
 
 
 def dev_curve(run_dir: Path) -> list[tuple[int, float]]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = RunDir(run_dir).read_metrics()
     return [(r["step"], r["stsb_dev"]) for r in rows if r.get("stsb_dev") is not None]
 
 
@@ -136,7 +137,7 @@ def write_demo_plots(run_dirs: dict[str, Path], out_dir: Path) -> Path | None:
         return None
     fig, (dev_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4))
     for method, run_dir in run_dirs.items():
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        rows = RunDir(run_dir).read_metrics()
         dev = [(r["step"], r["stsb_dev"]) for r in rows if r.get("stsb_dev") is not None]
         if dev:
             dev_ax.plot(*zip(*dev, strict=True), marker="o", label=method)

@@ -6,9 +6,9 @@ JSON keeps SentEval's task names so results from other toolkits line up key by k
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
+
+from mmcse.rundir import write_json
 
 #: SentEval task name -> the column title the papers print
 COLUMN_TITLES = {
@@ -73,20 +73,7 @@ def print_table(rows: dict[str, dict]) -> None:
     print(format_rows(rows))
 
 
-def _finite_or_none(value):
-    """JSON has no NaN: a correlation that is undefined (constant scores) becomes null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_none(item) for item in value]
-    return value
-
-
 def write_report(results: dict, path: str | Path) -> Path:
-    """Write ``results`` as indented, strict JSON (parent folders created)."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_finite_or_none(results), indent=2, allow_nan=False) + "\n")
-    return out
+    """Write ``results`` as indented, strict JSON (NaN becomes null; parent folders created),
+    atomically (:func:`mmcse.rundir.write_json`)."""
+    return write_json(path, results)

@@ -20,7 +20,6 @@ only when their dimensions match; otherwise it is reported as not applicable.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch
 from mmcse.errors import MmcseError
 from mmcse.evaluation.encode import encode_sentences
 from mmcse.evaluation.sts import load_encoder
-from mmcse.rundir import HEADS_FILE, RUN_INFO_FILE
+from mmcse.rundir import HEADS_FILE, Checkpoint
 
 KS = (1, 5, 10)
 
@@ -66,7 +65,7 @@ def load_heads(model_dir: str | Path, term: str | None = None) -> GroundingHeads
     first term (by name) that has both."""
     from safetensors.torch import load_file
 
-    path = Path(model_dir) / HEADS_FILE
+    path = Checkpoint(model_dir).heads
     if not path.is_file():
         raise MmcseError(
             f"{model_dir} has no {HEADS_FILE}: retrieval needs a run trained with a grounding "
@@ -99,14 +98,11 @@ def load_heads(model_dir: str | Path, term: str | None = None) -> GroundingHeads
 
 def _term_heads(model_dir: Path) -> dict[str, dict[str, str]]:
     """term → slot → saved head name, from the checkpoint's run info."""
-    path = model_dir / RUN_INFO_FILE
-    try:
-        wiring = json.loads(path.read_text(encoding="utf-8")).get("term_heads")
-    except (OSError, ValueError, AttributeError):
-        wiring = None
+    checkpoint = Checkpoint(model_dir)
+    wiring = (checkpoint.read_info() or {}).get("term_heads")
     if not isinstance(wiring, dict):
         raise MmcseError(
-            f"{path} does not record which heads each loss term used (term_heads); retrieval "
+            f"{checkpoint.run_info} does not record which heads each loss term used (term_heads); retrieval "
             "needs a checkpoint written by `mmcse train`"
         )
     return wiring
@@ -171,7 +167,7 @@ def evaluate_retrieval(
     progress: bool = False,
 ) -> dict:
     """Recall@1/5/10 and median rank both ways, grounded space and raw zero-shot baseline."""
-    from mmcse.hub import resolve_model_dir
+    from mmcse.rundir import resolve_model_dir
 
     started = time.perf_counter()
     heads = load_heads(resolve_model_dir(str(model)), head)  # fail before encoding anything

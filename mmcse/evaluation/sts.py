@@ -282,15 +282,16 @@ def average_of_printed(scores: Iterable[float]) -> float:
 
 
 def run_pooler(model_dir: str) -> str:
-    """The pooler a training run used (``mmcse_run.json``), else the student's own
+    """The pooler a training run recorded (its run info), else the student's own
     sentence-transformers pooling (``1_Pooling/config.json``), else SimCSE's unsupervised default."""
     return resolve_pooler(None, model_dir, DEFAULT_POOLER)[0]
 
 
 def load_encoder(path: str | Path, pooler: str | None, device: str | None):
     """Encoder, tokenizer, pooler and resolved directory for a run directory or HF model."""
-    from mmcse.hub import load_tokenizer, resolve_model_dir
+    from mmcse.hub import load_tokenizer
     from mmcse.model import SentenceEncoder
+    from mmcse.rundir import resolve_model_dir
 
     model_dir = resolve_model_dir(str(path))
     pooler = pooler or run_pooler(model_dir)

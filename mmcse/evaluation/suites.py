@@ -1,22 +1,20 @@
 """``mmcse eval --tasks sts,transfer,retrieval``: the suites beyond STS, run and saved together.
 
-Results of a training run directory are also written into it (``transfer.json``,
-``retrieval.json``; the trainer writes STS to ``results.json``), which is where
+Results of a training run directory are also recorded in it
+(:meth:`mmcse.rundir.RunDir.write_results`; the trainer records STS), which is where
 ``mmcse compare`` and ``mmcse plot`` look for them.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import typer
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.report import write_report
 from mmcse.evaluation.transfer import TRANSFER_TASKS, check_task_folders, parse_tasks
+from mmcse.rundir import run_of_model
 
 SUITES = ("sts", "transfer", "retrieval")
-RUN_FILES = {"sts": "results.json", "transfer": "transfer.json", "retrieval": "retrieval.json"}
 
 
 def parse_suites(
@@ -54,13 +52,6 @@ def parse_suites(
     return suites
 
 
-def _run_dir(model: str) -> Path | None:
-    from mmcse.rundir import BEST_DIR
-
-    path = Path(model)
-    return path if (path / BEST_DIR / "config.json").is_file() else None
-
-
 def run_extra_suites(
     model, suites, data, out, pooler, batch_size, device, transfer_mode,
     images_features, captions, head, sts: dict | None = None,
@@ -83,11 +74,11 @@ def run_extra_suites(
         typer.echo(format_transfer_table(results["transfer"]))
     if "retrieval" in results:
         typer.echo(format_retrieval_table(results["retrieval"]))
-    run = _run_dir(str(model))
+    run = run_of_model(model)
     if run is not None:
         for suite in ("transfer", "retrieval"):
             if suite in results:
-                typer.echo(f"wrote {write_report(results[suite], run / RUN_FILES[suite])}")
+                typer.echo(f"wrote {run.write_results(suite, results[suite])}")
     if out:
         typer.echo(f"wrote {write_report(results, out)}")
     return results

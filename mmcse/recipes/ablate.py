@@ -22,12 +22,12 @@ from typing import Any
 from scipy import stats
 
 from mmcse.errors import MmcseError
-from mmcse.evaluation.report import write_report
 from mmcse.methods import Method, build_method
 from mmcse.recipes.recipe import Recipe
 from mmcse.recipes.runs import SeedRuns, check_seed_dirs, run_seeds
 from mmcse.reports.compare import Row, markdown_table
 from mmcse.reports.published import PUBLISHED_ABLATIONS
+from mmcse.rundir import AblationDir, write_json
 
 FULL = ""  # the drop spec of the full method
 
@@ -211,12 +211,12 @@ def ablation_plan(
     method = build_method(recipe.method, **recipe.method_args)
     plan = [((), ())] + [(terms, tuple(resolve_term(method, t) for t in terms)) for terms in drops]
     base = dict(overrides or {})
-    out = Path(output_dir)
+    out = AblationDir(output_dir)
     rows = []
     for terms, fields in plan:
         zeroed = {f: 0.0 for f in fields}
         row_overrides = {**base, "method_args": {**base.get("method_args", {}), **zeroed}}
-        rows.append((terms, fields, out / row_dir(terms), row_overrides))
+        rows.append((terms, fields, out.row(row_dir(terms)).path, row_overrides))
     return rows
 
 
@@ -232,4 +232,4 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
     write_tables(
         ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex")
     )
-    return md, write_report(ablation.to_dict(), md.with_suffix(".json"))
+    return md, write_json(md.with_suffix(".json"), ablation.to_dict())

@@ -3,8 +3,9 @@
 A recipe is a paper's setting. ``mmcse recipes run``/``mmcse ablate`` accept overrides (another
 student, fewer steps, ``--set batch_size=...``, fewer seeds); a run with any of them is not the
 published setting, so :func:`departures` compares the TrainConfig each seed would get with and
-without them (field by field, so nothing slips through) and the tables and ``results.json`` state
-the difference. :func:`describe_plan` is ``--dry-run``: what would run, where, with which changes.
+without them (field by field, so nothing slips through) and the tables and the recipe record
+(:class:`mmcse.rundir.SeedsDir`) state the difference. :func:`describe_plan` is ``--dry-run``:
+what would run, where, with which changes.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.errors import MmcseError
-from mmcse.evaluation.report import write_report
 from mmcse.recipes.recipe import Recipe
 from mmcse.reports.compare import Row, delta, markdown_table, published_row, scores_of, summarize
+from mmcse.rundir import SeedsDir, write_json
 from mmcse.training.config import TrainConfig
 
 #: fields that differ per run by design, never a departure from the recipe
@@ -138,7 +139,7 @@ def describe_plan(
             cfg = recipe.config(
                 cache_root,
                 seed=seed,
-                output_dir=Path(out) / f"seed{seed}",
+                output_dir=SeedsDir(out).seed(seed).path,
                 model=model,
                 max_steps=max_steps,
                 overrides=row_overrides,
@@ -212,21 +213,22 @@ def run_seeds(
 ) -> SeedRuns:
     """Train ``recipe`` once per seed into ``<output_dir>/seed<k>`` (cache checked first)."""
     recipe.check_cache(cache_root, set(overrides or {}))
-    out = Path(output_dir)
-    check_seed_dirs(out, seeds, overrides)
+    out = SeedsDir(output_dir)
+    check_seed_dirs(out.path, seeds, overrides)
     results = []
     for i, seed in enumerate(seeds, start=1):
-        log(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {out / f'seed{seed}'}")
+        run = out.seed(seed).path
+        log(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {run}")
         cfg = recipe.config(
             cache_root,
             seed=seed,
-            output_dir=out / f"seed{seed}",
+            output_dir=run,
             model=model,
             max_steps=max_steps,
             overrides=overrides,
         )
         results.append(train_one(cfg))
-    return SeedRuns(label or recipe.name, out, tuple(seeds), results)
+    return SeedRuns(label or recipe.name, out.path, tuple(seeds), results)
 
 
 def check_seed_dirs(
@@ -237,7 +239,7 @@ def check_seed_dirs(
 
     overwrite = bool((overrides or {}).get("overwrite"))
     for seed in seeds:
-        check_output_path(Path(output_dir) / f"seed{seed}", overwrite=overwrite)
+        check_output_path(SeedsDir(output_dir).seed(seed).path, overwrite=overwrite)
 
 
 def comparison_rows(recipe: Recipe, runs: SeedRuns, overridden: bool = False) -> list[Row]:
@@ -259,7 +261,8 @@ def comparison_rows(recipe: Recipe, runs: SeedRuns, overridden: bool = False) ->
 
 
 def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tuple[SeedRuns, str]:
-    """Run the seeds, write ``<output_dir>/results.json``, return the runs and the table."""
+    """Run the seeds, write the recipe record and its tables into ``output_dir``
+    (:class:`mmcse.rundir.SeedsDir`), return the runs and the table."""
     given = {k: kwargs.get(k) for k in ("cache_root", "seeds", "model", "max_steps", "overrides")}
     changes = departures(recipe, **given)
     runs = run_seeds(recipe, output_dir=output_dir, **kwargs)
@@ -270,12 +273,13 @@ def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tupl
         "runs": runs.to_dict(),
         "comparison": [r.to_dict() for r in rows],
     }
-    write_report(report, Path(output_dir) / "results.json")
+    seeds_dir = SeedsDir(output_dir)
+    write_json(seeds_dir.results, report)
     from mmcse.reports.published import COLUMNS
     from mmcse.reports.tables import write_tables  # results.md/.csv/.tex, as mmcse compare
 
     this_run = [i for i, r in enumerate(rows) if r.label.startswith("this run")]
-    write_tables(rows, COLUMNS, Path(output_dir) / "results", ("source",), this_run)
+    write_tables(rows, COLUMNS, seeds_dir.tables, ("source",), this_run)
     table = markdown_table(rows, extra_columns=("source",))
     notes = [n for n in (departure_note(changes), pooling_hint(recipe, **given)) if n]
     return runs, table + "".join(f"\n\n{n}" for n in notes)

@@ -13,6 +13,7 @@ from mmcse.reports.published import COLUMNS as STS_COLUMNS
 from mmcse.reports.published import PUBLISHED
 from mmcse.reports.runs import RETRIEVAL_COLUMNS, TRANSFER_COLUMNS, find_groups
 from mmcse.reports.tables import present_columns, render, summarize_columns
+from mmcse.rundir import RESULT_FILES
 
 ALL_COLUMNS = (*STS_COLUMNS, *TRANSFER_COLUMNS, *RETRIEVAL_COLUMNS)
 EXTRA = ("source",)
@@ -34,7 +35,7 @@ def comparison(arguments) -> tuple[list[Row], list[str], list[int]]:
     columns = present_columns(rows, ALL_COLUMNS)
     if not any(rows[i].mean for i in measured):
         raise MmcseError(
-            "none of these runs has results (results.json / transfer.json / retrieval.json); "
+            f"none of these runs has results ({' / '.join(RESULT_FILES.values())}); "
             "train with final evaluation or run mmcse eval --model RUN first"
         )
     return rows, columns, measured

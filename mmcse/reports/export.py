@@ -18,7 +18,7 @@ our pooler             sentence-transformers modules
 
 No Normalize module: ``mmcse eval`` scores cosines of unnormalised vectors, so the exported model
 returns the same unnormalised vectors. The model card (README.md) states method, data, the
-fingerprints of the training cache and the scores (``results.json`` of the run, when present).
+fingerprints of the training cache and the scores (the run's STS results, when recorded).
 The Pooling config uses the legacy ``pooling_mode_*`` keys, which every sentence-transformers
 release reads.
 """
@@ -30,9 +30,14 @@ import shutil
 from pathlib import Path
 
 from mmcse.errors import MmcseError
-from mmcse.hub import resolve_model_dir
 from mmcse.pooling import resolve_pooler
-from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
+from mmcse.rundir import (
+    RESULTS_FILE,
+    Checkpoint,
+    RunDir,
+    resolve_model_dir,
+    run_of_checkpoint,
+)
 
 ST_POOLING_MODE = {"cls_before_pooler": "cls", "cls": "cls", "avg": "mean", "max": "max"}
 _LEGACY_KEY = {
@@ -51,9 +56,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
         shutil.rmtree(out)
 
 
-def _run_dir(run: Path, model_dir: Path) -> Path:
-    """The training run directory holding results.json/config.json (parent of best/)."""
-    return model_dir.parent if model_dir.name == BEST_DIR else run
+def _run_dir(run: Path, model_dir: Path) -> RunDir:
+    """The training run whose results are the checkpoint's (its best/), else ``run`` itself."""
+    return run_of_checkpoint(model_dir) or RunDir(run)
 
 
 def _pooling_modules(out: Path, mode: str, dim: int) -> list[dict]:
@@ -130,28 +135,18 @@ def export_run(
     if pooler == "cls" and backbone_pooler is not None:
         modules.append(_dense_from_pooler(out, backbone_pooler))
     (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    info = _run_info(model_dir)
+    info = Checkpoint(model_dir).read_info() or {}
     info["pooler"] = pooler  # so `mmcse eval OUT` uses the same pooling
-    (out / RUN_INFO_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+    Checkpoint(out).write_info(info)
     (out / "README.md").write_text(model_card(run, model_dir, pooler, modules, info, max_len))
     return out, pooler
-
-
-def _run_info(model_dir: Path) -> dict:
-    path = model_dir / RUN_INFO_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _results(run_dir: Path) -> dict | None:
-    path = run_dir / "results.json"
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _score_lines(results: dict | None) -> list[str]:
     from mmcse.evaluation.report import COLUMN_TITLES
 
     if not results:
-        return ["No `results.json` in the run: no test scores recorded (run `mmcse eval`)."]
+        return [f"No `{RESULTS_FILE}` in the run: no test scores recorded (run `mmcse eval`)."]
     tasks = [t for t in COLUMN_TITLES if t in results]
     titles = [COLUMN_TITLES[t] for t in tasks] + ["Avg."]
     values = [f"{results[t]:.2f}" if results[t] is not None else "-" for t in tasks]
@@ -202,7 +197,7 @@ def model_card(run: Path, model_dir: Path, pooler: str, modules, info: dict, max
         f"- `{key}`: `{value.get('fingerprint')}` ({value.get('path', '-')})"
         for key, value in fingerprints.items()
     ] or ["- none recorded"]
-    lines += ["", "## Scores", "", *_score_lines(_results(_run_dir(run, model_dir)))]
+    lines += ["", "## Scores", "", *_score_lines(_run_dir(run, model_dir).read_results("sts"))]
     lines += [
         "",
         "## Usage",

@@ -17,17 +17,20 @@ matplotlib is an optional dependency (``pip install 'mmcse[plot]'``).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from mmcse.errors import MmcseError
 from mmcse.reports.runs import Run, find_group
-
-CURVES_FILE = "training_curves.png"
-SCATTER_FILE = "align_uniform.png"
-ABLATION_FILE = "ablation.png"
+from mmcse.rundir import (
+    ABLATION_RECORD,
+    ALIGN_UNIFORM_PLOT,
+    METRICS_FILE,
+    AblationDir,
+    read_json,
+    write_json,
+)
 
 
 def _pyplot():
@@ -115,7 +118,7 @@ def _published_avg(recipe: str, drop: list[str]) -> tuple[float, float | None] |
 
 def plot_ablation(ablation_json: str | Path, path: str | Path) -> Path:
     """Bars of each ablation row's STS avg ± std (ours) and the published one beside it."""
-    data = json.loads(Path(ablation_json).read_text())
+    data = read_json(ablation_json) or {}
     labels, ours, ours_err, paper, paper_err = [], [], [], [], []
     for row in data.get("rows", []):
         table = row.get("table", {})
@@ -152,7 +155,6 @@ def compute_align_uniform(run: Run, data_dir=None) -> dict:
     """Alignment/uniformity of the run's best checkpoint on the full STS-B; saved in the run."""
     from mmcse.evaluation.align_uniform import align_uniform
     from mmcse.evaluation.encode import encode_sentences
-    from mmcse.evaluation.report import write_report
     from mmcse.evaluation.sts import (
         STSB_FILES,
         embed_unique,
@@ -173,7 +175,7 @@ def compute_align_uniform(run: Run, data_dir=None) -> dict:
     import numpy as np
 
     result = align_uniform(pairs, np.asarray(gold), vectors, row)
-    write_report(result, run.path / "align_uniform.json")
+    write_json(run.files.align_uniform, result)
     return result
 
 
@@ -198,8 +200,9 @@ def write_run_plots(
         if not argument.is_dir():
             raise MmcseError(f"{argument} is not a directory")
         runs = []
-        if (argument / "ablation.json").is_file():
-            written.append(plot_ablation(argument / "ablation.json", argument / ABLATION_FILE))
+        ablation = AblationDir(argument)
+        if ablation.is_ablation():
+            written.append(plot_ablation(ablation.record, ablation.plot))
             for row_dir in sorted(p for p in argument.iterdir() if p.is_dir()):
                 try:
                     runs += [(f"{row_dir.name}/{r.label}", r) for r in find_group(row_dir).runs]
@@ -212,7 +215,7 @@ def write_run_plots(
                 for r in group.runs
             ]
         for label, run in runs:
-            curves = plot_training_curves(run, run.path / CURVES_FILE)
+            curves = plot_training_curves(run, run.files.training_curves)
             if curves:
                 written.append(curves)
             au = run.align_uniform()
@@ -222,10 +225,10 @@ def write_run_plots(
                 points[label] = (au["uniformity"], au["alignment"])
     if points:
         target = Path(out_dir) if out_dir else _default_out_dir(arguments)
-        written.append(plot_align_uniform(points, target / SCATTER_FILE))
+        written.append(plot_align_uniform(points, target / ALIGN_UNIFORM_PLOT))
     if not written:
         raise MmcseError(
-            "nothing to plot: no metrics.jsonl records, no alignment/uniformity "
-            "(use --align-uniform), no ablation.json"
+            f"nothing to plot: no {METRICS_FILE} records, no alignment/uniformity "
+            f"(use --align-uniform), no {ABLATION_RECORD}"
         )
     return written

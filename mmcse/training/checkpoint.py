@@ -1,23 +1,16 @@
-"""Checkpoints that are never half-written, marked unfinished until their run completes, resumable.
+"""Checkpoints marked unfinished until their run completes, and resumable.
 
-Every checkpoint directory (``best/``, ``last/``) is written into a temp directory beside it and
-renamed into place (:func:`atomic_dir`), so a kill leaves either the previous save or the new one,
-never a mix. A kill between the two renames leaves the previous save as ``.old-<name>``;
-:func:`recover_dir` puts it back. ``mmcse_run.json`` says ``"finished": false`` until the run
-completes. ``last/`` also holds ``trainer_state.pt`` — optimizer, scheduler, RNG states, data
-position, logging window, best-dev bookkeeping, the auxiliary task's state — from which
+Where each file lives and how a checkpoint is written without ever being half-written is
+:mod:`mmcse.rundir`'s (:func:`~mmcse.rundir.atomic_dir`, :meth:`~mmcse.rundir.RunDir.recover`).
+The run info of ``best/`` and ``last/`` says ``"finished": false`` until the run completes.
+``last/`` also holds the trainer state — optimizer, scheduler, RNG states, data position,
+logging window, best-dev bookkeeping, the auxiliary task's state — from which
 ``mmcse train --resume RUN_DIR`` continues exactly where the save was taken.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,69 +18,20 @@ import numpy as np
 import torch
 
 from mmcse.errors import MmcseError
-from mmcse.rundir import LAST_DIR, RUN_INFO_FILE, TRAINER_STATE_FILE
+from mmcse.rundir import Checkpoint, RunDir
 
-#: settings a resumed run may change; any other difference from the run's config.json is refused
+#: settings a resumed run may change; any other difference from the run's config is refused
 RESUMABLE_CHANGES = ("device", "report_to", "save_every", "output_dir", "final_eval", "eval_data")
-
-
-@contextmanager
-def atomic_dir(target: str | Path) -> Iterator[Path]:
-    """Yield a fresh temp dir beside ``target``; when the block succeeds it replaces ``target``."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the checkpoint private
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = target.parent / f".old-{target.name}"
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        os.rename(target, old)
-    os.rename(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def recover_dir(target: str | Path) -> None:
-    """Undo what a kill during :func:`atomic_dir` left: the previous save back, temps removed."""
-    target = Path(target)
-    old = target.parent / f".old-{target.name}"
-    if old.is_dir() and not target.exists():
-        os.rename(old, target)
-    shutil.rmtree(old, ignore_errors=True)
-    for tmp in target.parent.glob(f".tmp-{target.name}-*"):
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
-
-
-def mark_finished(checkpoint: Path) -> None:
-    """Flip ``finished`` to true in a checkpoint's run info (one atomic file replace)."""
-    info_path = checkpoint / RUN_INFO_FILE
-    if info_path.is_file():
-        info = json.loads(info_path.read_text())
-        write_json_atomic(info_path, {**info, "finished": True})
 
 
 def unfinished_warning(model_dir: str | Path) -> str | None:
     """The warning line for a checkpoint whose run did not finish, else None."""
-    info_path = Path(model_dir) / RUN_INFO_FILE
-    if not info_path.is_file():
-        return None
+    checkpoint = Checkpoint(model_dir)
     try:
-        info = json.loads(info_path.read_text())
-    except json.JSONDecodeError:
-        return f"warning: {info_path} is unreadable; cannot tell whether its run finished"
-    if not isinstance(info, dict) or info.get("finished", True) is not False:
+        info = checkpoint.read_info()
+    except MmcseError:
+        return f"warning: {checkpoint.run_info} is unreadable; cannot tell whether its run finished"
+    if info is None or info.get("finished", True) is not False:
         return None
     of_total = f" of {info['total_steps']}" if info.get("total_steps") else ""
     return (
@@ -120,16 +64,13 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 
 def save_trainer_state(checkpoint: Path, state: dict[str, Any]) -> None:
-    torch.save(state, checkpoint / TRAINER_STATE_FILE)
+    torch.save(state, Checkpoint(checkpoint).trainer_state)
 
 
 def load_trainer_state(run_dir: Path) -> dict[str, Any]:
-    from mmcse.rundir import BEST_DIR
-
-    last = Path(run_dir) / LAST_DIR
-    recover_dir(last)
-    recover_dir(Path(run_dir) / BEST_DIR)
-    path = last / TRAINER_STATE_FILE
+    run = RunDir(run_dir)
+    run.recover()  # a kill mid-save left the previous save aside
+    path = run.last.trainer_state
     if not path.is_file():
         raise MmcseError(
             f"--resume {run_dir}: no resumable checkpoint ({path} is missing); the run saved none "
@@ -144,10 +85,10 @@ def resume_config(run_dir: str | Path, config_file: str | None, overrides: dict[
     from mmcse.training.config import read_config_file, resolve_config
 
     run_dir = Path(run_dir)
-    saved_path = run_dir / "config.json"
+    saved_path = RunDir(run_dir).config
     if not saved_path.is_file():
         raise MmcseError(
-            f"--resume {run_dir}: no config.json there; is it a training run directory?"
+            f"--resume {run_dir}: no {saved_path.name} there; is it a training run directory?"
         )
     saved = read_config_file(saved_path)
     given = {**(read_config_file(config_file) if config_file else {})}

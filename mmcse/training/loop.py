@@ -11,6 +11,7 @@ per ``log_every`` window (:mod:`mmcse.training.metrics`, which also catches a no
 and the next batch is gathered on a worker thread meanwhile (:mod:`mmcse.training.prefetch`). Checkpoints
 are written beside and renamed into place; ``last/`` (every ``save_every`` steps) holds what
 ``--resume`` needs to continue exactly (:mod:`mmcse.training.checkpoint`). SIGINT stops after the step.
+What the run directory holds, and under which names, is :mod:`mmcse.rundir`'s.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from mmcse.hub import load_tokenizer
 from mmcse.losses.base import LossInputs
 from mmcse.methods import Method, build_heads, build_losses, build_method
 from mmcse.model import SentenceEncoder
-from mmcse.rundir import BEST_DIR, HEADS_FILE, LAST_DIR, METRICS_FILE, PLAN_FILE
+from mmcse.rundir import Checkpoint, RunDir, atomic_dir, resolve_model_dir, write_json
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch, TrainData
@@ -44,7 +45,7 @@ from mmcse.training.dev_eval import DevEvaluator, resolve_eval_dir
 from mmcse.training.fastpath import apply_fast_paths, fused_adamw
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress, describe_plan, truncate_metrics
 from mmcse.training.prefetch import CPU, prefetched
-from mmcse.training.preflight import clear_previous_run, preflight
+from mmcse.training.preflight import preflight
 
 
 class Student(nn.Module):
@@ -155,12 +156,11 @@ def linear_schedule(optimizer, warmup: int, total: int):
 
 def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:
     """``cfg.pooler`` with ``auto`` resolved: the student's own pooling, else the method's."""
-    from mmcse.hub import resolve_model_dir
     from mmcse.pooling import DEFAULT_POOLER, resolve_pooler
 
     try:
         student_dir = resolve_model_dir(cfg.model)
-    except FileNotFoundError:
+    except MmcseError:
         student_dir = None  # the loader reports the bad path
     fallback = getattr(method, "pooler", DEFAULT_POOLER)
     return resolve_pooler(cfg.pooler, student_dir, fallback)
@@ -213,14 +213,15 @@ class Run:
         dist.init_from_env()
         self.device = pick_device(cfg.device)
         seed_everything(cfg.seed)
-        self.out = Path(cfg.output_dir)
+        self.run_dir = RunDir(cfg.output_dir)
+        self.out = self.run_dir.path
         self.resume_state = ckpt.load_trainer_state(self.out) if resume else None
         self.method = build_method(cfg.method, **cfg.method_args)
-        # 'auto' becomes the student's own pooling (or the method's); config.json records it
+        # 'auto' becomes the student's own pooling (or the method's); the run's config records it
         pooler, self.pooler_source = resolve_training_pooler(cfg, self.method)
         self.cfg = cfg = dataclasses.replace(cfg, pooler=pooler)
         self.tokenizer = load_tokenizer(cfg.model)
-        source = str(self.out / LAST_DIR) if resume else cfg.model
+        source = str(self.run_dir.last.path) if resume else cfg.model
         encoder = SentenceEncoder.from_pretrained(
             source, cfg.pooler, cfg.dropout, attn_implementation=cfg.attn_implementation
         )
@@ -341,18 +342,18 @@ class Run:
     def _open_log(self, global_batch: int) -> MetricsLog:
         """Prepare the run dir, print and save the plan, open metrics.jsonl."""
         resumed = self.resume_state is not None
+        run = self.run_dir
         if dist.is_main():
-            self.out.mkdir(parents=True, exist_ok=True)
+            run.path.mkdir(parents=True, exist_ok=True)
             if resumed:
-                truncate_metrics(self.out / METRICS_FILE, self.step)
+                truncate_metrics(run.metrics, self.step)
             else:
                 if self.cfg.overwrite:
-                    clear_previous_run(self.out)  # no stale best/ or last/ beside the new run
-                self.out.mkdir(parents=True, exist_ok=True)
-                (self.out / METRICS_FILE).write_text("")
-                self.cfg.save(self.out / "config.json")
+                    run.clear()  # no stale best/, last/ or results beside the new run
+                run.metrics.write_text("")
+                write_json(run.config, self.cfg.to_dict())
             plan = self._plan_record(global_batch)
-            ckpt.write_json_atomic(self.out / PLAN_FILE, plan)
+            write_json(run.plan, plan, default=str)
             print(describe_plan(plan), flush=True)
         purge = self.step + 1 if resumed else None
         return MetricsLog(self.out, self.cfg.report_to if dist.is_main() else "none", purge)
@@ -417,7 +418,7 @@ class Run:
                 score = self._dev_evaluator()(self.encoder)
             if score is None or self.best_dev is None or score > self.best_dev:
                 self.best_dev, self.best_step = score, self.step
-                self._save(BEST_DIR, self.step, score)
+                self._save(self.run_dir.best, self.step, score)
             if score is not None:
                 seconds = time.perf_counter() - started
                 log.write(
@@ -441,7 +442,7 @@ class Run:
             "method": self.method.to_dict(),
             "step": step,
             "total_steps": self.total,
-            "finished": False,  # set true when the run completes (ckpt.mark_finished)
+            "finished": False,  # set true when the run completes (Checkpoint.mark_finished)
             "stsb_dev": dev,
             "pooler": self.cfg.pooler,
             "pooler_source": self.pooler_source,
@@ -460,9 +461,11 @@ class Run:
             heads["aux"] = self.aux.heads
         return heads
 
-    def _save(self, name: str, step: int, dev: float | None, trainer_state=None) -> None:
-        """Write a checkpoint beside ``name`` and rename it into place (never half a save)."""
-        with ckpt.atomic_dir(self.out / name) as tmp:
+    def _save(
+        self, checkpoint: Checkpoint, step: int, dev: float | None, trainer_state=None
+    ) -> None:
+        """Write a checkpoint beside ``checkpoint`` and rename it into place (never half a save)."""
+        with atomic_dir(checkpoint.path) as tmp:
             info = self._run_info(step, dev)
             self.encoder.save_checkpoint(tmp, self.tokenizer, self._heads(), info)
             if trainer_state is not None:
@@ -491,7 +494,7 @@ class Run:
                     "optimizer": aux.optimizer.state_dict() if aux.optimizer else None,
                 },
             }
-            self._save(LAST_DIR, self.step, self.best_dev, state)
+            self._save(self.run_dir.last, self.step, self.best_dev, state)
         if dist.is_distributed():
             torch.distributed.barrier()
         self.window.exclude(time.perf_counter() - started)
@@ -503,7 +506,7 @@ class Run:
             return 0, 0
         from safetensors.torch import load_file
 
-        self._heads().load_state_dict(load_file(str(self.out / LAST_DIR / HEADS_FILE)))
+        self._heads().load_state_dict(load_file(str(self.run_dir.last.heads)))
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if state.get("grad_scaler"):
@@ -530,9 +533,9 @@ class Run:
     def _finish(self, steps: int) -> RunResult:
         test = None
         if dist.is_main() and self.cfg.final_eval and self.eval_dir is not None:
-            from mmcse.evaluation import evaluate_sts, format_rows, write_report
+            from mmcse.evaluation import evaluate_sts, format_rows
 
-            best = str(self.out / BEST_DIR)
+            best = str(self.run_dir.best.path)
             print(
                 f"final test: scoring best/ (step {self.best_step}) on the 7 STS test sets",
                 flush=True,
@@ -540,12 +543,12 @@ class Run:
             test = evaluate_sts(
                 best, data_dir=self.eval_dir, device=str(self.device), progress=True
             )
-            write_report(test, self.out / "results.json")
+            self.run_dir.write_results("sts", test)
             label = f"{self.cfg.method} (best step {self.best_step}, dev {self._dev_text()})"
             print(format_rows({label: test}), flush=True)
         if dist.is_main():
-            for name in (BEST_DIR, LAST_DIR):
-                ckpt.mark_finished(self.out / name)
+            for checkpoint in (self.run_dir.best, self.run_dir.last):
+                checkpoint.mark_finished()
         return RunResult(self.out, self.best_dev, self.best_step, test, steps)
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from mmcse.errors import MmcseError
-from mmcse.rundir import METRICS_FILE
+from mmcse.rundir import RunDir, write_text_atomically
 
 #: seconds between progress lines when stderr is not a terminal (log files, CI)
 LOG_LINE_INTERVAL = 30.0
@@ -145,7 +145,8 @@ class MetricsLog:
     """Appends records to ``metrics.jsonl`` (and TensorBoard scalars with ``report_to``)."""
 
     def __init__(self, run_dir: Path, report_to: str = "none", purge_step: int | None = None):
-        self.path = Path(run_dir) / METRICS_FILE
+        run = RunDir(run_dir)
+        self.path = run.metrics
         self.tensorboard = None
         if report_to == "tensorboard":
             try:
@@ -155,9 +156,7 @@ class MetricsLog:
                     "--report-to tensorboard needs the tensorboard package: "
                     "pip install 'mmcse[tensorboard]'"
                 ) from None
-            self.tensorboard = SummaryWriter(
-                str(Path(run_dir) / "tensorboard"), purge_step=purge_step
-            )
+            self.tensorboard = SummaryWriter(str(run.tensorboard), purge_step=purge_step)
 
     def __enter__(self) -> MetricsLog:
         return self
@@ -190,7 +189,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
             continue
         if record.get("step", 0) <= last_step:
             kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept))
+    write_text_atomically(path, "".join(line + "\n" for line in kept))
 
 
 def describe_plan(plan: dict[str, Any]) -> str:

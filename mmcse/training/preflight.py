@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 from pathlib import Path
 
@@ -35,8 +34,6 @@ from mmcse.methods import Method, build_method
 from mmcse.textfiles import decode_text
 from mmcse.training.config import TrainConfig
 
-#: what a training run writes into its output folder (``--overwrite`` removes only these)
-RUN_ENTRIES = ("metrics.jsonl", "config.json", "plan.json", "results.json", "best", "last", "tensorboard")
 #: a hub id is ``name`` or ``org/name``; anything else that does not exist is a missing path
 HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")
 HUB_PROBE_SECONDS = 3.0
@@ -187,17 +184,19 @@ def check_eval_data(cfg: TrainConfig) -> None:
 
 def check_model(name: str, max_seq_length: int | None = None) -> None:
     """A local HF model folder (or training run), or a hub id that can resolve now."""
-    from mmcse.hub import resolve_model_dir
+    from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
 
     path = Path(name).expanduser()
     if path.exists():
         try:
             local = Path(resolve_model_dir(str(path)))
-        except FileNotFoundError as exc:
+        except MmcseError as exc:
             raise MmcseError(f"--model {exc}") from None
-        if not (local / "config.json").is_file():
-            raise MmcseError(f"--model {name}: no config.json inside (not an HF model folder)")
-        check_positions(local / "config.json", name, max_seq_length)
+        if not is_model_dir(local):
+            raise MmcseError(
+                f"--model {name}: no {MODEL_CONFIG_FILE} inside (not an HF model folder)"
+            )
+        check_positions(local / MODEL_CONFIG_FILE, name, max_seq_length)
         check_weights(local, name)
         check_tokenizer(local, name)
         return
@@ -288,7 +287,8 @@ def check_output_dir(cfg: TrainConfig, *, resuming: bool = False) -> None:
 
 
 def check_output_path(out: Path, *, overwrite: bool = False) -> None:
-    """``out`` can hold a new run: absent or empty (or ``overwrite``), and writable."""
+    """``out`` can hold a new run: absent or empty (or ``overwrite``: the run then removes only
+    what a run writes, :meth:`mmcse.rundir.RunDir.clear`), and writable."""
     if out.exists() and not out.is_dir():
         raise MmcseError(f"--output-dir {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -302,16 +302,6 @@ def check_output_path(out: Path, *, overwrite: bool = False) -> None:
         raise MmcseError(f"--output-dir {out}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise MmcseError(f"--output-dir {out}: {existing} is not writable (choose another folder)")
-
-
-def clear_previous_run(out: str | Path) -> None:
-    """With ``--overwrite``: remove what an earlier run wrote (only :data:`RUN_ENTRIES`)."""
-    for name in RUN_ENTRIES:
-        path = Path(out) / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
 
 
 # ---- the data join -------------------------------------------------------------------------

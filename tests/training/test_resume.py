@@ -15,7 +15,7 @@ from support.runs import tiny_mcse_settings
 from typer.testing import CliRunner
 
 from mmcse.errors import MmcseError
-from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
+from mmcse.rundir import BEST_DIR, RUN_INFO_FILE, atomic_dir, recover_dir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training import metrics as metrics_log
 from mmcse.training.config import TrainConfig
@@ -132,10 +132,10 @@ def test_sigint_stops_after_the_step_and_resumes(tiny_model, tiny_world, tmp_pat
 
 def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
     target = tmp_path / "best"
-    with ckpt.atomic_dir(target) as tmp:
+    with atomic_dir(target) as tmp:
         (tmp / "model.safetensors").write_text("old weights")
         (tmp / RUN_INFO_FILE).write_text('{"step": 1}')
-    with pytest.raises(OSError, match="disk full"), ckpt.atomic_dir(target) as tmp:
+    with pytest.raises(OSError, match="disk full"), atomic_dir(target) as tmp:
         (tmp / "model.safetensors").write_text("new weights")
         raise OSError("disk full")
     assert (target / "model.safetensors").read_text() == "old weights"
@@ -149,7 +149,7 @@ def test_a_kill_between_the_renames_is_recovered(tmp_path):
     (old / RUN_INFO_FILE).write_text('{"step": 4}')
     tmp.mkdir()
     (tmp / "model.safetensors").write_text("half")
-    ckpt.recover_dir(tmp_path / "best")
+    recover_dir(tmp_path / "best")
     assert json.loads((tmp_path / "best" / RUN_INFO_FILE).read_text()) == {"step": 4}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
 
