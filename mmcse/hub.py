@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mmcse.errors import MmcseError
 from mmcse.rundir import BEST_DIR
 
 
@@ -26,7 +27,7 @@ def resolve_model_dir(path_or_id: str) -> str:
     if (p / BEST_DIR / "config.json").exists():
         return str(p / BEST_DIR)
     if p.exists() and not (p / "config.json").exists():
-        raise FileNotFoundError(
+        raise MmcseError(
             f"{path_or_id} is neither an HF model directory (no config.json) nor a training run "
             f"(no {BEST_DIR}/config.json)"
         )

@@ -69,10 +69,6 @@ def format_rows(rows: dict[str, dict]) -> str:
     return "\n".join(_render(["Model".ljust(width), *titles], body))
 
 
-def print_table(rows: dict[str, dict]) -> None:
-    print(format_rows(rows))
-
-
 def _finite_or_none(value):
     """JSON has no NaN: a correlation that is undefined (constant scores) becomes null."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -7,9 +7,8 @@ Results of a training run directory are also written into it (``transfer.json``,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-
-import typer
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.report import write_report
@@ -64,8 +63,8 @@ def _run_dir(model: str) -> Path | None:
 def run_extra_suites(
     model, suites, data, out, pooler, batch_size, device, transfer_mode,
     images_features, captions, head, sts: dict | None = None,
-) -> dict:  # fmt: skip
-    """Run transfer/retrieval as asked, print their tables, save them; returns all results."""
+) -> Iterator[str]:  # fmt: skip
+    """Run transfer/retrieval as asked and save them; yields their tables and the files written."""
     from mmcse.evaluation.retrieval import evaluate_retrieval, format_retrieval_table
     from mmcse.evaluation.transfer import evaluate_transfer, format_transfer_table
 
@@ -80,14 +79,13 @@ def run_extra_suites(
             model, data_dir=data, mode=transfer_mode, tasks=suites["transfer"], pooler=pooler,
             batch_size=batch_size, device=device, progress=True,
         )  # fmt: skip
-        typer.echo(format_transfer_table(results["transfer"]))
+        yield format_transfer_table(results["transfer"])
     if "retrieval" in results:
-        typer.echo(format_retrieval_table(results["retrieval"]))
+        yield format_retrieval_table(results["retrieval"])
     run = _run_dir(str(model))
     if run is not None:
         for suite in ("transfer", "retrieval"):
             if suite in results:
-                typer.echo(f"wrote {write_report(results[suite], run / RUN_FILES[suite])}")
+                yield f"wrote {write_report(results[suite], run / RUN_FILES[suite])}"
     if out:
-        typer.echo(f"wrote {write_report(results, out)}")
-    return results
+        yield f"wrote {write_report(results, out)}"

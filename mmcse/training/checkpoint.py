@@ -78,24 +78,6 @@ def mark_finished(checkpoint: Path) -> None:
         write_json_atomic(info_path, {**info, "finished": True})
 
 
-def unfinished_warning(model_dir: str | Path) -> str | None:
-    """The warning line for a checkpoint whose run did not finish, else None."""
-    info_path = Path(model_dir) / RUN_INFO_FILE
-    if not info_path.is_file():
-        return None
-    try:
-        info = json.loads(info_path.read_text())
-    except json.JSONDecodeError:
-        return f"warning: {info_path} is unreadable; cannot tell whether its run finished"
-    if not isinstance(info, dict) or info.get("finished", True) is not False:
-        return None
-    of_total = f" of {info['total_steps']}" if info.get("total_steps") else ""
-    return (
-        f"warning: {model_dir} is from a run that did not finish (saved at step "
-        f"{info.get('step')}{of_total}); resume it with mmcse train --resume RUN_DIR"
-    )
-
-
 # ---- trainer state ---------------------------------------------------------------------------
 
 

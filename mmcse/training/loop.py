@@ -16,6 +16,7 @@ are written beside and renamed into place; ``last/`` (every ``save_every`` steps
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import random
 import signal
@@ -46,6 +47,8 @@ from mmcse.training.fastpath import apply_fast_paths, fused_adamw
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress, describe_plan, truncate_metrics
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import clear_previous_run, preflight
+
+logger = logging.getLogger(__name__)
 
 
 class Student(nn.Module):
@@ -104,6 +107,16 @@ class RunResult:
     best_step: int | None
     test: dict | None
     steps: int
+    method: str = ""
+
+    def table(self) -> str:
+        """The STS test scores of best/ as a table ('' when there was no final evaluation)."""
+        if self.test is None:
+            return ""
+        from mmcse.evaluation import format_rows
+
+        dev = "-" if self.best_dev is None else f"{self.best_dev:.2f}"
+        return format_rows({f"{self.method} (best step {self.best_step}, dev {dev})": self.test})
 
 
 def seed_everything(seed: int) -> None:
@@ -167,7 +180,7 @@ def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]
 
     try:
         student_dir = resolve_model_dir(cfg.model)
-    except FileNotFoundError:
+    except MmcseError:
         student_dir = None  # the loader reports the bad path
     fallback = getattr(method, "pooler", DEFAULT_POOLER)
     return resolve_pooler(cfg.pooler, student_dir, fallback)
@@ -198,7 +211,7 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         self.requested = True
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        print("\nstopping after this step (Ctrl-C again to abort now)", flush=True)
+        logger.warning("stopping after this step (Ctrl-C again to abort now)")
 
     def agreed(self, at_sync_point: bool) -> bool:
         """Under DDP every rank must stop at the same step: they agree at sync points only."""
@@ -346,7 +359,7 @@ class Run:
 
     # -- logging ---------------------------------------------------------------------------
     def _open_log(self, global_batch: int) -> MetricsLog:
-        """Prepare the run dir, print and save the plan, open metrics.jsonl."""
+        """Prepare the run dir, log and save the plan, open metrics.jsonl."""
         resumed = self.resume_state is not None
         if dist.is_main():
             self.out.mkdir(parents=True, exist_ok=True)
@@ -360,7 +373,7 @@ class Run:
                 self.cfg.save(self.out / "config.json")
             plan = self._plan_record(global_batch)
             ckpt.write_json_atomic(self.out / PLAN_FILE, plan)
-            print(describe_plan(plan), flush=True)
+            logger.info(describe_plan(plan))
         purge = self.step + 1 if resumed else None
         return MetricsLog(self.out, self.cfg.report_to if dist.is_main() else "none", purge)
 
@@ -530,29 +543,26 @@ class Run:
             f"Continue with: mmcse train --resume {self.out}"
         )
         if dist.is_main():
-            print(message, flush=True)
+            logger.warning(message)
         raise TrainingInterrupted(message)
 
     def _finish(self, steps: int) -> RunResult:
         test = None
         if dist.is_main() and self.cfg.final_eval and self.eval_dir is not None:
-            from mmcse.evaluation import evaluate_sts, format_rows, write_report
+            from mmcse.evaluation import evaluate_sts, write_report
 
             best = str(self.out / BEST_DIR)
-            print(
-                f"final test: scoring best/ (step {self.best_step}) on the 7 STS test sets",
-                flush=True,
+            logger.info(
+                "final test: scoring best/ (step %s) on the 7 STS test sets", self.best_step
             )
             test = evaluate_sts(
                 best, data_dir=self.eval_dir, device=str(self.device), progress=True
             )
             write_report(test, self.out / "results.json")
-            label = f"{self.cfg.method} (best step {self.best_step}, dev {self._dev_text()})"
-            print(format_rows({label: test}), flush=True)
         if dist.is_main():
             for name in (BEST_DIR, LAST_DIR):
                 ckpt.mark_finished(self.out / name)
-        return RunResult(self.out, self.best_dev, self.best_step, test, steps)
+        return RunResult(self.out, self.best_dev, self.best_step, test, steps, self.cfg.method)
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> RunResult:

@@ -33,7 +33,7 @@ from mmcse import distributed
 from mmcse.devices import check_device
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
-from mmcse.training.config import TrainConfig
+from mmcse.training.config import SettingError, TrainConfig
 
 #: what a training run writes into its output folder (``--overwrite`` removes only these)
 RUN_ENTRIES = ("metrics.jsonl", "config.json", "plan.json", "results.json", "best", "last", "tensorboard")
@@ -55,7 +55,7 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
     if resuming is None:
         resuming = bool(getattr(cfg, "resume", None))
     distributed.check_env()
-    method = build_method(cfg.method, **cfg.method_args)
+    method = checked_method(cfg.method, cfg.method_args)
     check_pooler(cfg.pooler)
     check_device(cfg.device)
     check_paths(cfg)
@@ -68,6 +68,17 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
 
 
 # ---- cheap checks --------------------------------------------------------------------------
+
+
+def checked_method(name: str, settings: dict) -> Method:
+    """The method with its ``--method-arg`` settings. :mod:`mmcse.methods` refuses a setting
+    with a ValueError; here that is the user's error, one line naming it."""
+    try:
+        return build_method(name, **settings)
+    except MmcseError:
+        raise
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
 
 
 def check_pooler(name: str) -> None:
@@ -209,7 +220,7 @@ def check_model(name: str, max_seq_length: int | None = None) -> None:
     if path.exists():
         try:
             local = Path(resolve_model_dir(str(path)))
-        except FileNotFoundError as exc:
+        except MmcseError as exc:
             raise MmcseError(f"--model {exc}") from None
         if not (local / "config.json").is_file():
             raise MmcseError(f"--model {name}: no config.json inside (not an HF model folder)")
