@@ -24,6 +24,10 @@ class MmcseError(Exception):
     """Bad input or state a user can fix; the message says what and where, on one line."""
 
 
+class BadValueError(MmcseError, ValueError):
+    """A value the user gave is not one allowed (a ValueError too, for callers that catch that)."""
+
+
 class CacheError(MmcseError):
     """A feature set or corpus is missing, invalid, corrupted or does not match a run."""
 

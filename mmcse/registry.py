@@ -10,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mmcse.errors import MmcseError
 
-class UnknownNameError(KeyError):
-    """Raised for a name nobody registered; the message lists the known names."""
+
+class UnknownNameError(MmcseError, KeyError):
+    """A name nobody registered (a user error); the message lists the known names. Also a
+    KeyError, for callers that look names up."""
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0])

@@ -28,12 +28,12 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from mmcse.errors import MmcseError
+from mmcse.errors import BadValueError
 
 _NO_VALUE = object()
 
 
-class SettingError(MmcseError, ValueError):
+class SettingError(BadValueError):
     """A setting of the wrong type or out of range (a ValueError too, for older callers)."""
 
 

@@ -18,6 +18,7 @@ labels are joined by id like every other cached value and need no second table.
 
 from __future__ import annotations
 
+import logging
 import math
 import pickle
 from collections.abc import Callable, Sequence
@@ -35,6 +36,8 @@ from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of
 from mmcse.errors import MmcseError
 from pipeline.datasets.base import inside, read_text
 from pipeline.fbank import FbankConfig, read_wav, ssast_fbank
+
+logger = logging.getLogger(__name__)
 
 FULL_RESOLUTION = 1 << 30  # open_rgb's short side: no draft downscaling
 
@@ -265,7 +268,7 @@ def _write(writer, examples, make_row, shard_rows, workers, what) -> Manifest:
         writer.write_shard(k, ids, np.stack(rows))
     bar.close()
     if errors:
-        tqdm.write(f"skipped {len(errors)} unreadable {what}, e.g. {errors[0]}")
+        logger.warning(f"skipped {len(errors)} unreadable {what}, e.g. {errors[0]}")
     return writer.finalize(extra={"examples_listed": len(examples)}, num_shards=num_shards)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -11,6 +12,21 @@ from support.worlds import WORDS, sentences  # noqa: F401  (fixtures below use t
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("MMCSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+@pytest.fixture
+def library_log(caplog):
+    """``library_log()``: the messages the library logged (``mmcse.*``, ``pipeline.*``, INFO and
+    up) since the last call, one per line; the ``mmcse`` command shows them on stderr."""
+    for name in ("mmcse", "pipeline"):
+        caplog.set_level(logging.INFO, logger=name)
+
+    def read() -> str:
+        text = "\n".join(record.getMessage() for record in caplog.records)
+        caplog.clear()
+        return text
+
+    return read
+
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:

@@ -15,9 +15,10 @@ warm-up) is excluded from the timing.
 
 from __future__ import annotations
 
+import logging
 import random
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,8 @@ import torch
 from mmcse.bench.timing import steady_rate, timed
 from mmcse.errors import MmcseError
 from pipeline.teachers import build_teacher
+
+logger = logging.getLogger(__name__)
 
 FLICKR_SIZE = (500, 375)  # width, height: the typical Flickr30k/COCO photo
 #: vocabulary of the synthetic captions (space-separated)
@@ -113,30 +116,53 @@ def run_extract_bench(
     num_workers: int = 2,
     size: str = "real",
     sentences: int = 512,
-    echo: Callable[[str], None] = print,
 ) -> dict[str, float]:
-    """Measure and print the rates; returns them by name (images/s, sentences/s)."""
+    """Measure the rates; returns them by name (images/s, sentences/s)."""
     if images < 1 or sentences < 1 or batch_size < 1:
         raise MmcseError("--images, --sentences and --batch-size must be at least 1")
     teacher = build_teacher(teacher_name, weights="random", device=device, size=size)
-    echo(
+    logger.info(
         f"teacher {teacher_name} (random weights, {size} size, dim {teacher.dim}) on "
         f"{teacher.device}, compute {str(teacher.compute_dtype).removeprefix('torch.')}, "
         f"torch threads {torch.get_num_threads()}"
     )
     rates: dict[str, float] = {}
     if hasattr(teacher, "encode_images"):
-        rates.update(image_rates(teacher, images, batch_size, num_workers, echo))
+        rates.update(image_rates(teacher, images, batch_size, num_workers))
     if hasattr(teacher, "encode_texts"):
-        captions = synthetic_captions(sentences)
-        rates["text"] = text_rate(teacher, captions)
-        echo(f"text: {rates['text']:.1f} sentences/s ({sentences} captions of 8-24 words)")
+        rates["text"] = text_rate(teacher, synthetic_captions(sentences))
     return rates
 
 
-def image_rates(teacher, images: int, batch_size: int, num_workers: int, echo) -> dict[str, float]:
+def extract_report(
+    teacher_name: str = "resnet50",
+    device: str = "cpu",
+    images: int = 64,
+    batch_size: int = 16,
+    num_workers: int = 2,
+    size: str = "real",
+    sentences: int = 512,
+) -> str:
+    """``mmcse bench extract``: :func:`run_extract_bench`, its rates as lines."""
+    rates = run_extract_bench(
+        teacher_name, device, images, batch_size, num_workers, size, sentences
+    )
+    return format_rates(rates, sentences)
+
+
+def format_rates(rates: dict[str, float], sentences: int) -> str:
+    """One line per rate, and which of decoding and the teacher is the bottleneck."""
+    lines = [f"{name}: {rate:.1f} images/s" for name, rate in rates.items() if name != "text"]
+    if "decode" in rates:
+        lines.append(f"bottleneck: {'decode' if rates['decode'] < rates['teacher'] else 'teacher'}")
+    if "text" in rates:
+        lines.append(f"text: {rates['text']:.1f} sentences/s ({sentences} captions of 8-24 words)")
+    return "\n".join(lines)
+
+
+def image_rates(teacher, images: int, batch_size: int, num_workers: int) -> dict[str, float]:
     width, height = FLICKR_SIZE
-    echo(
+    logger.info(
         f"{images} synthetic {width}x{height} JPEGs, batch {batch_size}, {num_workers} decode "
         f"workers, crop {teacher.preprocess.crop}"
     )
@@ -149,8 +175,4 @@ def image_rates(teacher, images: int, batch_size: int, num_workers: int, echo) -
             "teacher": steady_rate(teacher_batches(teacher, images, batch_size), device),
             "end-to-end": steady_rate(end_to_end_batches(teacher, loader), device),
         }
-    for name, rate in rates.items():
-        echo(f"{name}: {rate:.1f} images/s")
-    slowest = "decode" if rates["decode"] < rates["teacher"] else "teacher"
-    echo(f"bottleneck: {slowest}")
     return rates

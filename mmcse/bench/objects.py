@@ -9,11 +9,13 @@ is timed over ``images`` images (:func:`mmcse.bench.timing.repeat`) in batches o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from mmcse.bench.timing import repeat
+from mmcse.errors import BadValueError
 
 PROMPT_TOKENS = 24  # "Locate the phrases in the caption: " + a typical Flickr30k caption
 BOXES_PER_IMAGE = 4  # MCSEO reports 4.2 object–phrase pairs per image
@@ -132,9 +134,9 @@ def bench_objects(
 ) -> list[BenchResult]:
     """Images/s of grounding, segmentation and object encoding, each timed on its own."""
     if size not in ("real", "tiny"):
-        raise ValueError(f"--size must be real or tiny, not {size!r}")
+        raise BadValueError(f"--size must be real or tiny, not {size!r}")
     if images < 1 or batch_size < 1:
-        raise ValueError("--images and --batch-size must be positive")
+        raise BadValueError("--images and --batch-size must be positive")
     torch.manual_seed(0)
     dev = torch.device(device)
     return [
@@ -142,3 +144,9 @@ def bench_objects(
         bench_sam2(size, dev, images, batch_size),
         bench_encoding(size, dev, images, batch_size, teacher),
     ]
+
+
+def objects_report(*args, **kwargs) -> Iterator[str]:
+    """``mmcse bench objects``: :func:`bench_objects` (same arguments), a line per stage."""
+    for result in bench_objects(*args, **kwargs):
+        yield f"{result.stage:32s} {result.images_per_s:10.2f} images/s  ({result.detail})"

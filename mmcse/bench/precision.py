@@ -178,3 +178,21 @@ def format_rows(rows: list[PrecisionRow]) -> str:
             f"{s['grad_rel_median']:.1e} / {s['grad_rel_max']:.1e} | {s['grad_cos_min']:.4f} |"
         )
     return "\n".join(lines)
+
+
+def precision_report(
+    model: str | None = None,
+    sentences: str | None = None,
+    methods: str = "simcse,mcse",
+    steps: int = 8,
+    batch_size: int = 32,
+    dropout: float = 0.1,
+) -> str:
+    """``mmcse bench precision``: ``steps`` batches per method (comma-separated ``methods``) of
+    ``sentences`` (default: :func:`default_inputs`), the table of differences."""
+    model, sentences = default_inputs(model, sentences)
+    texts = read_sentences(sentences, steps * batch_size)
+    chosen = tuple(m for m in methods.split(",") if m)
+    rows = bench_precision(model, texts, methods=chosen, batch_size=batch_size, dropout=dropout)
+    heading = f"model {model}; {steps} batches of {batch_size} from {sentences}; CPU autocast"
+    return heading + "\n" + format_rows(rows)

@@ -29,11 +29,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import platform
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -46,6 +46,8 @@ SECTIONS = ("extract", "text", "objects", "train", "fast_paths", "dev_eval", "st
 IMAGE_TEACHERS = ("resnet50", "clip-vit-b32", "clip-vit-l14")
 TEXT_TEACHER = "simcse"  # BERT-base, like DiffCSE's and RankCSE's
 EVAL_EVERY = 125  # the papers' STS-B dev evaluation interval
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +101,29 @@ class SuiteOptions:
         return min(8, os.cpu_count() or 1) if self.device.startswith("cuda") else 0
 
 
-def run_suite(options: SuiteOptions, out: Path, echo: Callable[[str], None] = print) -> dict:
+def bench_all(
+    device: str = "cpu",
+    size: str | None = None,
+    out: str | Path | None = None,
+    sections: str | None = None,
+    methods: list[str] | None = None,
+    **options,
+) -> str:
+    """``mmcse bench all``: ``size`` real on CUDA else tiny, ``out`` bench/results-DEVICE.json,
+    ``sections`` comma-separated (all); ``options`` are :class:`SuiteOptions`'. Says what it wrote."""
+    chosen = SuiteOptions(
+        device=device,
+        size=size or ("real" if device.startswith("cuda") else "tiny"),
+        sections=tuple(s.strip() for s in sections.split(",")) if sections else SECTIONS,
+        methods=tuple(methods or ()),
+        **options,
+    )
+    target = Path(out or f"bench/results-{device.split(':')[0]}.json")
+    run_suite(chosen, target)
+    return f"wrote {target} and {target.with_suffix('.md')}"
+
+
+def run_suite(options: SuiteOptions, out: Path) -> dict:
     """Run the chosen sections; JSON (and Markdown beside it) is rewritten after each one, so an
     interrupted run keeps what it measured."""
     size = SUITE_SIZES[options.size]
@@ -116,7 +140,7 @@ def run_suite(options: SuiteOptions, out: Path, echo: Callable[[str], None] = pr
     for name in SECTIONS:
         if name not in options.sections:
             continue
-        echo(f"bench all: {name} ({options.size}, {options.device})")
+        logger.info(f"bench all: {name} ({options.size}, {options.device})")
         results[name], seconds = timed_result(runners[name])
         results["meta"]["section_seconds"][name] = round(seconds, 1)
         write_results(results, out)
@@ -172,7 +196,6 @@ def extract_section(options: SuiteOptions, size: SuiteSize) -> dict:
             num_workers=options.workers,
             size=size.teachers,
             sentences=size.sentences,
-            echo=lambda _: None,
         )
         out[teacher] = {"images_per_s": {k: v for k, v in rates.items() if k != "text"}}
         if "text" in rates:
@@ -195,7 +218,6 @@ def text_section(options: SuiteOptions, size: SuiteSize) -> dict:
         options.device,
         size=size.teachers,
         sentences=size.sentences,
-        echo=lambda _: None,
     )
     return {
         TEXT_TEACHER: {"sentences_per_s": rates["text"]},

@@ -26,6 +26,7 @@ import json
 import statistics
 import tempfile
 import wave
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +35,10 @@ import torch
 from mmcse.bench.flops import EncoderShape, mfu, peak_flops, train_step_flops
 from mmcse.bench.timing import Timing, peak_memory_bytes, repeat, reset_peak_memory, timed_result
 from mmcse.cache import write_corpus, write_feature_set
-from mmcse.errors import MmcseError
+from mmcse.errors import BadValueError, MmcseError
 from mmcse.methods import Method, build_method
 from mmcse.registry import METHODS
+from mmcse.tiny import SIZES as TINY_SIZES
 from mmcse.tiny import SPECIAL_TOKENS, build_tiny_bert
 from mmcse.training.config import TrainConfig
 
@@ -487,6 +489,10 @@ def bench_train(
 ) -> dict:
     """Median step seconds per method, ratios to SimCSE, SimCSE steps/s, MFU where a peak is
     known (:func:`mmcse.bench.flops.peak_flops`), and every method's full :func:`step_report`."""
+    if size not in TINY_SIZES:
+        raise BadValueError(f"--size must be one of {', '.join(TINY_SIZES)}, not {size!r}")
+    if min(steps, rounds, batch, seq_len) < 1:
+        raise BadValueError("--steps, --batch-size and --seq-len must be at least 1")
     names = methods or METHODS.names()
     names = ["simcse", *[n for n in names if n != "simcse"]]
     peak, peak_source = peak_flops(device, peak_tflops)
@@ -510,3 +516,30 @@ def bench_train(
     if reports["simcse"]["mfu"] is not None:
         result["simcse_mfu"] = reports["simcse"]["mfu"]
     return result
+
+
+def train_report(
+    size: str = "tiny",
+    device: str = "cpu",
+    steps: int = 20,
+    batch: int = 64,
+    seq_len: int = 32,
+    methods: list[str] | None = None,
+    gather_rows: int = 1_000_000,
+) -> Iterator[str]:
+    """``mmcse bench train``: :func:`bench_train`'s step times and ratios, then cache gather
+    rows/s (:func:`mmcse.bench.gather.gather_throughput`), as lines when each is measured."""
+    from mmcse.bench.gather import gather_throughput
+
+    r = bench_train(size, device, steps, batch=batch, seq_len=seq_len, methods=methods)
+    yield f"device {r['device']}  size {r['size']}  batch {r['batch']} x len {r['seq_len']}"
+    for name, seconds in r["step_seconds"].items():
+        yield f"step {name}: {seconds * 1000:.1f} ms"
+    for name, ratio in r["ratios"].items():
+        if name != "simcse":
+            yield f"ratio {name}/simcse: {ratio:.3f}"
+    yield f"simcse steps/s: {r['simcse_steps_per_s']:.2f}"
+    if "simcse_mfu" in r:
+        yield f"simcse MFU: {100 * r['simcse_mfu']:.1f}%"
+    g = gather_throughput(num_rows=gather_rows, dim=2048, dtype="float16", batch=128)
+    yield f"cache gather: {g['rows_per_s']:,.0f} rows/s (128-id batches, {gather_rows:,} x 2048 fp16)"

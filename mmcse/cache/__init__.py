@@ -16,7 +16,15 @@ from mmcse.cache.corpus import Corpus, write_corpus
 from mmcse.cache.featureset import FeatureSet
 from mmcse.cache.importer import import_hdf5
 from mmcse.cache.manifest import SCHEMA_VERSION, Manifest, ShardInfo
-from mmcse.cache.ops import CacheEntry, list_sets, merge, remove, verify, verify_tree
+from mmcse.cache.ops import (
+    CacheEntry,
+    list_sets,
+    merge,
+    remove,
+    verify,
+    verify_report,
+    verify_tree,
+)
 from mmcse.cache.writer import FeatureSetWriter, write_feature_set
 
 __all__ = [
@@ -32,6 +40,7 @@ __all__ = [
     "merge",
     "remove",
     "verify",
+    "verify_report",
     "verify_tree",
     "write_corpus",
     "write_feature_set",

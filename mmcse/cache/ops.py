@@ -6,6 +6,7 @@ set; ranks writing *one* set share a directory instead (see :mod:`mmcse.cache.wr
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Sequence
@@ -26,6 +27,8 @@ from mmcse.cache.layout import (
 from mmcse.cache.manifest import Manifest
 from mmcse.cache.writer import FeatureSetWriter
 from mmcse.errors import CacheError
+
+logger = logging.getLogger(__name__)
 
 # Fields that must agree for sets to be merged (rows of one producer, one layout).
 _MERGE_KEYS = ("kind", "dataset", "split", "producer", "dim", "shape", "dtype", "normalized")
@@ -59,6 +62,27 @@ def verify_tree(root: str | Path) -> dict[Path, list[str]]:
         entry.path: verify(entry.path) if entry.manifest is not None else [entry.problem]
         for entry in entries
     }
+
+
+def verify_report(root: str | Path) -> str:
+    """``mmcse cache verify``: an ``ok:`` line per sound set under ``root``; else the first problem
+    as a :class:`CacheError`, with the sound sets and the other problems logged before it."""
+    results = verify_tree(root)
+    ok = []
+    for path, found in results.items():
+        if not found:
+            m = Manifest.read(path)
+            ok.append(f"ok: {path} ({m.num_rows} rows, {len(m.shards)} shards, "
+                      f"fingerprint {m.fingerprint})")  # fmt: skip
+    problems = [problem for found in results.values() for problem in found]
+    if not problems:
+        return "\n".join(ok)
+    for line in ok:
+        logger.info(line)
+    for problem in problems[1:]:
+        logger.error(f"  also: {problem}")
+    more = f" (+{len(problems) - 1} more above)" if len(problems) > 1 else ""
+    raise CacheError(problems[0] + more)
 
 
 @dataclass(frozen=True)

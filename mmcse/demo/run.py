@@ -17,11 +17,12 @@ configs are demo-specific.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import typer
 
 from mmcse.demo.world import generate
 from mmcse.rundir import RunDir
@@ -32,6 +33,8 @@ from mmcse.training.loop import train
 TEACHER = "resnet50"
 METHODS = ("simcse", "mcse")
 DEV_LABEL = "dev (held-out scene pairs)"
+
+logger = logging.getLogger(__name__)
 
 
 def extract(paths: dict[str, Path], cache: Path, device: str) -> dict[str, str]:
@@ -158,30 +161,35 @@ def write_demo_plots(run_dirs: dict[str, Path], out_dir: Path) -> Path | None:
     return path
 
 
-def run_demo(out: Path, steps: int = 300, device: str = "auto") -> dict[str, dict]:
+def run_demo(out: str | Path, steps: int = 300, device: str = "auto") -> str:
+    """``mmcse demo`` into ``out``; returns the comparison table, the dev curves and what it
+    wrote (the steps are logged as they run)."""
+    out, started = Path(out), time.perf_counter()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     threads = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(1)  # tiny matrices: one thread is as fast, and robust on busy hosts
     try:
-        return _run(out, steps, device)
+        report = _run(out, steps, device)
     finally:
         torch.set_num_threads(threads)
+    elapsed = time.perf_counter() - started
+    return f"{report}\nruns in {out}/simcse and {out}/mcse ({elapsed:.0f} s)"
 
 
-def _run(out: Path, steps: int, device: str) -> dict[str, dict]:
-    typer.echo(f"[1/5] generating the drawn world under {out / 'data'}")
+def _run(out: Path, steps: int, device: str) -> str:
+    logger.info(f"[1/5] generating the drawn world under {out / 'data'}")
     paths = generate(out / "data")
-    typer.echo("[2/5] Stage 1: extracting image features with a tiny random ResNet teacher")
+    logger.info("[2/5] Stage 1: extracting image features with a tiny random ResNet teacher")
     cached = extract(paths, out / "cache", device)
     texts = paths["text"].read_text().splitlines()
     student = build_tiny_bert(out / "student-init", texts=texts, size="small")
     run_dirs = {}
     for i, method in enumerate(METHODS, start=3):
-        typer.echo(f"[{i}/5] Stage 2: training {method} for {steps} steps")
+        logger.info(f"[{i}/5] Stage 2: training {method} for {steps} steps")
         cfg = demo_config(method, student, paths, cached, out, steps, device)
         run_dirs[method] = train(cfg).output_dir
-    typer.echo("[5/5] scoring the best checkpoints on the demo's scene-pair tasks")
+    logger.info("[5/5] scoring the best checkpoints on the demo's scene-pair tasks")
     tasks = load_demo_tasks(paths["tasks"])
     results = {m: score_demo_tasks(d, tasks, device) for m, d in run_dirs.items()}
     curves = {m: dev_curve(d) for m, d in run_dirs.items()}
@@ -191,9 +199,9 @@ def _run(out: Path, steps: int, device: str) -> dict[str, dict]:
         json.dumps({"test": results, "dev_curves": curves}, indent=2) + "\n"
     )
     plot = write_demo_plots(run_dirs, out)
-    typer.echo("\n" + table)
+    lines = ["", table]
     for method, curve in curves.items():
-        typer.echo(f"{DEV_LABEL}, {method}: " + " ".join(f"{s}:{v:.1f}" for s, v in curve))
-    typer.echo(f"wrote {out / 'comparison.md'}, {out / 'comparison.json'}")
-    typer.echo(f"wrote {plot}" if plot else "no plot: matplotlib is not installed")
-    return results
+        lines.append(f"{DEV_LABEL}, {method}: " + " ".join(f"{s}:{v:.1f}" for s, v in curve))
+    lines.append(f"wrote {out / 'comparison.md'}, {out / 'comparison.json'}")
+    lines.append(f"wrote {plot}" if plot else "no plot: matplotlib is not installed")
+    return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 from mmcse.evaluation.align_uniform import align_uniform, alignment, uniformity
 from mmcse.evaluation.encode import encode_sentences
-from mmcse.evaluation.report import format_rows, format_table, print_table, write_report
+from mmcse.evaluation.report import format_rows, format_table, write_report
 from mmcse.evaluation.sts import (
     STS_YEAR_SUBSETS,
     TASKS_BY_MODE,
@@ -26,7 +26,6 @@ __all__ = [
     "format_table",
     "load_task",
     "load_tasks",
-    "print_table",
     "uniformity",
     "write_report",
 ]

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mmcse.errors import BadValueError
+
 #: gold score above which an STS-B pair counts as a positive (MCSE footnote 5)
 POSITIVE_THRESHOLD = 4.0
 
@@ -42,7 +44,7 @@ def uniformity(vectors: np.ndarray, t: float = 2.0, chunk_rows: int = 1024) -> f
     x = l2_normalize_rows(vectors)
     n = x.shape[0]
     if n < 2:
-        raise ValueError("uniformity needs at least two sentences")
+        raise BadValueError("uniformity needs at least two sentences")
     total = torch.zeros((), dtype=torch.float64)
     for start in range(0, n, chunk_rows):
         block = x[start : start + chunk_rows]
@@ -60,7 +62,7 @@ def align_uniform(
         pair for pair, score in zip(pairs, gold, strict=True) if score > POSITIVE_THRESHOLD
     ]
     if not positives:
-        raise ValueError(f"no STS-B pair has a gold score above {POSITIVE_THRESHOLD}")
+        raise BadValueError(f"no STS-B pair has a gold score above {POSITIVE_THRESHOLD}")
     sentences = list(dict.fromkeys(s for pair in pairs for s in pair))
     left = vectors[[row[a] for a, _ in positives]]
     right = vectors[[row[b] for _, b in positives]]

@@ -69,8 +69,6 @@ def format_rows(rows: dict[str, dict]) -> str:
     return "\n".join(_render(["Model".ljust(width), *titles], body))
 
 
-def print_table(rows: dict[str, dict]) -> None:
-    print(format_rows(rows))
 
 
 def write_report(results: dict, path: str | Path) -> Path:

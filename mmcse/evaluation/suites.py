@@ -7,7 +7,7 @@ Results of a training run directory are also recorded in it
 
 from __future__ import annotations
 
-import typer
+from collections.abc import Iterator
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.report import write_report
@@ -55,8 +55,8 @@ def parse_suites(
 def run_extra_suites(
     model, suites, data, out, pooler, batch_size, device, transfer_mode,
     images_features, captions, head, sts: dict | None = None,
-) -> dict:  # fmt: skip
-    """Run transfer/retrieval as asked, print their tables, save them; returns all results."""
+) -> Iterator[str]:  # fmt: skip
+    """Run transfer/retrieval as asked and save them; yields their tables and the files written."""
     from mmcse.evaluation.retrieval import evaluate_retrieval, format_retrieval_table
     from mmcse.evaluation.transfer import evaluate_transfer, format_transfer_table
 
@@ -71,14 +71,13 @@ def run_extra_suites(
             model, data_dir=data, mode=transfer_mode, tasks=suites["transfer"], pooler=pooler,
             batch_size=batch_size, device=device, progress=True,
         )  # fmt: skip
-        typer.echo(format_transfer_table(results["transfer"]))
+        yield format_transfer_table(results["transfer"])
     if "retrieval" in results:
-        typer.echo(format_retrieval_table(results["retrieval"]))
+        yield format_retrieval_table(results["retrieval"])
     run = run_of_model(model)
     if run is not None:
         for suite in ("transfer", "retrieval"):
             if suite in results:
-                typer.echo(f"wrote {run.write_results(suite, results[suite])}")
+                yield f"wrote {run.write_results(suite, results[suite])}"
     if out:
-        typer.echo(f"wrote {write_report(results, out)}")
-    return results
+        yield f"wrote {write_report(results, out)}"

@@ -26,7 +26,7 @@ encoder joined with single spaces (SimCSE's batcher).
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +54,8 @@ BINARY_FILES = {
     "MPQA": ("MPQA", "mpqa.pos", "mpqa.neg"),
 }
 TREC_CLASSES = {"ABBR": 0, "DESC": 1, "ENTY": 2, "HUM": 3, "LOC": 4, "NUM": 5}
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -298,7 +300,7 @@ def evaluate_transfer(
         details[task.name] = probe_task(task, vectors, row, settings)
         details[task.name]["seconds"] = round(time.perf_counter() - t0, 2)
         if progress:
-            print(f"{task.name}: {details[task.name]['acc']:.2f}", file=sys.stderr)
+            logger.info(f"{task.name}: {details[task.name]['acc']:.2f}")
     results: dict = {name: details[name]["acc"] for name in details}
     results["avg"] = average_of_printed(results[name] for name in details)
     results["details"] = {

@@ -14,7 +14,9 @@ full one with a muted gradient. Where the paper printed the same ablation
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ from mmcse.reports.published import PUBLISHED_ABLATIONS
 from mmcse.rundir import AblationDir, write_json
 
 FULL = ""  # the drop spec of the full method
+
+logger = logging.getLogger(__name__)
 
 
 def parse_drops(text: str) -> list[tuple[str, ...]]:
@@ -166,7 +170,7 @@ def ablate(
     overrides: dict[str, Any] | None = None,
 ) -> Ablation:
     """Train the full recipe and every ``w/o`` row over ``seeds``; p-values against the full."""
-    from mmcse.recipes.runs import departures, log
+    from mmcse.recipes.runs import departures
 
     changes = departures(
         recipe,
@@ -181,7 +185,7 @@ def ablate(
         check_seed_dirs(row_out, seeds, row_overrides)
     rows = []
     for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):
-        log(
+        logger.info(
             f"ablation row {i} of {len(plan)}: {label_of(terms)} (seeds {','.join(map(str, seeds))})"
         )
         runs = run_seeds(
@@ -233,3 +237,40 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
         ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex")
     )
     return md, write_json(md.with_suffix(".json"), ablation.to_dict())
+
+
+def ablate_run(
+    recipe: str,
+    drop: str,
+    *,
+    cache_root: str | Path = "cache",
+    seeds: str | None = None,
+    model: str | None = None,
+    max_steps: int | None = None,
+    output_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    sets: list[str] | None = None,
+    dry_run: bool = False,
+    overwrite: bool = False,
+) -> Iterator[str]:
+    """``mmcse ablate``: :func:`ablate` the recipe named ``recipe`` with the rows ``drop`` (see
+    :func:`parse_drops`) into ``output_dir`` (default runs/ablate/<recipe>); write the table to
+    ``out`` (default <output-dir>/ablation.md, + .json) and yield it; ``dry_run`` yields the plan."""
+    from mmcse.recipes.recipe import get_recipe
+    from mmcse.recipes.runs import describe_plan, parse_seeds, set_overrides
+
+    chosen = get_recipe(recipe)
+    runs_dir = Path(output_dir or f"runs/ablate/{recipe}")
+    given = dict(cache_root=cache_root, seeds=parse_seeds(chosen, seeds), model=model,
+                 max_steps=max_steps)  # fmt: skip
+    if dry_run:
+        overrides = set_overrides(sets)
+        plan = ablation_plan(chosen, parse_drops(drop), runs_dir, overrides)
+        rows = [(label_of(terms), d, over) for terms, _, d, over in plan]
+        yield describe_plan(chosen, rows, **given, user_overrides=overrides)
+        return
+    overrides = set_overrides(sets, overwrite)
+    result = ablate(chosen, parse_drops(drop), output_dir=runs_dir, **given, overrides=overrides)
+    md, js = write_ablation(result, out or AblationDir(runs_dir).table)
+    yield result.markdown()
+    yield f"wrote {md} and {js}"

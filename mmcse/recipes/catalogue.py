@@ -13,9 +13,11 @@ from mmcse.recipes.recipe import (
     HF_TRAINER_TRAIN,
     MCSE_CODE_TRAIN,
     MODELS,
+    RECIPES,
     TEXT_CORPUS,
     Feature,
     Recipe,
+    get_recipe,
     register,
 )
 
@@ -331,3 +333,25 @@ _mcseo_recipes()
 _kdmcse_recipes()
 _dalr_recipes()
 _nonlinguistic_recipes()
+
+
+def listing() -> str:
+    """``mmcse recipes list``: every recipe, its method and the published STS avg it reproduces."""
+    lines = []
+    for name in RECIPES.names():
+        recipe = RECIPES.get(name)
+        published = recipe.published[0] if recipe.published else None
+        avg = f"{published.mean['avg']:.2f}  {published.source}" if published else "-"
+        lines.append(f"{name:<34} {recipe.method:<10} {avg}")
+    return "\n".join(lines)
+
+
+def card(name: str, cache_root: str = "cache") -> str:
+    """``mmcse recipes show``: a recipe's settings, the cache sets it reads, its published rows."""
+    from mmcse.reports.compare import markdown_table, published_row
+
+    recipe = get_recipe(name)
+    if not recipe.published:
+        return recipe.describe(cache_root)
+    rows = [published_row(p, p.label) for p in recipe.published]
+    return recipe.describe(cache_root) + "\n\n" + markdown_table(rows, extra_columns=("source",))

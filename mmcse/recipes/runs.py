@@ -10,7 +10,8 @@ what would run, where, with which changes.
 
 from __future__ import annotations
 
-import sys
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from mmcse.errors import MmcseError
 from mmcse.recipes.recipe import Recipe
 from mmcse.reports.compare import Row, delta, markdown_table, published_row, scores_of, summarize
 from mmcse.rundir import SeedsDir, write_json
-from mmcse.training.config import TrainConfig
+from mmcse.training.config import TrainConfig, parse_pairs, parse_value
+
+logger = logging.getLogger(__name__)
 
 #: fields that differ per run by design, never a departure from the recipe
 _PER_RUN = ("seed", "output_dir", "overwrite", "save_every", "report_to")  # where a run goes and how it is watched, not what it trains
@@ -92,11 +95,6 @@ def departure_note(changes: dict[str, dict[str, Any]]) -> str:
         f"{key}={_value(c['run'])} (recipe: {_value(c['recipe'])})" for key, c in changes.items()
     ]
     return "Not the published setting; this run overrides the recipe: " + "; ".join(items) + "."
-
-
-def log(message: str) -> None:
-    """Progress lines of multi-run commands (stderr, so tables on stdout stay clean)."""
-    print(message, file=sys.stderr, flush=True)
 
 
 def describe_plan(
@@ -175,7 +173,10 @@ def train_one(cfg: TrainConfig) -> dict | None:
     )
 
     result = train(cfg)
-    return None if result.test is None else scores_of(result.test)
+    if result.test is None:
+        return None
+    logger.info(result.table())
+    return scores_of(result.test)
 
 
 @dataclass
@@ -218,7 +219,7 @@ def run_seeds(
     results = []
     for i, seed in enumerate(seeds, start=1):
         run = out.seed(seed).path
-        log(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {run}")
+        logger.info(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {run}")
         cfg = recipe.config(
             cache_root,
             seed=seed,
@@ -283,3 +284,50 @@ def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tupl
     table = markdown_table(rows, extra_columns=("source",))
     notes = [n for n in (departure_note(changes), pooling_hint(recipe, **given)) if n]
     return runs, table + "".join(f"\n\n{n}" for n in notes)
+
+
+# ---- ``mmcse recipes run``: flags to runs -----------------------------------------------------
+
+
+def parse_seeds(recipe: Recipe, text: str | None) -> tuple[int, ...]:
+    """``--seeds "0,1,2"``; the recipe's own seeds when not given."""
+    if not text:
+        return recipe.seeds
+    try:
+        return tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise MmcseError(f"--seeds expects comma-separated integers, got {text!r}") from None
+
+
+def set_overrides(items: list[str] | None, overwrite: bool = False) -> dict[str, Any]:
+    """``--set KEY=VALUE`` TrainConfig overrides (JSON values), ``overwrite`` added when asked."""
+    overrides = {k: parse_value(v) for k, v in parse_pairs(items, "--set").items()}
+    return {**overrides, "overwrite": True} if overwrite else overrides
+
+
+def recipe_run(
+    name: str,
+    *,
+    cache_root: str | Path = "cache",
+    seeds: str | None = None,
+    model: str | None = None,
+    max_steps: int | None = None,
+    output_dir: str | Path | None = None,
+    sets: list[str] | None = None,
+    dry_run: bool = False,
+    overwrite: bool = False,
+) -> Iterator[str]:
+    """``mmcse recipes run``: train recipe ``name`` over ``seeds`` into ``output_dir`` (default
+    runs/<name>) and yield the table beside the published numbers; ``dry_run`` yields the plan."""
+    from mmcse.recipes.recipe import get_recipe
+
+    recipe = get_recipe(name)
+    out, chosen = Path(output_dir or f"runs/{name}"), parse_seeds(recipe, seeds)
+    given = dict(cache_root=cache_root, seeds=chosen, model=model, max_steps=max_steps)
+    if dry_run:
+        overrides = set_overrides(sets)
+        yield describe_plan(recipe, [(name, out, overrides)], **given, user_overrides=overrides)
+        return
+    _, table = run_recipe(recipe, output_dir=out, **given, overrides=set_overrides(sets, overwrite))
+    yield table
+    yield f"results: {SeedsDir(out).results}"

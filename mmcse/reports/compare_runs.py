@@ -7,6 +7,9 @@ followed by the recipe's published rows (STS; the papers' rows from :mod:`mmcse.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 from mmcse.errors import MmcseError
 from mmcse.reports.compare import Row, published_row
 from mmcse.reports.published import COLUMNS as STS_COLUMNS
@@ -44,3 +47,13 @@ def comparison(arguments) -> tuple[list[Row], list[str], list[int]]:
 def compare_table(arguments, fmt: str = "md") -> str:
     rows, columns, measured = comparison(arguments)
     return render(rows, columns, fmt, EXTRA, measured)
+
+
+def compare_report(arguments, fmt: str = "md", out: str | Path | None = None) -> Iterator[str]:
+    """``mmcse compare``: the table, then (``out``) the file it was also written to."""
+    table = compare_table(arguments, fmt)
+    yield table
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(table + "\n")
+        yield f"wrote {out}"

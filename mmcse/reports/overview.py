@@ -21,6 +21,11 @@ def method_names() -> list[str]:
     return METHODS.names()
 
 
+def methods_overview() -> str:
+    """``mmcse methods``: every registered method's overview."""
+    return "\n".join(method_overview(name) for name in method_names())
+
+
 def method_overview(name: str) -> str:
     """A method's loss terms, the feature roles it reads and every setting with its default."""
     from mmcse.methods import build_method
@@ -91,3 +96,11 @@ def format_cache_listing(entries) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
+
+
+def cache_listing(root: str) -> str:
+    """``mmcse cache ls``: the sets and corpora under ``root``, or that there are none."""
+    from mmcse.cache import list_sets
+
+    entries = list(list_sets(root))
+    return format_cache_listing(entries) if entries else f"no feature sets or corpora under {root}"

@@ -24,20 +24,6 @@ from mmcse.rundir import Checkpoint, RunDir
 RESUMABLE_CHANGES = ("device", "report_to", "save_every", "output_dir", "final_eval", "eval_data")
 
 
-def unfinished_warning(model_dir: str | Path) -> str | None:
-    """The warning line for a checkpoint whose run did not finish, else None."""
-    checkpoint = Checkpoint(model_dir)
-    try:
-        info = checkpoint.read_info()
-    except MmcseError:
-        return f"warning: {checkpoint.run_info} is unreadable; cannot tell whether its run finished"
-    if info is None or info.get("finished", True) is not False:
-        return None
-    of_total = f" of {info['total_steps']}" if info.get("total_steps") else ""
-    return (
-        f"warning: {model_dir} is from a run that did not finish (saved at step "
-        f"{info.get('step')}{of_total}); resume it with mmcse train --resume RUN_DIR"
-    )
 
 
 # ---- trainer state ---------------------------------------------------------------------------

@@ -1,8 +1,14 @@
 """Training configuration: one dataclass, filled from defaults < ``--config`` file < CLI flags.
 
 The resolved config is saved in the run directory, so a run can be repeated from it alone.
+
 Every field is checked from its annotation and ``metadata`` when the config is built
-(:func:`mmcse.settings.check_settings`, which says what the metadata keys mean).
+(:func:`mmcse.settings.check_settings`, which says what the metadata keys mean: ``min``/``max``,
+``above``/``below``, ``choices``, ``pattern``/``hint``, ``flag``). The **command line** comes from
+the same metadata: ``help``, ``flag``, ``aliases`` and ``negative`` (a boolean's off switch) are
+what :mod:`mmcse.commands.flags` makes ``mmcse train``'s flags from, so a field added here is a
+flag with no CLI change. Checks that need more than the value itself (files exist, the pooler,
+the model resolves) are :mod:`mmcse.training.preflight`'s.
 """
 
 from __future__ import annotations
@@ -36,58 +42,138 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 class TrainConfig:
     """Everything a Stage-2 run needs. Defaults follow SimCSE/MCSE (BERT, Table 3).
 
-    Ranges live in each field's ``metadata`` (:mod:`mmcse.settings`); types in annotations.
+    Types live in the annotations; ranges and the command line in each field's ``metadata`` (see
+    the module docstring): ``help``, ``flag``, ``aliases`` and, for a boolean, ``negative`` (its
+    off switch; default ``--no-<flag>``) make ``mmcse train``'s flags, so a field added here is a
+    flag with no CLI change.
     """
 
-    model: str = "bert-base-uncased"  # local HF dir or hub id
-    method: str = "simcse"
-    method_args: dict[str, Any] = field(default_factory=dict, metadata={"flag": "--method-arg"})
-    text_corpus: str | None = None  # corpus table dir, or a .txt with one sentence per line
-    caption_corpus: str | None = None  # corpus table dir with image_id per caption
-    # role -> feature set dir
-    features: dict[str, str] = field(default_factory=dict, metadata={"flag": "--feature"})
-    # role -> fingerprint
-    expect_fingerprints: dict[str, str] = field(
-        default_factory=dict, metadata={"flag": "--expect-fingerprint"}
+    model: str = field(
+        default="bert-base-uncased", metadata={"help": "student: local HF dir or hub id"}
     )
-    mixing: str = field(default="interleave", metadata={"choices": MIXINGS})
-    output_dir: str = "runs/latest"
-    overwrite: bool = False  # replace a non-empty output_dir (else it is refused)
-    # per process; under torchrun the global batch is this × world size; 2+ for in-batch negatives
-    batch_size: int = field(default=64, metadata={"min": 2})
-    learning_rate: float = field(default=3e-5, metadata={"above": 0, "flag": "--lr"})
-    weight_decay: float = field(default=0.0, metadata={"min": 0})
-    # transformers.AdamW's default, used by MCSE/KDMCSE/DALR (torch: 1e-8)
-    adam_eps: float = field(default=1e-6, metadata={"above": 0, "below": 1})
-    # ε before bias correction (transformers.AdamW) | "torch"
-    adam_eps_style: str = field(default="transformers", metadata={"choices": ADAM_EPS_STYLES})
-    epochs: int = field(default=1, metadata={"min": 1})
-    # > 0 stops early (and sets the schedule length)
-    max_steps: int = field(default=0, metadata={"min": 0})
-    max_seq_length: int = field(default=32, metadata={"min": 3})  # [CLS], a token, [SEP]
-    drop_last: bool = False  # False keeps each corpus's last partial batch (as torch DataLoader)
-    warmup_steps: int = field(default=0, metadata={"min": 0})
-    grad_clip: float = field(default=1.0, metadata={"min": 0})  # 0 disables clipping
-    seed: int = field(default=42, metadata={"min": 0, "max": 2**32 - 1})  # numpy's seed range
-    eval_steps: int = field(default=125, metadata={"min": 1})
-    eval_data: str | None = None  # SentEval-layout dir; None = ../shared/data/senteval if present
-    final_eval: bool = True
-    pooler: str = "auto"  # auto: the student's sentence-transformers pooling, else cls_before_pooler
-    dropout: float = field(default=0.1, metadata={"min": 0, "below": 1})
-    device: str = field(default="auto", metadata={"pattern": DEVICE_PATTERN, "hint": DEVICES})
-    precision: str = field(default="auto", metadata={"choices": PRECISIONS})
-    # encoder attention: sdpa (fused kernel) | eager (HF's)
-    attn_implementation: str = field(default="sdpa", metadata={"choices": ATTN_IMPLEMENTATIONS})
-    # torch.compile the encoder (slow first steps)
-    compile_encoder: bool = field(default=False, metadata={"flag": "--compile"})
-    fused_adamw: bool = True  # AdamW's fused kernel on CUDA (same update; ignored on CPU)
-    tf32: bool = False  # TF32 matmuls in fp32 runs on CUDA (faster, ~1e-3 relative error)
-    dynamic_padding: bool = True  # pad a batch to its longest sentence, not max_seq_length
-    log_every: int = field(default=10, metadata={"min": 1})
-    # steps between resumable last/ checkpoints; 0 = every eval_steps
-    save_every: int = field(default=0, metadata={"min": 0})
-    # "tensorboard" also writes RUN_DIR/tensorboard
-    report_to: str = field(default="none", metadata={"choices": REPORT_TO})
+    method: str = field(
+        default="simcse", metadata={"help": "registered method (mmcse methods lists them)"}
+    )
+    method_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"flag": "--method-arg", "help": "method hyperparameter KEY=VALUE (JSON value)"},
+    )
+    text_corpus: str | None = field(
+        default=None, metadata={"help": "text corpus: corpus table dir or .txt (a sentence a line)"}
+    )
+    caption_corpus: str | None = field(
+        default=None, metadata={"help": "caption corpus table dir (from extract-images)"}
+    )
+    features: dict[str, str] = field(
+        default_factory=dict, metadata={"flag": "--feature", "help": "cached features ROLE=DIR"}
+    )
+    expect_fingerprints: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"flag": "--expect-fingerprint", "help": "refuse a --feature set unless ROLE=SHA"},
+    )
+    mixing: str = field(
+        default="interleave",
+        metadata={"choices": MIXINGS, "help": "how text and caption batches take turns"},
+    )
+    output_dir: str = field(default="runs/latest", metadata={"help": "run directory"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace the run in a non-empty --output-dir"}
+    )
+    batch_size: int = field(
+        default=64,
+        metadata={"min": 2, "help": "per process (x world size under torchrun); 2+: negatives"},
+    )
+    learning_rate: float = field(
+        default=3e-5,
+        metadata={"above": 0, "flag": "--lr", "aliases": ("--learning-rate",), "help": "peak LR"},
+    )
+    weight_decay: float = field(default=0.0, metadata={"min": 0, "help": "AdamW weight decay"})
+    adam_eps: float = field(
+        default=1e-6,
+        metadata={
+            "above": 0,
+            "below": 1,
+            "help": "AdamW epsilon (transformers.AdamW's, used by MCSE/KDMCSE/DALR; torch: 1e-8)",
+        },
+    )
+    adam_eps_style: str = field(
+        default="transformers",
+        metadata={"choices": ADAM_EPS_STYLES, "help": "AdamW epsilon before bias correction, or torch's placement"},
+    )
+    epochs: int = field(default=1, metadata={"min": 1, "help": "passes over the data"})
+    max_steps: int = field(
+        default=0, metadata={"min": 0, "help": "> 0 stops early (and sets the schedule length)"}
+    )
+    max_seq_length: int = field(
+        default=32, metadata={"min": 3, "help": "tokens per sentence ([CLS], a token, [SEP])"}
+    )
+    drop_last: bool = field(
+        default=False,
+        metadata={"negative": "--keep-last", "help": "drop each corpus's last partial batch"},
+    )
+    warmup_steps: int = field(default=0, metadata={"min": 0, "help": "linear LR warmup steps"})
+    grad_clip: float = field(
+        default=1.0, metadata={"min": 0, "help": "max gradient norm (0 disables clipping)"}
+    )
+    seed: int = field(  # numpy's seed range
+        default=42, metadata={"min": 0, "max": 2**32 - 1, "help": "seeds data order and dropout"}
+    )
+    eval_steps: int = field(
+        default=125, metadata={"min": 1, "help": "steps between STS-B dev evaluations"}
+    )
+    eval_data: str | None = field(
+        default=None,
+        metadata={"help": "SentEval-layout dir ('' disables evaluation; unset: ../shared/data)"},
+    )
+    final_eval: bool = field(
+        default=True, metadata={"help": "score best/ on the 7 STS test sets at the end"}
+    )
+    pooler: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (the student's own sentence-transformers pooling, else "
+            "cls_before_pooler) | cls | cls_before_pooler | avg (= mean) | max | "
+            "avg_first_last | avg_top2"
+        },
+    )
+    dropout: float = field(
+        default=0.1, metadata={"min": 0, "below": 1, "help": "encoder dropout (the views' noise)"}
+    )
+    device: str = field(
+        default="auto", metadata={"pattern": DEVICE_PATTERN, "hint": DEVICES, "help": DEVICES}
+    )
+    precision: str = field(
+        default="auto",
+        metadata={"choices": PRECISIONS, "help": "autocast (auto: bf16 on CUDA; CPU: fp32 always)"},
+    )
+    attn_implementation: str = field(
+        default="sdpa",
+        metadata={"choices": ATTN_IMPLEMENTATIONS, "help": "encoder attention (eager: HF's)"},
+    )
+    compile_encoder: bool = field(
+        default=False,
+        metadata={"flag": "--compile", "help": "torch.compile the encoder (slow first steps)"},
+    )
+    fused_adamw: bool = field(
+        default=True, metadata={"help": "AdamW's fused kernel on CUDA (same update; not on CPU)"}
+    )
+    tf32: bool = field(
+        default=False, metadata={"help": "TF32 matmuls in fp32 runs on CUDA (~1e-3 rel. error)"}
+    )
+    dynamic_padding: bool = field(
+        default=True, metadata={"help": "pad a batch to its longest sentence, not max_seq_length"}
+    )
+    log_every: int = field(
+        default=10, metadata={"min": 1, "help": "steps per metrics.jsonl record (terms averaged)"}
+    )
+    save_every: int = field(
+        default=0,
+        metadata={"min": 0, "help": "steps between resumable last/ saves (0: --eval-steps)"},
+    )
+    report_to: str = field(
+        default="none",
+        metadata={"choices": REPORT_TO, "help": "tensorboard also writes RUN_DIR/tensorboard"},
+    )
 
     def __post_init__(self) -> None:
         for name, value in check_settings(TrainConfig, self.__dict__).items():

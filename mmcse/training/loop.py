@@ -17,6 +17,7 @@ What the run directory holds, and under which names, is :mod:`mmcse.rundir`'s.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import random
 import signal
@@ -46,6 +47,8 @@ from mmcse.training.fastpath import apply_fast_paths, fused_adamw
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress, describe_plan, truncate_metrics
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
+
+logger = logging.getLogger(__name__)
 
 
 class Student(nn.Module):
@@ -98,6 +101,16 @@ class RunResult:
     best_step: int | None
     test: dict | None
     steps: int
+    method: str = ""
+
+    def table(self) -> str:
+        """The STS test scores of best/ as a table ('' when there was no final evaluation)."""
+        if self.test is None:
+            return ""
+        from mmcse.evaluation import format_rows
+
+        dev = "-" if self.best_dev is None else f"{self.best_dev:.2f}"
+        return format_rows({f"{self.method} (best step {self.best_step}, dev {dev})": self.test})
 
 
 def seed_everything(seed: int) -> None:
@@ -191,7 +204,7 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         self.requested = True
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        print("\nstopping after this step (Ctrl-C again to abort now)", flush=True)
+        logger.warning("stopping after this step (Ctrl-C again to abort now)")
 
     def agreed(self, at_sync_point: bool) -> bool:
         """Under DDP every rank must stop at the same step: they agree at sync points only."""
@@ -340,7 +353,7 @@ class Run:
 
     # -- logging ---------------------------------------------------------------------------
     def _open_log(self, global_batch: int) -> MetricsLog:
-        """Prepare the run dir, print and save the plan, open metrics.jsonl."""
+        """Prepare the run dir, log and save the plan, open metrics.jsonl."""
         resumed = self.resume_state is not None
         run = self.run_dir
         if dist.is_main():
@@ -354,7 +367,7 @@ class Run:
                 write_json(run.config, self.cfg.to_dict())
             plan = self._plan_record(global_batch)
             write_json(run.plan, plan, default=str)
-            print(describe_plan(plan), flush=True)
+            logger.info(describe_plan(plan))
         purge = self.step + 1 if resumed else None
         return MetricsLog(self.out, self.cfg.report_to if dist.is_main() else "none", purge)
 
@@ -527,29 +540,26 @@ class Run:
             f"Continue with: mmcse train --resume {self.out}"
         )
         if dist.is_main():
-            print(message, flush=True)
+            logger.warning(message)
         raise TrainingInterrupted(message)
 
     def _finish(self, steps: int) -> RunResult:
         test = None
         if dist.is_main() and self.cfg.final_eval and self.eval_dir is not None:
-            from mmcse.evaluation import evaluate_sts, format_rows
+            from mmcse.evaluation import evaluate_sts
 
             best = str(self.run_dir.best.path)
-            print(
-                f"final test: scoring best/ (step {self.best_step}) on the 7 STS test sets",
-                flush=True,
+            logger.info(
+                "final test: scoring best/ (step %s) on the 7 STS test sets", self.best_step
             )
             test = evaluate_sts(
                 best, data_dir=self.eval_dir, device=str(self.device), progress=True
             )
             self.run_dir.write_results("sts", test)
-            label = f"{self.cfg.method} (best step {self.best_step}, dev {self._dev_text()})"
-            print(format_rows({label: test}), flush=True)
         if dist.is_main():
             for checkpoint in (self.run_dir.best, self.run_dir.last):
                 checkpoint.mark_finished()
-        return RunResult(self.out, self.best_dev, self.best_step, test, steps)
+        return RunResult(self.out, self.best_dev, self.best_step, test, steps, self.cfg.method)
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> RunResult:

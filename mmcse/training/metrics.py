@@ -14,6 +14,7 @@ per window (:meth:`LossWindow.flush`), where a non-finite loss is also caught an
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
@@ -26,6 +27,7 @@ from torch import Tensor
 from mmcse.errors import MmcseError
 from mmcse.rundir import RunDir, write_text_atomically
 
+logger = logging.getLogger(__name__)
 #: seconds between progress lines when stderr is not a terminal (log files, CI)
 LOG_LINE_INTERVAL = 30.0
 
@@ -217,7 +219,7 @@ def describe_plan(plan: dict[str, Any]) -> str:
 
 
 class Progress:
-    """A tqdm bar on a terminal; elsewhere one plain line every :data:`LOG_LINE_INTERVAL` s."""
+    """A tqdm bar on a terminal; elsewhere one log line every :data:`LOG_LINE_INTERVAL` s."""
 
     def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
         self.total, self.step, self.desc, self.enabled = total, initial, desc, enabled
@@ -245,7 +247,7 @@ class Progress:
             now = time.monotonic()
             if now - self.last_line >= LOG_LINE_INTERVAL or step == self.total:
                 self.last_line = now
-                print(self.line(now), file=sys.stderr, flush=True)
+                logger.info(self.line(now))
 
     def line(self, now: float) -> str:
         rate = (self.step - self.start_step) / max(now - self.started, 1e-9)
@@ -259,10 +261,7 @@ class Progress:
     def write(self, text: str) -> None:
         if not self.enabled:
             return
-        if self.bar is not None:
-            self.bar.write(text, file=sys.stderr)
-        else:
-            print(text, file=sys.stderr, flush=True)
+        logger.info(text)  # the CLI's log handler writes around an open bar
 
     def __enter__(self) -> Progress:
         return self

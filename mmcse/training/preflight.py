@@ -32,7 +32,7 @@ from mmcse.devices import check_device
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
 from mmcse.textfiles import decode_text
-from mmcse.training.config import TrainConfig
+from mmcse.training.config import SettingError, TrainConfig
 
 #: a hub id is ``name`` or ``org/name``; anything else that does not exist is a missing path
 HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")
@@ -52,7 +52,7 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
     if resuming is None:
         resuming = bool(getattr(cfg, "resume", None))
     distributed.check_env()
-    method = build_method(cfg.method, **cfg.method_args)
+    method = checked_method(cfg.method, cfg.method_args)
     check_pooler(cfg.pooler)
     check_device(cfg.device)
     check_paths(cfg)
@@ -65,6 +65,17 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
 
 
 # ---- cheap checks --------------------------------------------------------------------------
+
+
+def checked_method(name: str, settings: dict) -> Method:
+    """The method with its ``--method-arg`` settings. :mod:`mmcse.methods` refuses a setting
+    with a ValueError; here that is the user's error, one line naming it."""
+    try:
+        return build_method(name, **settings)
+    except MmcseError:
+        raise
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
 
 
 def check_pooler(name: str) -> None:

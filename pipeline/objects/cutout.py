@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mmcse.errors import BadValueError
+
 BACKGROUNDS = ("mean", "black", "white")
 
 
@@ -27,7 +29,7 @@ def fill_colour(background: str, mean: tuple[float, float, float]) -> tuple[int,
         return (0, 0, 0)
     if background == "white":
         return (255, 255, 255)
-    raise ValueError(f"--background must be one of {', '.join(BACKGROUNDS)}, not {background!r}")
+    raise BadValueError(f"--background must be one of {', '.join(BACKGROUNDS)}, not {background!r}")
 
 
 def mask_bbox(mask: np.ndarray) -> tuple[int, int, int, int] | None:

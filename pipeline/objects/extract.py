@@ -125,7 +125,7 @@ class BoxesFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"boxes file {self.path} does not exist")
+            raise MmcseError(f"boxes file {self.path} does not exist")
         self._pairs: dict[tuple[str, str], dict[str, list[list[float]]]] = {}
         lines = read_text(self.path).splitlines()
         for line_no, line in enumerate(lines, start=1):

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 import mmcse
+from mmcse.errors import BadValueError
 from pipeline.teachers.base import ImagePreprocess
 
 SIZES = ("real", "tiny")
@@ -32,7 +33,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return dtype
     name = DTYPE_ALIASES.get(dtype, dtype)
     if name not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise BadValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
 

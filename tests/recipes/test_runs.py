@@ -63,7 +63,9 @@ def test_departures_list_every_change_from_the_recipe(tmp_path):
     assert note.startswith("Not the published setting") and "batch_size=16 (recipe: 64)" in note
 
 
-def test_overridden_recipe_run_says_so_beside_the_published_number(no_training, tmp_path, capsys):
+def test_overridden_recipe_run_says_so_beside_the_published_number(
+    no_training, tmp_path, library_log
+):
     recipe = get_recipe(RECIPE)
     _, table = recipes_mod.run_recipe(
         recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r", model="/my/minilm"
@@ -74,7 +76,7 @@ def test_overridden_recipe_run_says_so_beside_the_published_number(no_training, 
     assert "model=/my/minilm (recipe: bert-base-uncased)" in lines[-1]
     record = json.loads((tmp_path / "r" / "results.json").read_text())
     assert record["overrides"]["model"]["run"] == "/my/minilm"
-    logs = capsys.readouterr().err
+    logs = library_log()
     assert f"[{RECIPE}] seed 0 (1 of 2)" in logs and f"[{RECIPE}] seed 1 (2 of 2)" in logs
     # the recipe's own setting: no note, nothing recorded
     _, plain = recipes_mod.run_recipe(
@@ -84,7 +86,7 @@ def test_overridden_recipe_run_says_so_beside_the_published_number(no_training, 
     assert json.loads((tmp_path / "p" / "results.json").read_text())["overrides"] == {}
 
 
-def test_ablation_title_seeds_missing_p_value_and_row_logs(no_training, tmp_path, capsys):
+def test_ablation_title_seeds_missing_p_value_and_row_logs(no_training, tmp_path, library_log):
     recipe = get_recipe(RECIPE)
     result = ablate_mod.ablate(
         recipe,
@@ -100,7 +102,7 @@ def test_ablation_title_seeds_missing_p_value_and_row_logs(no_training, tmp_path
     assert "max_steps=10" in md
     record = result.to_dict()
     assert record["overrides"]["max_steps"]["run"] == 10 and record["notes"]
-    logs = capsys.readouterr().err
+    logs = library_log()
     assert "ablation row 1 of 2: full" in logs and "ablation row 2 of 2: w/o image_text" in logs
     assert "[w/o image_text] seed 3 (1 of 1)" in logs
 

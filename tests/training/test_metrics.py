@@ -116,29 +116,29 @@ def test_trainer_windows_equal_the_mean_of_per_step_records(tiny_model, tiny_wor
         assert all(window[k] >= 0 for k in ("time", "steps_per_s", "data_wait_share"))
 
 
-def test_plan_is_printed_and_saved(tiny_model, tiny_world, tmp_path, capsys):
+def test_plan_is_logged_and_saved(tiny_model, tiny_world, tmp_path, library_log):
     result = train(config(tiny_model, tiny_world, tmp_path / "r", max_steps=3, eval_steps=2))
     plan = json.loads((result.output_dir / "plan.json").read_text())
     assert plan["total_steps"] == 3 and plan["batches_per_epoch"] == {"text": 12, "caption": 8}
     assert plan["sentences"] == {"text": 96, "caption": 64} and plan["device"] == "cpu"
     assert plan["precision"] == "fp32" and plan["evals"] == 2 and plan["save_every"] == 2
-    out = capsys.readouterr().out
+    out = library_log()
     assert "plan: mcse on cpu" in out and "12 text, 8 caption batches of 8" in out
 
 
-def test_non_tty_progress_prints_a_line_per_interval(monkeypatch, capsys):
+def test_non_tty_progress_logs_a_line_per_interval(monkeypatch, library_log):
     monkeypatch.setattr(metrics_log, "LOG_LINE_INTERVAL", 3600.0)
     progress = Progress(total=50, initial=0, desc="train x", enabled=True)
     for step in range(1, 51):
         progress.set(loss=f"{step:.4f}")
         progress.update(step)
-    lines = capsys.readouterr().err.splitlines()
+    lines = library_log().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train x: step 50/50 (100%) loss 50.0000")
     monkeypatch.setattr(metrics_log, "LOG_LINE_INTERVAL", 0.0)
     progress = Progress(total=3, initial=0, desc="train x", enabled=True)
     for step in range(1, 4):
         progress.update(step)
-    assert len(capsys.readouterr().err.splitlines()) == 3
+    assert len(library_log().splitlines()) == 3
 
 
 def test_truncate_keeps_records_up_to_the_step_and_drops_a_cut_line(tmp_path):

@@ -15,6 +15,7 @@ from support.runs import tiny_mcse_settings
 from typer.testing import CliRunner
 
 from mmcse.errors import MmcseError
+from mmcse.evaluation.evaluate import unfinished_warning
 from mmcse.rundir import BEST_DIR, RUN_INFO_FILE, atomic_dir, recover_dir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training import metrics as metrics_log
@@ -102,7 +103,7 @@ def test_sigkilled_run_resumes_to_the_same_metrics(
     run = Path(cfg["output_dir"])
     info = json.loads((run / "last" / RUN_INFO_FILE).read_text())
     assert info["step"] == resumed_from and info["finished"] is False
-    assert ckpt.unfinished_warning(run / "last") is not None
+    assert unfinished_warning(run / "last") is not None
     train(TrainConfig(**cfg), resume=True)
     assert comparable(run) == comparable(uninterrupted)
     assert same_weights(run / BEST_DIR, uninterrupted / BEST_DIR)

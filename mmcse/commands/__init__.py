@@ -1,0 +1,15 @@
+"""The ``mmcse`` commands, a module per group (``cli.py`` assembles them). A command parses its
+flags, calls one library function and prints the result it returns (a table, a listing, the
+files written); progress and warnings are the library's ``logging``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import typer
+
+
+def show(result: str | Iterable[str] | None) -> None:
+    """Print a command's result: a text, or each text an iterator yields as soon as it is ready."""
+    for text in [result] if isinstance(result, str) else result or ():
+        typer.echo(text)

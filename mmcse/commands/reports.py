@@ -1,0 +1,37 @@
+"""``mmcse compare`` and ``mmcse plot``: runs side by side, as tables and figures."""
+
+from __future__ import annotations
+
+import typer
+
+from mmcse.commands import show
+
+app = typer.Typer()
+
+
+@app.command()
+def compare(
+    runs: list[str] = typer.Argument(..., help="Run directories, or folders of seed runs."),
+    table_format: str = typer.Option("md", "--format", help="md | csv | latex"),
+    out: str = typer.Option(None, help="Also write the table to this file."),
+) -> None:
+    """STS (+ transfer, + retrieval) of runs in one table: mean ± std over seeds, best marked."""
+    from mmcse.reports.compare_runs import compare_report
+
+    show(compare_report(runs, table_format, out))
+
+
+@app.command()
+def plot(
+    runs: list[str] = typer.Argument(..., help="Run directories, seed folders or ablation dirs."),
+    out_dir: str = typer.Option(None, help="Where the scatter goes [default: beside the run]."),
+    align_uniform: bool = typer.Option(
+        False, "--align-uniform", help="Compute alignment/uniformity on STS-B where missing."
+    ),
+    data: str = typer.Option(None, help="SentEval data folder (for --align-uniform)."),
+) -> None:
+    """PNG training curves per run, the alignment–uniformity scatter, ablation bar charts."""
+    from mmcse.reports.plots import write_run_plots
+
+    written = write_run_plots(runs, out_dir, compute_align_uniform=align_uniform, data_dir=data)
+    show(f"wrote {path}" for path in written)

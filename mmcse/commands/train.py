@@ -1,0 +1,47 @@
+"""``mmcse train``, ``demo`` and ``methods`` (Stage 2). Train's setting flags are TrainConfig's
+fields (:mod:`mmcse.commands.flags`); only the flags that are not settings are written here."""
+
+from __future__ import annotations
+
+import typer
+
+from mmcse.commands import show
+from mmcse.commands.flags import with_flags
+from mmcse.training.config import TrainConfig
+
+app = typer.Typer()
+Opt = typer.Option
+
+
+@app.command()
+@with_flags(TrainConfig, into="settings")
+def train(
+    config: str = Opt(None, "--config", help="JSON/TOML file of training settings"),
+    dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
+    resume: str = Opt(None, help="continue the run in RUN_DIR from its last/ checkpoint"),
+    settings: dict | None = None,
+) -> None:
+    """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
+    from mmcse.training.launch import launch
+
+    show(launch(config, settings, resume=resume, dry_run=dry_run))
+
+
+@app.command()
+def demo(
+    out: str = Opt("runs/demo", help="where the generated world, cache and runs go"),
+    steps: int = Opt(300, help="training steps per method"),
+    device: str = Opt("auto", help="auto|cpu|cuda"),
+) -> None:
+    """Offline end-to-end demo: drawn images → Stage 1 → SimCSE vs MCSE → table and curves."""
+    from mmcse.demo.run import run_demo
+
+    show(run_demo(out, steps=steps, device=device))
+
+
+@app.command()
+def methods() -> None:
+    """Registered methods: loss terms, feature roles, settings with defaults."""
+    from mmcse.reports.overview import methods_overview
+
+    show(methods_overview())

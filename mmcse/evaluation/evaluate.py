@@ -1,0 +1,77 @@
+"""``mmcse eval``: STS, then the suites asked for beyond it, of a run directory or a model dir."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from mmcse.errors import MmcseError
+from mmcse.rundir import Checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+def evaluate_model(
+    model: str,
+    *,
+    tasks: str = "sts",
+    data: str | None = None,
+    out: str | None = None,
+    mode: str = "test",
+    pooler: str | None = None,
+    batch_size: int = 128,
+    device: str | None = None,
+    align_uniform: bool = False,
+    transfer_mode: str = "test",
+    images_features: str | None = None,
+    captions: str | None = None,
+    head: str | None = None,
+) -> Iterator[str]:
+    """Score ``model`` on ``tasks`` (``"sts,transfer,retrieval"``, see
+    :func:`~mmcse.evaluation.suites.parse_suites`); yields each table as soon as it is scored,
+    then the files written. A checkpoint of an unfinished run is evaluated with a warning."""
+    from mmcse.evaluation import evaluate_sts, format_table, write_report
+    from mmcse.evaluation.suites import parse_suites, run_extra_suites
+    from mmcse.hub import resolve_model_dir
+
+    suites = parse_suites(tasks, images_features, captions, data)
+    warning = unfinished_warning(resolve_model_dir(model))
+    if warning:
+        logger.warning(warning)
+    extra = (model, suites, data, out, pooler, batch_size, device, transfer_mode,
+             images_features, captions, head)  # fmt: skip
+    if "sts" not in suites:
+        yield from run_extra_suites(*extra)
+        return
+    results = evaluate_sts(
+        model,
+        data_dir=data,
+        mode=mode,
+        pooler=pooler,
+        batch_size=batch_size,
+        device=device,
+        with_align_uniform=align_uniform,
+        progress=True,
+    )
+    yield format_table(results)
+    if len(suites) > 1:
+        yield from run_extra_suites(*extra, sts=results)
+    elif out:
+        yield f"wrote {write_report(results, out)}"
+
+
+def unfinished_warning(model_dir: str | Path) -> str | None:
+    """The warning for a checkpoint whose run did not finish (its ``mmcse_run.json`` says so)."""
+    checkpoint = Checkpoint(model_dir)
+    try:
+        info = checkpoint.read_info()
+    except MmcseError:
+        return f"{checkpoint.run_info} is unreadable; cannot tell whether its run finished"
+    if info is None or info.get("finished", True) is not False:
+        return None
+    of_total = f" of {info['total_steps']}" if info.get("total_steps") else ""
+    return (
+        f"{model_dir} is from a run that did not finish (saved at step "
+        f"{info.get('step')}{of_total}); resume it with mmcse train --resume RUN_DIR"
+    )

@@ -1,0 +1,42 @@
+"""``mmcse train``: settings from defaults < a config file < flags; a dry run, a run, or a resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mmcse.training.config import resolve_config
+
+
+def launch(
+    config_file: str | Path | None = None,
+    settings: dict[str, Any] | None = None,
+    *,
+    resume: str | Path | None = None,
+    dry_run: bool = False,
+) -> Iterator[str]:
+    """Resolve the config (``settings``: None = not given) and train it, or continue the run in
+    ``resume``; ``dry_run`` checks every input and trains nothing. Yields the result's lines."""
+    overrides = dict(settings or {})
+    if resume:
+        from mmcse.training.checkpoint import resume_config
+
+        cfg = resume_config(resume, config_file, overrides)
+    else:
+        cfg = resolve_config(config_file, **overrides)
+    if dry_run:
+        from mmcse.training.preflight import preflight
+
+        method = preflight(cfg)  # the checks a real run makes before its first step
+        yield json.dumps(cfg.to_dict(), indent=2)
+        yield method.describe()
+        yield "preflight: every input checked"
+        return
+    from mmcse.training.loop import train
+
+    result = train(cfg, resume=bool(resume))
+    if result.test is not None:
+        yield result.table()
+    yield f"run directory: {result.output_dir}"

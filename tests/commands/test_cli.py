@@ -1,0 +1,238 @@
+"""The command line stays thin and honest: its size, its error policy, its flags.
+
+* the CLI layer (``cli.py`` + ``mmcse/commands``) fits its line budget;
+* ``main()`` turns only user errors (:class:`MmcseError`, OS errors) into one ``error:`` line;
+  a bug inside a command keeps its traceback;
+* ``train``'s flags are :class:`TrainConfig`'s fields, made from their metadata (a field added
+  there is a flag with no CLI change), and every flag name of the past still works;
+* each Stage-1 command's flags are its job's fields;
+* library log records reach stderr as plain lines while a command runs, and only then.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import logging
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import typer
+from support.cli import assert_one_error, run_main
+from typer.main import get_command
+from typer.testing import CliRunner
+
+import cli
+from mmcse.commands import extract
+from mmcse.commands.flags import with_flags
+from mmcse.errors import MmcseError
+from mmcse.registry import METHODS, UnknownNameError
+from mmcse.training.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET = 600  # lines of cli.py + mmcse/commands
+
+
+def test_cli_layer_fits_its_line_budget():
+    files = [ROOT / "cli.py", *sorted((ROOT / "mmcse" / "commands").rglob("*.py"))]
+    lines = sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files)
+    assert lines <= BUDGET, f"CLI layer: {lines} lines in {len(files)} files (budget {BUDGET})"
+
+
+# ---- errors --------------------------------------------------------------------------------------
+
+
+def _handled(function: ast.FunctionDef) -> set[str]:
+    names = set()
+    for handler in (n for n in ast.walk(function) if isinstance(n, ast.ExceptHandler)):
+        caught = handler.type
+        items = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+        names |= {"<bare>" if i is None else ast.unparse(i) for i in items}
+    return names
+
+
+def test_main_turns_only_user_errors_into_error_lines():
+    tree = ast.parse((ROOT / "cli.py").read_text(encoding="utf-8"))
+    main = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert _handled(main) == {"MmcseError", "OSError", "KeyboardInterrupt"}
+
+
+BUGGY_METHODS = """
+import sys
+import cli
+import mmcse.reports.overview as overview
+
+def broken():
+    return {}["a bug"]
+
+overview.methods_overview = broken
+sys.argv = ["mmcse", "methods"]
+cli.main()
+"""
+
+
+def test_a_bug_in_a_command_keeps_its_traceback():
+    done = subprocess.run(
+        [sys.executable, "-c", BUGGY_METHODS], capture_output=True, text=True, cwd=ROOT,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode not in (0, 2), done.stderr
+    assert "Traceback" in done.stderr and "KeyError: 'a bug'" in done.stderr
+    assert not [line for line in done.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_a_bug_in_process_propagates_and_a_user_error_is_one_line(monkeypatch, capsys):
+    import mmcse.reports.overview as overview
+
+    monkeypatch.setattr(overview, "methods_overview", lambda: {}["a bug"])
+    monkeypatch.setattr(sys, "argv", ["mmcse", "methods"])
+    with pytest.raises(KeyError):
+        cli.main()
+    assert "error:" not in capsys.readouterr().err
+
+    def refuse():
+        raise MmcseError("no methods today")
+
+    monkeypatch.setattr(overview, "methods_overview", refuse)
+    code, stderr = run_main(["methods"], monkeypatch, capsys)
+    assert_one_error(code, stderr, "no methods today")
+
+
+def test_unknown_names_are_user_errors_and_still_key_errors(monkeypatch, capsys):
+    with pytest.raises(UnknownNameError) as info:
+        METHODS.get("mcsee")
+    assert isinstance(info.value, MmcseError) and isinstance(info.value, KeyError)
+    assert str(info.value).startswith("unknown method 'mcsee'; known:")
+    code, stderr = run_main(["bench", "extract", "--teacher", "nope"], monkeypatch, capsys)
+    assert_one_error(code, stderr, "unknown teacher 'nope'")
+
+
+# ---- train's flags are TrainConfig's fields ------------------------------------------------------
+
+
+def _options(command_name: str) -> dict[str, object]:
+    group = get_command(cli.app)
+    command = group.commands[command_name]  # type: ignore[attr-defined]
+    return {p.name: p for p in command.params}
+
+
+PAST_TRAIN_FLAGS = (
+    "--config", "--model", "--method", "--method-arg", "--text-corpus", "--caption-corpus",
+    "--feature", "--expect-fingerprint", "--mixing", "--output-dir", "--overwrite",
+    "--batch-size", "--lr", "--learning-rate", "--epochs", "--max-steps", "--max-seq-length",
+    "--seed", "--eval-steps", "--eval-data", "--final-eval", "--no-final-eval", "--pooler",
+    "--device", "--precision", "--adam-eps", "--drop-last", "--keep-last",
+    "--attn-implementation", "--compile", "--no-compile", "--fused-adamw", "--no-fused-adamw",
+    "--tf32", "--no-tf32", "--dynamic-padding", "--no-dynamic-padding", "--dry-run", "--resume",
+    "--save-every", "--log-every", "--report-to",
+)  # fmt: skip
+
+
+def test_every_config_field_is_a_train_flag_with_its_default_in_the_help():
+    options = _options("train")
+    fields = [f for f in dataclasses.fields(TrainConfig) if f.init]
+    assert set(options) == {f.name for f in fields} | {"config", "dry_run", "resume"}
+    for f in fields:
+        option = options[f.name]
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        assert flag in option.opts and set(f.metadata.get("aliases", ())) <= set(option.opts)
+        assert option.default is None, f.name  # unset: a --config file may fill it
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        assert option.help.endswith(f"(default: {default!r})"), option.help
+        if f.metadata.get("help"):
+            assert option.help.startswith(f.metadata["help"])
+    spelled = {s for o in options.values() for s in (*o.opts, *o.secondary_opts)}
+    assert set(PAST_TRAIN_FLAGS) <= spelled
+
+
+def test_train_flags_reach_the_launcher_as_settings(monkeypatch):
+    import mmcse.training.launch as launch
+
+    seen = {}
+
+    def fake(config, settings, *, resume=None, dry_run=False):
+        seen.update(settings, config=config, dry_run=dry_run)
+        yield "launched"
+
+    monkeypatch.setattr(launch, "launch", fake)
+    result = CliRunner().invoke(cli.app, [
+        "train", "--config", "run.toml", "--learning-rate", "0.1", "--keep-last", "--no-compile",
+        "--method-arg", "temperature=0.1", "--method-arg", "views=mean", "--feature", "image=/x",
+        "--expect-fingerprint", "image=abc", "--dry-run",
+    ])  # fmt: skip
+    assert result.exit_code == 0 and result.stdout == "launched\n", result.output
+    assert seen.pop("config") == "run.toml" and seen.pop("dry_run") is True
+    assert seen.pop("learning_rate") == 0.1 and seen.pop("drop_last") is False
+    assert seen.pop("compile_encoder") is False
+    assert seen.pop("method_args") == {"temperature": 0.1, "views": "mean"}  # JSON, else text
+    assert seen.pop("features") == {"image": "/x"}
+    assert seen.pop("expect_fingerprints") == {"image": "abc"}
+    assert set(seen.values()) == {None}  # every other setting left to the file and defaults
+
+
+def test_a_new_settings_field_is_a_flag_with_no_cli_change():
+    @dataclass
+    class Settings:
+        ratio: float = field(default=0.5, metadata={"help": "how much", "flag": "--r"})
+        name: str | None = None
+        pairs: dict[str, int] = field(default_factory=dict, metadata={"flag": "--pair"})
+        loud: bool = field(default=False, metadata={"negative": "--soft"})
+
+    app, seen = typer.Typer(), {}
+
+    @app.command()
+    @with_flags(Settings, into="settings")
+    def run(settings=None) -> None:
+        seen.update(settings)
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["--r", "2", "--pair", "a=3", "--soft"]).exit_code == 0
+    assert seen == {"ratio": 2.0, "name": None, "pairs": {"a": 3}, "loud": False}
+    bad = runner.invoke(app, ["--pair", "a"])
+    assert isinstance(bad.exception, MmcseError)
+    assert "--pair expects KEY=VALUE" in str(bad.exception)
+    ratio = next(p for p in get_command(app).params if p.name == "ratio")
+    assert ratio.help == "how much (default: 0.5)" and ratio.opts == ["--r"]
+
+
+def test_bad_pairs_on_the_command_line_are_one_error_line(monkeypatch, capsys):
+    code, stderr = run_main(["train", "--feature", "image"], monkeypatch, capsys)
+    assert_one_error(code, stderr, "--feature expects KEY=VALUE", "'image'")
+
+
+@pytest.mark.parametrize(("name", "job"), list(extract.COMMANDS.items()))
+def test_each_stage1_command_has_its_jobs_fields_as_flags(name, job):
+    fields = {f.name: f for f in dataclasses.fields(job)}
+    options = _options(name)
+    assert set(options) == set(fields)
+    for field_name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        assert options[field_name].required == required, field_name
+
+
+# ---- library logs ------------------------------------------------------------------------------
+
+
+def test_library_logs_are_plain_stderr_lines_while_a_command_runs(monkeypatch, capsys):
+    import mmcse.reports.overview as overview
+
+    logger = logging.getLogger("mmcse.reports.overview")
+
+    def chatty() -> str:
+        logger.info("working on it")
+        logger.warning("this looks odd")
+        return "the result"
+
+    monkeypatch.setattr(overview, "methods_overview", chatty)
+    code, stderr = run_main(["methods"], monkeypatch, capsys)
+    assert code == 0 and stderr == ["working on it", "warning: this looks odd"]
+    monkeypatch.setattr(sys, "argv", ["mmcse", "--quiet", "methods"])
+    with pytest.raises(SystemExit):
+        cli.main()
+        raise SystemExit(0)
+    captured = capsys.readouterr()
+    assert captured.out == "the result\n" and captured.err == "warning: this looks odd\n"
+    assert not logging.getLogger("mmcse").handlers  # shown only while the command ran
