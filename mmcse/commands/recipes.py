@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from mmcse.commands import show
+from mmcse.rundir import ABLATION_TABLE
 
 app = typer.Typer()  # ablate
 recipes_app = typer.Typer(help="Paper settings as named recipes.", no_args_is_help=True)
@@ -64,7 +65,7 @@ def ablate(
     model: str = _MODEL,
     max_steps: int = _MAX_STEPS,
     output_dir: str = Opt(None, help="run directories (default: runs/ablate/<recipe>)"),
-    out: str = Opt(None, help="markdown table (default: <output-dir>/ablation.md; + .json)"),
+    out: str = Opt(None, help=f"markdown table (default: <output-dir>/{ABLATION_TABLE}; + .json)"),
     set_: list[str] = _SET,
     dry_run: bool = _DRY_RUN,
     overwrite: bool = _OVERWRITE,

@@ -22,6 +22,7 @@ from typing import Any
 
 from mmcse.devices import DEVICE_PATTERN, DEVICES
 from mmcse.errors import MmcseError
+from mmcse.rundir import METRICS_FILE
 from mmcse.settings import SettingError, check_settings
 
 #: ``mcse-train-mix`` = MCSE's released ``train_mix.py`` schedule (see :mod:`mmcse.training.data`)
@@ -164,7 +165,7 @@ class TrainConfig:
         default=True, metadata={"help": "pad a batch to its longest sentence, not max_seq_length"}
     )
     log_every: int = field(
-        default=10, metadata={"min": 1, "help": "steps per metrics.jsonl record (terms averaged)"}
+        default=10, metadata={"min": 1, "help": f"steps per {METRICS_FILE} record (terms averaged)"}
     )
     save_every: int = field(
         default=0,
