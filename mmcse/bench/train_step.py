@@ -59,8 +59,10 @@ ROLE_DIMS = {"image": 2048, "clip_image": 768, "clip_text": 768, "object": 2048}
 TEXT_TEACHER_DIM = 768
 #: where a method's paper uses another teacher for a shared role name (DALR: CLIP ViT-B/32)
 METHOD_ROLE_DIMS = {"dalr": {"image": 512}, "dalr-paper": {"image": 512}}
-#: settings that only avoid the network (speed does not depend on weights)
-METHOD_ARGS = {"visualcse": {"vit_init": "random"}}
+#: settings that only avoid the network (speed does not depend on weights), and DALR's ℓ_CMA
+#: image head: the released ℓ_CMA reads the raw image, which must be as wide as the student
+#: (ViT-L/14's 768 = BERT-base's); the bench's 512-d image at every student size needs the head
+METHOD_ARGS = {"visualcse": {"vit_init": "random"}, "dalr": {"cma_image_head": True}}
 CAPTIONS_PER_IMAGE = 4  # several captions per image, so an image-keyed join is not the identity
 PHRASES_PER_CAPTION = 4
 NONLING_EXAMPLES = 48  # one batch of the papers' 48

@@ -3,6 +3,7 @@
 from mmcse.losses import (  # noqa: F401  (importing registers each loss)
     adaptive_angular_margin,
     arc_margin_info_nce,
+    class_rank_cross_entropy,
     cross_modal_alignment,
     global_local_info_nce,
     image_text_consistency,

@@ -34,8 +34,10 @@ class SimCLRLoss(Loss):
 
     Inputs: ``view1``, ``view2`` ``[B, H]`` ([CLS] of the two views). Returns
     ``{"simclr_loss": scalar}``. Siblings: :class:`~mmcse.losses.info_nce.SimCSELoss` (the same
-    maths on dropout views of sentences, τ = 0.05) and :class:`~mmcse.losses.supcon.SupConLoss`
-    (the label-aware variant, VisualCSE's default).
+    maths on dropout views of sentences, τ = 0.05) and the label-aware variants
+    :class:`~mmcse.losses.class_rank_cross_entropy.ClassRankCrossEntropyLoss` (the released
+    ``--new_supcon`` objective, VisualCSE's and AudioCSE's default) and
+    :class:`~mmcse.losses.supcon.SupConLoss`.
 
     Args:
         temperature: τ.

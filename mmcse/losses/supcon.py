@@ -34,7 +34,11 @@ class SupConLoss(Loss):
       omitted: it is 1 at the defaults (τ = τ_base = 0.07).
     * The published runs pass ``--new_supcon``, whose "SupCon" is a cross-entropy over
       cos(f'_i, f''_j)/τ with target = the rank of ``i``'s label among the batch's distinct
-      labels: that target indexes an arbitrary column, not a positive, so we do not reproduce it.
+      labels (an arbitrary column, not a positive):
+      :class:`~mmcse.losses.class_rank_cross_entropy.ClassRankCrossEntropyLoss`, VisualCSE's and
+      AudioCSE's default. This loss is the code's path without ``--new_supcon`` (Tian's
+      ``SupConLoss`` on normalised features, ``VisualCSE/src/trainers.py`` line 579 at 3e1e01c)
+      and the paper's name.
     * As the paper notes (§4.4), with batch 48 and 60 classes same-class pairs are rare, so
       SupCon and SimCLR (:class:`~mmcse.losses.simclr.SimCLRLoss`) give similar results.
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from mmcse.errors import MmcseError
 from mmcse.losses.base import build_loss, check_slots
-from mmcse.losses.heads import Head
+from mmcse.losses.heads import HIDDEN, Head
 from mmcse.registry import METHODS
 from mmcse.settings import check_settings
 
@@ -142,23 +142,27 @@ def build_heads(method: Method, hidden_size: int, feature_dims: Mapping[str, int
     mismatch is a one-line error naming both terms.
     """
     heads: dict[str, nn.Module] = {}
-    declared: dict[str, tuple[tuple, str]] = {}  # name → (kind, widths, init), first term
+    declared: dict[str, tuple[tuple, str, Head]] = {}  # name → (kind, widths, init), term, head
     for term in method.active_terms():
         for slot, name in term.head_names().items():
             head = term.heads[slot]
             shape = (head.kind, *head.widths(hidden_size, feature_dims), head.init)
             if name not in heads:
                 heads[name] = head.build(hidden_size, feature_dims)
-                declared[name] = (shape, term.name)
+                declared[name] = (shape, term.name, head)
             elif declared[name][0] != shape:
-                first_shape, first = declared[name]
+                first_shape, first, first_head = declared[name]
                 raise MmcseError(
                     f"method {method.name!r}: terms {first!r} and {term.name!r} declare head "
-                    f"{name!r} differently: {_shape_text(first_shape)} vs {_shape_text(shape)}"
+                    f"{name!r} differently: {_shape_text(first_shape, first_head)} vs "
+                    f"{_shape_text(shape, head)}"
                 )
     return nn.ModuleDict(heads)
 
 
-def _shape_text(shape: tuple) -> str:
+def _shape_text(shape: tuple, head: Head) -> str:
     kind, in_dim, out_dim, init = shape
-    return f"{kind} {in_dim}→{out_dim} ({init} init)"
+    text = f"{kind} {in_dim}→{out_dim} ({init} init)"
+    if isinstance(head.output, str) and head.output != HIDDEN:  # the width of a cached feature
+        text += f" [output = the width of cached feature {head.output!r}]"
+    return text

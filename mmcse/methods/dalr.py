@@ -1,18 +1,22 @@
 """DALR (He et al., 2025) as two compositions of registered losses: the released code and eq. 14.
 
-``dalr`` (:class:`DALR`) is what the authors' code ``Hekang001/DALR`` trains with their scripts
-``scripts/run_wiki_{flickr,coco}.sh`` (``src/train_mix.py`` + ``src/model_modified.py``), i.e. the
-setting behind the published tables; ``dalr-paper`` (:class:`DALRPaper`) is eq. 14 as printed.
-Every difference is a field of the dataclass, so either variant can be moved towards the other.
+``dalr`` (:class:`DALR`) is what the authors' code trains with their scripts
+``scripts/run_wiki_{flickr,coco}.sh`` (``src/train_mix.py``, which imports
+``src/model_modified.py``; ``kangverse/DALR`` at 849ece9, the continued history of
+``Hekang001/DALR`` that the paper links), i.e. the setting behind the published tables;
+``dalr-paper`` (:class:`DALRPaper`) is eq. 14 as printed. Every difference is a field of the
+dataclass, so either variant can be moved towards the other. ``src/model_dalr.py`` (added
+2025-11) is not imported by any script and is not what this module follows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from mmcse.losses.heads import HIDDEN, Head
 from mmcse.losses.intra_modal_alignment import DEFAULT_TEXT_TEACHERS, normalize_teachers
+from mmcse.losses.list_mle_distillation import RELEASED_LOG_EPS
 from mmcse.methods.base import Method, Term
 from mmcse.registry import register_method
 
@@ -37,39 +41,44 @@ CHOICES = {
 @register_method("dalr")
 @dataclass
 class DALR(Method):
-    """DALR as the released code trains it (``src/train_mix.py``, ``src/model_modified.py``).
+    """DALR as the released code trains it (``src/train_mix.py`` + ``src/model_modified.py``,
+    ``kangverse/DALR`` at 849ece9; line numbers below are of ``model_modified.py``).
 
-    Per caption batch the code's loss is ``loss + 0.1·cross_modal + 0.2·intra_modal`` with
+    Per caption batch the code's loss is ``loss + 0.1·cross_modal + 0.2·intra_modal``
+    (``train_mix.py`` line 540) with
 
     * ``loss`` = ℓ_SimCSE with ``ArcSimilarity`` (angle of the negatives reduced by
-      ``--margin1`` = 0.18; :mod:`~mmcse.losses.arc_margin_info_nce`), on every batch;
-    * ``cross_modal`` = ``0.01·ℓ_cons + ℓ_CMA + cross_loss``, where ``cross_loss`` is KDMCSE's
-      AdapACSE of both views against the image (``--margin2`` = 0.18, margins scaled by the
-      image–image cosines; :mod:`~mmcse.losses.adaptive_angular_margin`, image half only) —
-      the code's stand-in for ℓ_Info, *inside* the λ = 0.1 bracket;
-    * ``intra_modal`` = ``ℓ_IMA + ℓ_rank + ℓ_g2l`` (ℓ_g2l:
-      :mod:`~mmcse.losses.global_local_info_nce`, added to ``rank_loss`` in the code);
+      ``--margin1`` = 0.18; :mod:`~mmcse.losses.arc_margin_info_nce`), on every batch (628–632);
+    * ``cross_modal`` = ``0.01·ℓ_cons + ℓ_CMA + cross_loss`` (765), where ``cross_loss`` is
+      KDMCSE's AdapACSE of both views against the image (``--margin2`` = 0.18, margins scaled by
+      the image–image cosines; :mod:`~mmcse.losses.adaptive_angular_margin`, image half only;
+      756–764) — the code's stand-in for ℓ_Info, *inside* the λ = 0.1 bracket;
+    * ``intra_modal`` = ``ℓ_IMA + ℓ_rank + ℓ_g2l`` (767–769; ℓ_g2l:
+      :mod:`~mmcse.losses.global_local_info_nce`, added to ``rank_loss`` in 739);
 
-    on text batches only ℓ_SimCSE. λ = 0.1 and μ = 0.2 are hard-coded in ``train_mix.py``
-    (``--lbd`` is parsed but unused). Teachers (scripts): first SimCSE, second DiffCSE,
-    ``--alpha_ 0.33`` → SimCSE 0.33 + DiffCSE 0.67; the KL targets mix the teachers'
-    *embeddings*, the ranking target their similarities. ℓ_SimCSE, ℓ_rank, ℓ_IMA, ℓ_CMA,
-    ℓ_cons and ℓ_g2l all read one student head, the SimCSE pooler (``z1``, ``z2``; Linear
-    H→H + Tanh, BERT-initialised), and ℓ_rank, ℓ_IMA, ℓ_CMA use the arc-margin scores of
-    ``self.sim`` (``student_margin`` = 0.18). KL temperatures: student 0.05 × 0.45 = 0.0225,
-    teacher 0.5. ℓ_cons: cosine-embedding loss, margin 0.2, mismatches by rolling the batch 5.
+    on text batches only ℓ_SimCSE (``cal_inter=False``, 635). λ = 0.1 and μ = 0.2 are
+    hard-coded in ``train_mix.py`` (``--lbd`` is parsed but unused). Teachers (scripts): first
+    SimCSE, second DiffCSE, ``--alpha_ 0.33`` → SimCSE 0.33 + DiffCSE 0.67; the KL targets mix
+    the teachers' *embeddings* (720), the ranking target their similarities (719). ℓ_SimCSE,
+    ℓ_rank, ℓ_IMA, ℓ_CMA, ℓ_cons and ℓ_g2l all read one student head, the SimCSE pooler
+    (``z1``, ``z2``; Linear H→H + Tanh, BERT-initialised), and ℓ_rank, ℓ_IMA, ℓ_CMA use the
+    arc-margin scores of ``self.sim`` (``student_margin`` = 0.18). KL temperatures: student
+    0.05 × 0.45 = 0.0225, teacher 0.5. ℓ_cons: cosine-embedding loss, margin 0.2, mismatches by
+    rolling the batch 5. ℓ_rank is the code's ``ListMLE`` with ε = 1e-7 inside its log
+    (``rank_log_eps``; 0 = eq. 10 exactly). ℓ_CMA compares the pooler's ``z1`` with the *raw*
+    image feature (745; ``cma_image_head=False``), which needs an image teacher of the
+    pooler's width: the scripts' CLIP ViT-L/14 (768-d, ``flickr30k_ViT_L14.json``), which the
+    ``dalr`` recipes read. ``cma_image_head=True`` puts a Linear + Tanh image head into the
+    pooler's width instead (any teacher fits; the ``…/clip-vit-b32`` recipes, App. B's
+    teacher), and ``share_image_head=True`` makes that head ℓ_Info's (eq. 6's ``h^v``).
 
     Not reproduced by default:
 
     * ``global_local_weight`` = 0: the code's ℓ_g2l (weight 1 inside the μ bracket) needs the
       teachers' *token* states; Stage 1 does not cache them (≈ 48 GB per 1M sentences, see
       the loss). Set it to 1 with a ``text_teacher_tokens`` feature set.
-    * ℓ_CMA's image side (no switch): the code compares ``z1`` with the *raw* 768-d CLIP
-      ViT-L/14 image feature (its scripts' ``flickr30k_ViT_L14.json``; only possible because
-      both are 768-d); mmcse puts a Linear + Tanh image head into the pooler's width so any
-      cached image teacher fits (``share_image_head=True`` reuses ℓ_Info's head instead).
-    * ``image_role`` features: the code's scripts use CLIP ViT-L/14 features, the paper names
-      CLIP ViT-B/32 (App. B); the method reads whatever set is mapped to ``image``.
+    * the teachers' float16 cast under the scripts' ``--fp16`` (709–713): mmcse reads the
+      cached teacher features as stored and computes their similarities in float32.
 
     Each sub-term has its own ``*_weight`` so every row of the paper's ablation (Table 3) is
     one ``--drop``. See ``docs/fidelity.md`` for the full paper / code / mmcse table.
@@ -109,12 +118,17 @@ class DALR(Method):
     teacher_mix: Literal["embeddings", "similarities"] = "embeddings"
     #: what ℓ_rank's teacher order comes from (code: similarities; paper: embeddings)
     rank_teacher_mix: Literal["embeddings", "similarities"] = "similarities"
+    #: ε inside ListMLE's log after the max shift (code: 1e-7; 0: eq. 10 exactly)
+    rank_log_eps: float = field(default=RELEASED_LOG_EPS, metadata={"min": 0.0})
     cma_pairing: Literal["released", "paper"] = "released"
     #: one student head for every term (code: the SimCSE pooler; paper: s^z) or one per term
     shared_student_head: bool = True
     #: width of the shared student head: None = the encoder's (the code's H→H pooler)
     student_head_dim: int | None = None
-    #: ℓ_CMA reuses ℓ_Info's image head (paper: eq. 6's h^v is eq. 3's) instead of its own
+    #: ℓ_CMA projects the image through a head (paper: h^v) instead of reading the raw feature
+    #: (code: needs an image feature of the student head's width, CLIP ViT-L/14's 768 = BERT's)
+    cma_image_head: bool = False
+    #: that head is ℓ_Info's (paper: eq. 6's h^v is eq. 3's) instead of ℓ_CMA's own
     share_image_head: bool = False
     head_init: Literal["bert", "torch"] = "bert"
     image_role: str = "image"
@@ -122,10 +136,10 @@ class DALR(Method):
 
     def __post_init__(self) -> None:
         self.text_teachers = normalize_teachers(self.text_teachers)
-        for field, allowed in CHOICES.items():
-            value = getattr(self, field)
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
             if value not in allowed:
-                raise ValueError(f"{self.name}: {field} must be one of {allowed}, not {value!r}")
+                raise ValueError(f"{self.name}: {name} must be one of {allowed}, not {value!r}")
 
     # roles follow the active terms, so a switched-off teacher need not be cached
     @property
@@ -164,6 +178,14 @@ class DALR(Method):
         if self.shared_student_head:
             return Head(HIDDEN, self._student_width, self.head_init, name=STUDENT_HEAD)
         return Head(HIDDEN, own_width, own_init or self.head_init)
+
+    def _student_head_into(self, role: str, own_init: str = "torch") -> Head:
+        """A student head whose output is compared with the raw feature ``role``: it outputs
+        that feature's width (the shared pooler must then have it too, or the heads' builder
+        names both terms); without a shared head, the term's own (``own_init``)."""
+        if self.shared_student_head:
+            return Head(HIDDEN, role, self.head_init, name=STUDENT_HEAD)
+        return Head(HIDDEN, role, own_init)
 
     def _image_head(self, width: int | str) -> Head:
         """A term's image head into ``width`` (shared with ℓ_Info when ``share_image_head``)."""
@@ -225,8 +247,11 @@ class DALR(Method):
             "teacher_mix": self.teacher_mix,
             **self._kl_options(),
         }
-        student = self._student_head(self.proj_dim)
-        cma_heads = {"student": student, "image": self._image_head(student.output)}
+        if self.cma_image_head:
+            student = self._student_head(self.proj_dim)
+            cma_heads = {"student": student, "image": self._image_head(student.output)}
+        else:  # the raw image feature: the student head must output its width (768 = 768)
+            cma_heads = {"student": self._student_head_into(self.image_role, self.head_init)}
         return [
             Term(
                 "consistency",
@@ -249,16 +274,18 @@ class DALR(Method):
     def _intra_modal_terms(self) -> list[Term]:
         mu, on = self.intra_modal_weight, self.teachers_on
         shared = {"text_teachers": self.text_teachers, "margin": self.student_margin}
-        rank = {**shared, "temperature": self.temperature, "teacher_mix": self.rank_teacher_mix}
+        rank = {
+            **shared,
+            "temperature": self.temperature,
+            "teacher_mix": self.rank_teacher_mix,
+            "log_eps": self.rank_log_eps,
+        }
         ima = {**shared, "teacher_mix": self.teacher_mix, **self._kl_options()}
         heads = {"student": self._student_head(HIDDEN)}
         tokens = {"token_role": self.token_role, "temperature": self.temperature}
         # ℓ_g2l compares the sentence with the teacher's tokens directly: its head outputs their
         # width (the shared pooler must then have it too, as 768 = 768 in the code)
-        if self.shared_student_head:
-            token_head = Head(HIDDEN, self.token_role, self.head_init, name=STUDENT_HEAD)
-        else:
-            token_head = Head(HIDDEN, self.token_role)
+        token_head = self._student_head_into(self.token_role)
         return [
             Term("rank", "list_mle_distillation", mu * self.rank_weight, on, rank, heads),
             Term("ima", "intra_modal_alignment", mu * self.ima_weight, on, ima, heads),
@@ -290,8 +317,10 @@ class DALRPaper(DALR):
       are text models, and without ℓ_text a text batch has no other term).
     * One student score ``s^z = g(f(x, z))`` (eq. 2) for eqs. 4, 6, 10, 11: a shared Linear
       H→256 + Tanh head (App. B: "the feature representations are projected into a shared
-      256-dimensional space"), and eq. 3's image head ``h^v`` shared by ℓ_Info and ℓ_CMA.
+      256-dimensional space"), and eq. 3's image head ``h^v`` shared by ℓ_Info and ℓ_CMA
+      (``cma_image_head = share_image_head = True``), so App. B's CLIP ViT-B/32 (512-d) fits.
       ℓ_cons's "modality-specific MLPs" read ``s^z`` (eq. 5 cites eqs. 2–3) and the raw image.
+    * ℓ_rank is eq. 10 exactly (``rank_log_eps=0``; the code's ListMLE adds 1e-7 in its log).
     * Plain cosines (``student_margin=0``); eqs. 6, 7 and 11 print no temperature, so the KL
       terms use τ = 1 (``kl_temperature = teacher_temperature = 1``; near-uniform
       distributions — the code's 0.0225 / 0.5 are one switch away). Eq. 10 has τ = 0.05.
@@ -317,6 +346,8 @@ class DALRPaper(DALR):
     teacher_temperature: float = 1.0
     teachers_on: Literal["all", "caption"] = "all"
     rank_teacher_mix: Literal["embeddings", "similarities"] = "embeddings"
+    rank_log_eps: float = field(default=0.0, metadata={"min": 0.0})
     cma_pairing: Literal["released", "paper"] = "paper"
     student_head_dim: int | None = 256
+    cma_image_head: bool = True
     share_image_head: bool = True

@@ -2,8 +2,8 @@
 
 Jian et al. (NeurIPS 2022) train one sentence encoder on two unpaired contrastive tasks. Each
 training step first takes one image (audio) step — a batch of 48 cached examples, two views,
-patch embedding → the student's transformer layers → [CLS] → the task's own MLP → SupCon or
-SimCLR, scaled by ω, then *its own* AdamW step over all parameters (encoder included, at a much
+patch embedding → the student's transformer layers → [CLS] → the task's own MLP → the released
+``--new_supcon`` objective (or SupCon, SimCLR), scaled by ω, then *its own* AdamW step over all parameters (encoder included, at a much
 smaller lr: Table C.1) — and then the ordinary SimCSE text step. The trainer owns the text step
 and calls :meth:`NonLinguisticTask.step` before each one (the authors' code runs the image step
 first; Algorithm 1 lists it second — the order of two alternating steps only shifts by one).
@@ -43,7 +43,10 @@ from mmcse.registry import LOSSES
 
 IMAGE_KIND = IMAGE_TENSOR_KIND  # the cache contract's names (mmcse.cache.kinds)
 AUDIO_KIND = AUDIO_FBANK_KIND
-OBJECTIVES = ("supcon", "simclr")
+#: registered losses the task can run; the first is the released code's (``--new_supcon``)
+OBJECTIVES = ("class_rank_cross_entropy", "supcon", "simclr")
+#: objectives that read class labels (an unlabelled set can only run ``simclr``)
+LABELLED_OBJECTIVES = ("class_rank_cross_entropy", "supcon")
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class NonLinguisticSettings:
             ``audio_fbank``.
         weight: ω in ℒ = ℒ_text + ω·ℒ_image (eq. 1); 0 disables the task.
         lr, batch_size, temperature, objective, weight_decay, max_grad_norm: the image step's
-            optimisation (Table C.1; objective ``supcon`` or ``simclr``).
+            optimisation (Table C.1; ``objective``: one of :data:`OBJECTIVES`).
         image_size: crop size of the image views (ViT's 224).
         patch_size: audio patch size (the image patch size is ViT's 16).
         init: image patch embedding init: ``auto``, ``random`` or a ViT dir / hub id.
@@ -66,7 +69,7 @@ class NonLinguisticSettings:
     lr: float
     batch_size: int
     temperature: float = 0.07
-    objective: str = "supcon"
+    objective: str = OBJECTIVES[0]
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     image_size: int = 224
@@ -159,7 +162,7 @@ class NonLinguisticTask:
         classes (then only ``simclr`` is possible)."""
         classes = self.examples.manifest.extra.get("classes")
         if not classes:
-            if self.settings.objective == "supcon":
+            if self.settings.objective in LABELLED_OBJECTIVES:
                 raise MmcseError(
                     f"{self.examples.path} records no classes; use objective simclr for "
                     "unlabelled examples"

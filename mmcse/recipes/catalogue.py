@@ -225,50 +225,135 @@ def _kdmcse_recipes() -> None:
 
 
 #: DALR's scripts (run_wiki_{flickr,coco}.sh): --first_teacher SimCSE, --second_teacher DiffCSE,
-#: --alpha_ 0.33 = the first teacher's weight in the mixed similarity (model_dalr.py)
+#: --alpha_ 0.33 = the first teacher's weight in the mixed similarity (model_modified.py)
 DALR_TEXT_TEACHERS = (("text_teacher_simcse", 0.33), ("text_teacher_diffcse", 0.67))
-DALR_VARIANTS = {
-    "dalr": "the released code's composition (src/model_dalr.py)",
-    "dalr-paper": "the paper's eq. 14 as printed",
+#: the released code: kangverse/DALR at this commit (it continues Hekang001/DALR, the paper's link)
+DALR_COMMIT = "849ece9"
+#: the released BERT scripts at DALR_COMMIT (unchanged since 1c7464b): setting → (script, lr,
+#: batch, epochs); both pass --fp16, which only casts the text teachers' embeddings to float16
+#: (model_modified.py lines 688–713); the student trains in fp32 (train_mix.py line 325:
+#: a plain Accelerator())
+DALR_SCRIPTS = {
+    "wiki+flickr": ("scripts/run_wiki_flickr.sh", 2e-5, 128, 4),  # lines 16–18
+    "wiki+coco": ("scripts/run_wiki_coco.sh", 1e-5, 128, 3),  # lines 19–21
 }
+#: App. B: batch 128, lr 2e-5 (BERT) / 1e-5 (RoBERTa); App. C (Table 7): 4 epochs, both settings
+DALR_PAPER_LR = {"bert": 2e-5, "roberta": 1e-5}
+DALR_PAPER_EPOCHS = 4
 
 
 def _dalr_recipes() -> None:
-    notes = (
-        "DALR App. B: τ = 0.05, λ = 0.1, μ = 0.2, batch 128, lr 2e-5 (BERT) / 1e-5 (RoBERTa); "
-        "4 epochs (App. C, Table 7); CLIP ViT-B/32 image teacher, SimCSE + DiffCSE text teachers",
-        "teachers as DALR's scripts set them: SimCSE first with α = 0.33, DiffCSE 0.67",
-        "the released scripts run batch 16, lr 2e-5, 4 epochs (flickr) and batch 32, lr 1e-5, "
-        "3 epochs (coco); the recipe keeps App. B's batch 128 the paper reports",
-        "every caption of an image (DALR builds on KDMCSE's data pipeline)",
-        "teachers_on='caption' (the released code): the trainer joins one feature set per role, "
-        "and Stage 1 writes text-teacher features per corpus, so the paper's every-batch "
-        "distillation would need one set holding Wiki1M and caption ids",
-    )
-    source = "DALR App. B hyperparameters on the released kangverse/DALR src/train_mix.py loop"
-    roles = {
-        "image": Feature("image", "clip-vit-b32"),
+    """``dalr/<setting>/<model>``: the released scripts whole (their optimisation settings, the
+    CLIP ViT-L/14 features they load, ℓ_CMA on the raw 768-d feature);
+    ``dalr/<setting>/<model>/clip-vit-b32``: the same with App. B's CLIP ViT-B/32 teacher, whose
+    512-d feature needs ℓ_CMA's own image head; ``dalr-paper/...``: eq. 14 with App. B's
+    settings and teacher. All carry DALR's published rows."""
+    if _method_has("dalr"):
+        for model in MODELS:
+            for setting in DALR_SCRIPTS:
+                _dalr_released(model, setting, "clip-vit-l14")
+                _dalr_released(model, setting, "clip-vit-b32")
+    if _method_has("dalr-paper"):
+        for model in MODELS:
+            for setting in DALR_SCRIPTS:
+                _dalr_paper(model, setting)
+
+
+def _dalr_roles(image_teacher: str) -> dict[str, Feature]:
+    return {
+        "image": Feature("image", image_teacher),
         "text_teacher_diffcse": Feature("text", "diffcse"),
         "text_teacher_simcse": Feature("text", "simcse"),
     }
-    methods = [m for m in DALR_VARIANTS if _method_has(m)]
-    for method in methods:
-        for model, lr in (("bert", 2e-5), ("roberta", 1e-5)):
-            for setting in ("wiki+flickr", "wiki+coco"):
-                _recipe(
-                    f"{method}/{setting}/{model}",
-                    method,
-                    model,
-                    setting,
-                    "all",
-                    roles=roles,
-                    method_args=_dalr_args(method),
-                    train={**MCSE_CODE_TRAIN, "learning_rate": lr, "batch_size": 128, "epochs": 4},
-                    notes=notes,
-                    source=source,
-                    variant=DALR_VARIANTS[method],
-                    published_as=f"dalr/{setting}/{model}",
-                )
+
+
+DALR_COMMON_NOTES = (
+    "teachers as DALR's scripts set them: SimCSE first with α = 0.33, DiffCSE 0.67",
+    "every caption of an image (DALR builds on KDMCSE's data pipeline)",
+    "teachers_on='caption' (the released code): the trainer joins one feature set per role, "
+    "and Stage 1 writes text-teacher features per corpus, so the paper's every-batch "
+    "distillation would need one set holding Wiki1M and caption ids",
+)
+
+
+def _dalr_released(model: str, setting: str, image_teacher: str) -> None:
+    script, lr, batch, epochs = DALR_SCRIPTS[setting]
+    where = f"kangverse/DALR {script} at {DALR_COMMIT}"
+    raw = image_teacher == "clip-vit-l14"
+    if model == "roberta":  # the scripts are BERT's; App. B gives RoBERTa's lr, batch 128
+        lr = DALR_PAPER_LR["roberta"]
+    notes = [
+        f"{where}: lr {DALR_SCRIPTS[setting][1]:g}, batch {batch}, {epochs} epochs, "
+        "λ = 0.1 and μ = 0.2 hard-coded in src/train_mix.py (line 540), margins 0.18, "
+        "CLIP ViT-L/14 features (flickr30k_ViT_L14.json / train_coco_ViT_L14.json)",
+        "precision fp32: the scripts pass --fp16, but src/train_mix.py builds a plain "
+        "Accelerator() (line 325) and --fp16 only casts the text teachers' embeddings to "
+        "float16 (src/model_modified.py lines 688–713); mmcse reads the cached teacher "
+        "features as stored",
+    ]
+    if model == "roberta":
+        notes.append(
+            f"the release has BERT scripts only: RoBERTa takes App. B's lr 1e-5 (batch 128) and "
+            f"the {setting} script's {epochs} epochs"
+        )
+    if setting == "wiki+coco" and model == "bert":
+        notes.append("App. B/C report lr 2e-5 and 4 epochs; the released coco script runs 1e-5, 3")
+    notes.append(
+        "ℓ_CMA on the raw 768-d image feature against the 768-d pooler (model_modified.py line "
+        "745), ListMLE with ε = 1e-7 in its log (line 209)"
+        if raw
+        else "App. B's CLIP ViT-B/32 teacher (512-d): ℓ_CMA projects it through its own Linear + "
+        "Tanh image head into the pooler's width (cma_image_head=true; the code cannot run "
+        "a 512-d feature); everything else as the released scripts"
+    )
+    _recipe(
+        f"dalr/{setting}/{model}" + ("" if raw else "/clip-vit-b32"),
+        "dalr",
+        model,
+        setting,
+        "all",
+        roles=_dalr_roles(image_teacher),
+        # the two switches spelt out: the released readings (and B/32's image head)
+        method_args={**_dalr_args("dalr"), "cma_image_head": not raw, "rank_log_eps": 1e-7},
+        train={**MCSE_CODE_TRAIN, "learning_rate": lr, "batch_size": batch, "epochs": epochs},
+        notes=(*notes, *DALR_COMMON_NOTES),
+        source=f"{where} (src/train_mix.py + src/model_modified.py)",
+        variant=(
+            "the released code's composition and scripts"
+            if raw
+            else "released composition, App. B's CLIP ViT-B/32 through an own ℓ_CMA image head"
+        ),
+        published_as=f"dalr/{setting}/{model}",
+    )
+
+
+def _dalr_paper(model: str, setting: str) -> None:
+    notes = (
+        "DALR App. B: τ = 0.05, λ = 0.1, μ = 0.2, batch 128, lr 2e-5 (BERT) / 1e-5 (RoBERTa), "
+        "CLIP ViT-B/32 image teacher, SimCSE + DiffCSE text teachers; App. C (Table 7): 4 "
+        "epochs for both settings",
+        "loop, optimizer and precision: the released src/train_mix.py's (the paper states none)",
+        *DALR_COMMON_NOTES,
+    )
+    _recipe(
+        f"dalr-paper/{setting}/{model}",
+        "dalr-paper",
+        model,
+        setting,
+        "all",
+        roles=_dalr_roles("clip-vit-b32"),
+        method_args=_dalr_args("dalr-paper"),
+        train={
+            **MCSE_CODE_TRAIN,
+            "learning_rate": DALR_PAPER_LR[model],
+            "batch_size": 128,
+            "epochs": DALR_PAPER_EPOCHS,
+        },
+        notes=notes,
+        source=f"DALR App. B/C on the released kangverse/DALR src/train_mix.py loop ({DALR_COMMIT})",
+        variant="the paper's eq. 14 as printed",
+        published_as=f"dalr/{setting}/{model}",
+    )
 
 
 def _dalr_args(method: str) -> dict[str, Any]:
@@ -302,7 +387,11 @@ def _nonlinguistic_recipes() -> None:
         "audiocse/roberta": (128, 2e-5, 2e-7, 0.02, readme + " = Table C.1"),
     }
     notes = (
-        "1 epoch (§4.1), image/audio batch 48, τ = 0.07, SupCon; seed 42 as the paper's Tables 1-2",
+        "1 epoch (§4.1), image/audio batch 48, τ = 0.07; seed 42 as the paper's Tables 1-2",
+        "objective: the released --new_supcon with SupCon (every README command, run_unsup_"
+        "example.sh line 57, the training logs): cross-entropy over the cross-view cosines / τ "
+        "with the class rank as target (class_rank_cross_entropy); the paper names SupCon "
+        "(objective=supcon)",
         "loop, optimizer and precision: SimCSE's HF Trainer (transformers 4.5, --fp16)",
     )
     kinds = {"visualcse": ("image", "image_tensor", "imagenet60"),
@@ -318,7 +407,11 @@ def _nonlinguistic_recipes() -> None:
             "wiki",
             None,
             roles={kind: Feature(kind, dataset)},
-            method_args={f"{modality}_weight": weight, f"{modality}_lr": aux_lr},
+            method_args={
+                f"{modality}_weight": weight,
+                f"{modality}_lr": aux_lr,
+                f"{modality}_objective": "class_rank_cross_entropy",  # --new_supcon
+            },
             train={**HF_TRAINER_TRAIN, "learning_rate": lr, "batch_size": batch, "epochs": 1},
             seeds=(42,),
             notes=notes,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import mmcse.methods  # noqa: F401  (registers every loss and method)
+from mmcse.errors import MmcseError
 from mmcse.losses.base import LossInputs
 from mmcse.losses.cross_modal_alignment import CrossModalAlignmentLoss
 from mmcse.losses.global_local_info_nce import GlobalLocalInfoNCELoss
@@ -15,7 +16,7 @@ from mmcse.losses.heads import AlignerHead, MLPHead
 from mmcse.losses.image_text_consistency import ImageTextConsistencyLoss, random_derangement
 from mmcse.losses.info_nce import SimCSELoss
 from mmcse.losses.intra_modal_alignment import IntraModalAlignmentLoss, mixed_teacher_similarity
-from mmcse.losses.list_mle_distillation import ListMLEDistillationLoss
+from mmcse.losses.list_mle_distillation import ListMLEDistillationLoss, list_mle
 from mmcse.methods import build_heads, build_losses, build_method
 
 H, B, D = 16, 6, 10
@@ -69,7 +70,8 @@ def student_head():
 
 
 def test_list_mle_matches_loop(inputs):
-    loss, heads = ListMLEDistillationLoss(text_teachers=TEACHERS, temperature=0.1), student_head()
+    loss = ListMLEDistillationLoss(text_teachers=TEACHERS, temperature=0.1, log_eps=0.0)
+    heads = student_head()  # eq. 10 exactly (the released ε: the test below)
     got = loss(inputs, heads)["rank_loss"].item()
     h1, h2 = heads["student"](inputs.view1), heads["student"](inputs.view2)
     total = 0.0
@@ -79,6 +81,49 @@ def test_list_mle_matches_loop(inputs):
         for r in range(B):
             total -= scores[r] - math.log(sum(math.exp(s) for s in scores[r:]))
     assert got == pytest.approx(total / B, rel=1e-5)
+
+
+def released_list_mle_row(scores, order, eps):
+    """One anchor of the released ListMLE, in torch scalars (autograd follows the max too):
+    Σ_r log(Σ_{q ≥ r} exp(S_q − M) + ε) − (S_r − M), the candidates in the teacher's order."""
+    ranked = [scores[j] for j in order]
+    top = torch.stack(ranked).max()
+    total = 0.0
+    for r in range(len(ranked)):
+        tail = sum(torch.exp(ranked[q] - top) for q in range(r, len(ranked)))
+        total = total + torch.log(tail + eps) - (ranked[r] - top)
+    return total
+
+
+@pytest.mark.parametrize("eps", [1e-7, 0.0])
+def test_list_mle_log_eps_matches_loop_with_its_gradient(eps):
+    """Close views (the diagonal far above the rest): the released ε = 1e-7 changes the loss
+    and its gradient; ε = 0 is eq. 10. Loss and gradient against a loop, for both."""
+    torch.manual_seed(1)
+    n, dim = 8, 6
+    h1 = torch.randn(n, dim)
+    h2 = h1 + 0.01 * torch.randn(n, dim)
+    teacher = torch.randn(n, n)
+    scores = (unit_rows(h1) @ unit_rows(h2).T / 0.05).double().requires_grad_(True)
+    loss = list_mle(scores, teacher, eps)
+    (grad,) = torch.autograd.grad(loss, scores)
+    loop_scores = scores.detach().clone().requires_grad_(True)
+    expected = 0.0
+    for i in range(n):
+        order = sorted(range(n), key=lambda j: -float(teacher[i, j]))
+        expected = expected + released_list_mle_row(loop_scores[i], order, eps) / n
+    (expected_grad,) = torch.autograd.grad(expected, loop_scores)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(grad, expected_grad, rtol=1e-4, atol=1e-6)
+    exact = list_mle(scores, teacher, 0.0).item()
+    if eps:  # not a rounding detail: this batch's loss moves by more than 5 %
+        assert loss.item() > 1.05 * exact
+    else:
+        assert loss.item() == pytest.approx(exact)
+
+
+def unit_rows(x):
+    return x / x.norm(dim=-1, keepdim=True)
 
 
 def test_intra_modal_kl_matches_loop(inputs):
@@ -108,6 +153,32 @@ def test_cross_modal_alignment_matches_loop(inputs):
         q = softmax([cos(raw_image[j], raw_image[k]) / 0.5 for k in range(B)])
         image_side += kl(q, softmax([cos(text[i], image[j]) / 0.2 for i in range(B)]))
     assert got == pytest.approx((text_side + image_side) / (2 * B), rel=1e-5)
+
+
+def test_cross_modal_alignment_raw_image_matches_loop(inputs):
+    """No image head (the released code): the student head's output against the raw feature,
+    which then has the head's width (CLIP ViT-L/14's 768 = BERT's pooler)."""
+    loss = CrossModalAlignmentLoss(text_teachers=TEACHERS, temperature=0.2, teacher_temperature=0.5)
+    heads = {"student": MLPHead(H, D)}
+    got = loss(inputs, heads)["cma_loss"].item()
+    text, image = heads["student"](inputs.view1), inputs.features["image"]
+    text_side = image_side = 0.0
+    for i in range(B):
+        q = softmax([teacher_sim_loop(inputs.features, i, j) / 0.5 for j in range(B)])
+        text_side += kl(q, softmax([cos(text[i], image[j]) / 0.2 for j in range(B)]))
+    for j in range(B):
+        q = softmax([cos(image[j], image[k]) / 0.5 for k in range(B)])
+        image_side += kl(q, softmax([cos(text[i], image[j]) / 0.2 for i in range(B)]))
+    assert got == pytest.approx((text_side + image_side) / (2 * B), rel=1e-5)
+
+
+def test_cross_modal_alignment_raw_image_of_another_width_is_refused(inputs):
+    loss = CrossModalAlignmentLoss(text_teachers=TEACHERS)
+    with pytest.raises(MmcseError) as info:
+        loss(inputs, {"student": MLPHead(H, H)})
+    message = str(info.value)
+    assert f"{H}-d student head" in message and f"'image' feature, which is {D}-d" in message
+    assert "cma_image_head" in message and "\n" not in message
 
 
 def test_consistency_matches_loop(inputs):

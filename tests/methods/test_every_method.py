@@ -28,6 +28,8 @@ VARIANTS = [(name, {}) for name in METHODS.names()] + [
     ("dalr", {"teachers_on": "caption", "global_local_weight": 1.0, "consistency_weight": 0.01}),
     ("dalr", {"shared_student_head": False, "global_local_weight": 1.0}),
     ("dalr", {"image_objective": "infonce", "share_image_head": True, "student_head_dim": 8}),
+    ("dalr", {"image_objective": "infonce", "cma_image_head": True, "share_image_head": True}),
+    ("dalr", {"cma_image_head": True, "rank_log_eps": 0.0}),
     ("dalr-paper", {"shared_student_head": False, "share_image_head": False}),
 ]
 PHRASE_SPANS = [[1, 2], [2, 4], [-1, -1]]  # token (start, end); the last one padded
@@ -37,15 +39,27 @@ def variant_id(value):
     return ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else value
 
 
-def fake_feature(role: str, batch: int) -> torch.Tensor:
+def fake_feature(role: str, batch: int, width: int = DIM) -> torch.Tensor:
     """Random cached features; roles ending in ``_tokens`` hold ``[L, D]`` rows (padding included)."""
     if role == "object":  # MCSEO: P objects per caption, paired with phrase_spans
-        return torch.randn(batch, len(PHRASE_SPANS), DIM)
+        return torch.randn(batch, len(PHRASE_SPANS), width)
     if role.endswith("_tokens"):
-        tokens = torch.randn(batch, L, H)  # compared with the sentence head's output directly
+        tokens = torch.randn(batch, L, width)
         tokens[0, -2:] = 0  # padding
         return tokens
-    return torch.randn(batch, DIM)
+    return torch.randn(batch, width)
+
+
+def role_width(method, role: str) -> int:
+    """DIM, except for the features a method compares raw with its shared sentence head's
+    output, which have that head's width: DALR's ℓ_g2l teacher tokens and, without an image
+    head, its ℓ_CMA image (the released code's CLIP ViT-L/14 768 = BERT's 768)."""
+    if not getattr(method, "shared_student_head", False):
+        return H if role.endswith("_tokens") else DIM
+    raw_image = role == method.image_role and not method.cma_image_head
+    if role.endswith("_tokens") or raw_image:
+        return method.student_head_dim or H
+    return DIM
 
 
 def roles_of(method, kind: str) -> set[str]:
@@ -53,8 +67,7 @@ def roles_of(method, kind: str) -> set[str]:
 
 
 def feature_dims(method) -> dict[str, int]:
-    roles = roles_of(method, "caption")
-    return {role: H if role.endswith("_tokens") else DIM for role in roles}
+    return {role: role_width(method, role) for role in roles_of(method, "caption")}
 
 
 def extras(kind: str) -> dict:
@@ -85,7 +98,7 @@ def tiny_batch(method, kind: str) -> SimpleNamespace:
         kind=kind,
         input_ids=torch.randint(0, 30, (B, L)),
         attention_mask=torch.ones(B, L, dtype=torch.long),
-        features={role: fake_feature(role, B) for role in roles_of(method, kind)},
+        features={r: fake_feature(r, B, role_width(method, r)) for r in roles_of(method, kind)},
     )
 
 
@@ -132,7 +145,7 @@ def test_every_term_runs_with_the_heads_its_method_declares(name, overrides, kin
     inputs = LossInputs(
         torch.randn(B, H, requires_grad=True),
         torch.randn(B, H, requires_grad=True),
-        features={role: fake_feature(role, B) for role in roles},
+        features={role: fake_feature(role, B, role_width(method, role)) for role in roles},
         batch_kind=kind,
         token_states=(torch.randn(B, L, H), torch.randn(B, L, H)),
         attention_mask=torch.ones(B, L, dtype=torch.long),
@@ -208,13 +221,25 @@ def test_a_head_in_a_slot_the_loss_lacks_is_refused():
 def test_a_shared_head_declared_twice_differently_is_refused():
     """DALR's shared pooler is H→H; teacher tokens of another width cannot share it (ℓ_g2l)."""
     method = build_method("dalr", teachers_on="all", global_local_weight=1.0)
-    dims = {"image": DIM, "text_teacher_tokens": H + 1}
+    dims = {"image": H, "text_teacher_tokens": H + 1}
     with pytest.raises(
         MmcseError,
         match=r"'simcse' and 'global_local' declare head 'dalr_student' differently: mlp 16→16 \(bert init\) vs mlp 16→17",
     ):
         build_heads(method, H, dims)
-    assert build_heads(method, H, {"image": DIM, "text_teacher_tokens": H})  # equal widths fit
+    assert build_heads(method, H, {"image": H, "text_teacher_tokens": H})  # equal widths fit
+
+
+def test_a_raw_image_of_another_width_than_the_shared_pooler_is_refused():
+    """The released ℓ_CMA compares the pooler's z1 with the raw image feature: 768 = 768 for
+    CLIP ViT-L/14 and BERT-base; a 512-d ViT-B/32 needs ``cma_image_head=True``."""
+    method = build_method("dalr")
+    with pytest.raises(MmcseError) as info:
+        build_heads(method, H, {"image": DIM})
+    message = str(info.value)
+    assert "terms 'simcse' and 'cma' declare head 'dalr_student' differently" in message
+    assert "16→12" in message and "cached feature 'image'" in message and "\n" not in message
+    assert build_heads(build_method("dalr", cma_image_head=True), H, {"image": DIM})
 
 
 def test_terms_naming_one_head_share_it():

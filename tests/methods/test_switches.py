@@ -64,14 +64,18 @@ def kl_rows(teacher_logits, student_logits):
     return (q * (torch.log(q) - log_p)).sum(dim=1).mean()
 
 
-def list_mle_loop(scores, teacher):
-    """−(1/N) Σ_i Σ_r log exp(S_i[π(r)]) / Σ_{q ≥ r} exp(S_i[π(q)]), π sorting the teacher."""
+def list_mle_loop(scores, teacher, eps=0.0):
+    """−(1/N) Σ_i Σ_r log exp(S_i[π(r)]) / Σ_{q ≥ r} exp(S_i[π(q)]), π sorting the teacher
+    (eq. 10); with ``eps`` the released ``ListMLE``: Σ_r log(Σ_{q ≥ r} exp(S_q − M) + ε) −
+    (S_r − M), M the row's maximum."""
     total = 0.0
     for i in range(scores.shape[0]):
         order = sorted(range(scores.shape[1]), key=lambda j: -float(teacher[i, j]))
         ranked = [float(scores[i, j]) for j in order]
+        top = max(ranked)
         for r in range(len(ranked)):
-            total -= ranked[r] - math.log(sum(math.exp(v) for v in ranked[r:]))
+            tail = sum(math.exp(v - top) for v in ranked[r:])
+            total += math.log(tail + eps) - (ranked[r] - top)
     return total / scores.shape[0]
 
 
@@ -245,19 +249,19 @@ class FixedEncoder(nn.Module):
         return SimpleNamespace(sentence=self.views, token_states=None)
 
 
-def dalr_world(seed=5):
+def dalr_world(seed=5, image_width=12):
     torch.manual_seed(seed)
     double = {"dtype": torch.float64}
     features = {
-        "image": torch.randn(B, 12, **double),
+        "image": torch.randn(B, image_width, **double),
         "text_teacher_simcse": torch.randn(B, 10, **double),
         "text_teacher_diffcse": torch.randn(B, 10, **double),
     }
     return torch.randn(B, H, **double), torch.randn(B, H, **double), features
 
 
-def student_total(name, kind, **overrides):
-    view1, view2, features = dalr_world()
+def student_total(name, kind, image_width=12, **overrides):
+    view1, view2, features = dalr_world(image_width=image_width)
     method = build_method(name, **overrides)
     dims = {role: f.shape[-1] for role, f in features.items()}
     student = Student(FixedEncoder(view1, view2), method, dims).double()
@@ -289,11 +293,13 @@ def teacher_cos(features, mix):
 
 def test_dalr_released_composition_caption_batch():
     """train_mix.py: loss + 0.1·(0.01·ℓ_cons + ℓ_CMA + AdapACSE) + 0.2·(ℓ_IMA + ℓ_rank), one
-    shared pooler z, arc margin 0.18 on the SimCSE/rank/IMA/CMA scores, MARGIN2 0.18."""
-    out, heads, (v1, v2, f) = student_total("dalr", "caption")
+    shared pooler z, arc margin 0.18 on the SimCSE/rank/IMA/CMA scores, MARGIN2 0.18; ℓ_CMA
+    against the raw image (as wide as the pooler: ViT-L/14's 768 = BERT's), ListMLE's ε 1e-7."""
+    out, heads, (v1, v2, f) = student_total("dalr", "caption", image_width=H)
     pooler = heads["simcse"]["student"]
     for name in ("rank", "ima", "cma", "consistency"):
         assert heads[name]["student"] is pooler, name  # one shared head, as the code's z
+    assert set(heads["cma"]) == {"student"}  # no image head: model_modified.py line 745
     z1, z2 = head(pooler, v1), head(pooler, v2)
     m, image = 0.18, f["image"].double()
     arc_scores = arc(cos_matrix(z1, z2), m)
@@ -303,8 +309,8 @@ def test_dalr_released_composition_caption_batch():
     text_al = cons_heads["text_aligner"](z1)
     image_al = cons_heads["image_aligner"]
     cons = cosine_embedding(text_al, image_al(image), image_al(image.roll(5, 0)), 0.2)
-    # ℓ_CMA: arc scores z1 × image /0.05/0.45; text rows ↔ text teacher, image rows ↔ image
-    scores = arc(cos_matrix(z1, head(heads["cma"]["image"], image)), m) / 0.0225
+    # ℓ_CMA: arc scores z1 × raw image /0.05/0.45; text rows ↔ text teacher, image rows ↔ image
+    scores = arc(cos_matrix(z1, image), m) / 0.0225
     text_teacher = teacher_cos(f, "embeddings") / 0.5
     image_teacher = cos_matrix(image, image) / 0.5
     cma = (kl_rows(text_teacher, scores) + kl_rows(image_teacher, scores.T)) / 2
@@ -321,7 +327,7 @@ def test_dalr_released_composition_caption_batch():
         )
         / 2
     )
-    rank = list_mle_loop(arc_scores / 0.05, teacher_cos(f, "similarities"))
+    rank = list_mle_loop(arc_scores / 0.05, teacher_cos(f, "similarities"), eps=1e-7)
     ima = kl_rows(text_teacher, arc_scores / 0.0225)
     expected = simcse + 0.1 * (0.01 * cons + cma + adap) + 0.2 * (ima + rank)
     assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
@@ -330,8 +336,39 @@ def test_dalr_released_composition_caption_batch():
         assert out[key].item() == pytest.approx(float(value), rel=1e-6), key
 
 
+def test_dalr_cma_image_head_switch():
+    """``cma_image_head=True``: ℓ_CMA projects the image through an own Linear + Tanh head into
+    the pooler's width (any image width fits, e.g. App. B's 512-d CLIP ViT-B/32); False (the
+    released code) compares z1 with the raw feature."""
+    out, heads, (v1, _, f) = student_total("dalr", "caption", cma_image_head=True)
+    pooler, image_head = heads["cma"]["student"], heads["cma"]["image"]
+    assert pooler is heads["simcse"]["student"] and image_head is not heads["image_text"]["image"]
+    z1, image = head(pooler, v1), f["image"].double()
+    scores = arc(cos_matrix(z1, head(image_head, image)), 0.18) / 0.0225
+    text_teacher = teacher_cos(f, "embeddings") / 0.5
+    image_teacher = cos_matrix(image, image) / 0.5
+    cma = (kl_rows(text_teacher, scores) + kl_rows(image_teacher, scores.T)) / 2
+    assert out["cma_loss"].item() == pytest.approx(cma.item(), rel=1e-6)
+
+
+def test_dalr_rank_log_eps_switch():
+    """``rank_log_eps``: the released ListMLE's log(Σ exp(S − M) + 1e-7) (default), or eq. 10
+    exactly (0, ``dalr-paper``'s); both readings recomputed, and told apart in this batch."""
+    got = {}
+    for eps in (1e-7, 0.0):
+        overrides = {} if eps else {"rank_log_eps": 0.0}
+        out, heads, (v1, v2, f) = student_total("dalr", "caption", image_width=H, **overrides)
+        pooler = heads["rank"]["student"]
+        scores = arc(cos_matrix(head(pooler, v1), head(pooler, v2)), 0.18) / 0.05
+        expected = list_mle_loop(scores, teacher_cos(f, "similarities"), eps=eps)
+        got[eps] = out["rank_loss"].item()
+        assert got[eps] == pytest.approx(expected, rel=1e-6), eps
+    assert abs(got[1e-7] - got[0.0]) > 1e-5 * got[0.0]  # the switch changes this batch's loss
+    assert build_method("dalr-paper").terms()[4].options["log_eps"] == 0.0
+
+
 def test_dalr_released_composition_text_batch_is_arc_simcse():
-    out, heads, (v1, v2, _) = student_total("dalr", "text")
+    out, heads, (v1, v2, _) = student_total("dalr", "text", image_width=H)
     z1, z2 = head(heads["simcse"]["student"], v1), head(heads["simcse"]["student"], v2)
     expected = nll_diagonal(arc(cos_matrix(z1, z2), 0.18) / 0.05)
     assert set(out) == {"loss", "arc_margin_loss"}
@@ -406,8 +443,10 @@ def test_dalr_variants_differ_only_by_named_fields():
         "teacher_temperature",
         "teachers_on",
         "rank_teacher_mix",
+        "rank_log_eps",
         "cma_pairing",
         "student_head_dim",
+        "cma_image_head",
         "share_image_head",
     }
     # moving every switch of the released method to the paper's values gives eq. 14
@@ -422,13 +461,43 @@ def test_dalr_bad_switch_value_is_refused():
         build_method("dalr-paper", cma_pairing="transposed")
 
 
+# ---- 4. VisualCSE / AudioCSE: the released --new_supcon objective ---------------------------
+
+
+@pytest.mark.parametrize(("name", "field"), [("visualcse", "image"), ("audiocse", "audio")])
+def test_nonlinguistic_objective_switch(name, field):
+    """Default: the released ``--new_supcon`` cross-entropy (target = the class rank among the
+    batch's classes); ``supcon`` (the paper's name) and ``simclr`` are the switches."""
+    from mmcse.registry import LOSSES
+
+    assert build_method(name).nonlinguistic_settings().objective == "class_rank_cross_entropy"
+    torch.manual_seed(6)
+    f1, f2 = torch.randn(B, 5), torch.randn(B, 5)
+    labels = torch.tensor([4, 1, 4, 0, 1, 9])
+    ranks = [sorted(set(labels.tolist())).index(y) for y in labels.tolist()]  # [2, 1, 2, 0, 1, 3]
+    cos = cos_matrix(f1, f2) / 0.07
+    log_z = torch.log(torch.exp(cos).sum(dim=1))
+    new_supcon = (log_z - cos[torch.arange(B), torch.tensor(ranks)]).mean()
+    readings = {"class_rank_cross_entropy": new_supcon, "simclr": nll_diagonal(cos)}
+    for objective, expected in readings.items():
+        method = build_method(name, **{f"{field}_objective": objective})
+        settings = method.nonlinguistic_settings()
+        loss = LOSSES.get(settings.objective)(temperature=settings.temperature)
+        args = (f1, f2, labels) if objective != "simclr" else (f1, f2)
+        got = loss.compute_loss_from_embeddings(*args, temperature=settings.temperature)
+        assert got.item() == pytest.approx(expected.item(), rel=1e-5), objective
+    assert build_method(name, **{f"{field}_objective": "supcon"}).nonlinguistic_settings()
+    with pytest.raises(ValueError, match="objective"):
+        build_method(name, **{f"{field}_objective": "new_supcon"})
+
+
 # ---- 5. heads initialised like BERT ----------------------------------------------------------
 
 
 def cls_head(method_name, term_name, **overrides):
     """The head a method's term applies to [CLS], as the trainer builds it (H = 256)."""
     method = build_method(method_name, **overrides)
-    dims = {"image": 8, "clip_image": 8, "clip_text": 8}
+    dims = {"image": 256, "clip_image": 8, "clip_text": 8}  # DALR's raw ℓ_CMA image: H wide
     (term,) = [t for t in method.active_terms() if t.name == term_name]
     return build_heads(method, 256, dims)[term.head_names()["student"]][0]
 

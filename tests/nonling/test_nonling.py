@@ -283,7 +283,7 @@ def test_visualcse_step_updates_encoder(tmp_path, tiny_bert):
     heads_before = {k: v.clone() for k, v in task.state_dict().items()}
     records = [task.step() for _ in range(4)]  # 12 images, batch 4: crosses an epoch boundary
     assert all(math.isfinite(v) for r in records for v in r.values())
-    assert set(records[0]) == {"image_supcon_loss", "image_lr"}
+    assert set(records[0]) == {"image_class_rank_ce_loss", "image_lr"}  # --new_supcon
     assert changed(before, encoder) and changed(heads_before, task.heads)
     assert not any(k.startswith("backbone.embeddings.word") for k in task.state_dict())
     assert task.fingerprint == {"image_tensor": FeatureSet.open(tmp_path / "set").fingerprint}
@@ -308,8 +308,8 @@ def test_audiocse_step_on_sine_waves(tmp_path, tiny_bert):
     task = method.auxiliary_task(encoder, Cfg({"audio_fbank": str(tmp_path / "set")}), "cpu")
     before = {k: v.clone() for k, v in encoder.state_dict().items()}
     record = task.step(0)
-    assert set(record) == {"audio_supcon_loss", "audio_lr"} and math.isfinite(
-        record["audio_supcon_loss"]
+    assert set(record) == {"audio_class_rank_ce_loss", "audio_lr"} and math.isfinite(
+        record["audio_class_rank_ce_loss"]
     )
     assert changed(before, encoder)
 
@@ -319,7 +319,8 @@ def test_method_hooks_and_errors(tmp_path, tiny_bert):
     assert build_method("visualcse", image_weight=0).auxiliary_task(encoder, Cfg({}), "cpu") is None
     with pytest.raises(MmcseError, match="--feature image_tensor=DIR"):
         build_method("visualcse").auxiliary_task(encoder, Cfg({}), "cpu")
-    assert "image supcon" in build_method("visualcse").describe()
+    assert "image class_rank_cross_entropy" in build_method("visualcse").describe()
+    assert "image supcon" in build_method("visualcse", image_objective="supcon").describe()
     with pytest.raises(ValueError):
         build_method("audiocse", audio_objective="triplet")
     ids = [f"x/{i}" for i in range(4)]
@@ -336,9 +337,12 @@ def test_method_hooks_and_errors(tmp_path, tiny_bert):
         split="train",
         producer={"teacher": "test"},
     )
-    method = build_method("visualcse", image_batch_size=2, image_size=16)
-    with pytest.raises(MmcseError, match="simclr"):
-        NonLinguisticTask(encoder, method, tmp_path / "u", "cpu")
+    for objective in ("class_rank_cross_entropy", "supcon"):  # both read class labels
+        method = build_method(
+            "visualcse", image_batch_size=2, image_size=16, image_objective=objective
+        )
+        with pytest.raises(MmcseError, match="simclr"):
+            NonLinguisticTask(encoder, method, tmp_path / "u", "cpu")
     simclr = build_method("visualcse", image_batch_size=2, image_size=16, image_objective="simclr")
     task = NonLinguisticTask(encoder, simclr, tmp_path / "u", "cpu")
     assert task.labels is None

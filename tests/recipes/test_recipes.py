@@ -74,6 +74,45 @@ def test_published_spot_checks_against_the_papers():
     assert PUBLISHED["simcse/wiki/bert"][1].mean["avg"] == 76.3  # Gao et al., single seed
 
 
+# kangverse/DALR at 849ece9: scripts/run_wiki_flickr.sh LR=2e-5 BATCH=128 EPS=4,
+# scripts/run_wiki_coco.sh LR=1e-5 BATCH=128 EPS=3 (BERT); App. B: RoBERTa lr 1e-5, batch 128
+DALR_RELEASED = {
+    ("wiki+flickr", "bert"): (2e-5, 128, 4),
+    ("wiki+coco", "bert"): (1e-5, 128, 3),
+    ("wiki+flickr", "roberta"): (1e-5, 128, 4),
+    ("wiki+coco", "roberta"): (1e-5, 128, 3),
+}
+
+
+@pytest.mark.parametrize(("setting", "model"), sorted(DALR_RELEASED))
+def test_dalr_recipes_follow_the_released_scripts_and_the_paper(setting, model):
+    lr, batch, epochs = DALR_RELEASED[(setting, model)]
+    released = get_recipe(f"dalr/{setting}/{model}")
+    cfg = released.config("cache", seed=0, output_dir="o")
+    assert (cfg.learning_rate, cfg.batch_size, cfg.epochs) == (lr, batch, epochs)
+    assert cfg.precision == "fp32"  # --fp16 casts only the teachers (model_modified.py 688-713)
+    assert released.roles["image"].teacher == "clip-vit-l14"  # flickr30k_ViT_L14.json
+    method = build_method("dalr", **released.method_args)
+    assert method.cma_image_head is False and method.rank_log_eps == 1e-7
+    b32 = get_recipe(f"dalr/{setting}/{model}/clip-vit-b32")
+    assert b32.roles["image"].teacher == "clip-vit-b32" and b32.method_args["cma_image_head"]
+    assert b32.train == released.train and b32.published == released.published
+    paper = get_recipe(f"dalr-paper/{setting}/{model}")
+    cfg = paper.config("cache", seed=0, output_dir="o")
+    paper_lr = {"bert": 2e-5, "roberta": 1e-5}[model]  # App. B; 4 epochs: App. C, Table 7
+    assert (cfg.learning_rate, cfg.batch_size, cfg.epochs) == (paper_lr, 128, 4)
+    assert paper.roles["image"].teacher == "clip-vit-b32"  # App. B
+    method = build_method("dalr-paper", **paper.method_args)
+    assert method.cma_image_head and method.rank_log_eps == 0.0
+
+
+@pytest.mark.parametrize("name", ["visualcse/bert", "visualcse/roberta", "audiocse/bert"])
+def test_nonlinguistic_recipes_run_the_released_objective(name):
+    recipe = get_recipe(name)
+    method = build_method(recipe.method, **recipe.method_args)
+    assert method.nonlinguistic_settings().objective == "class_rank_cross_entropy"
+
+
 @pytest.mark.parametrize("name", sorted(PUBLISHED_ABLATIONS))
 def test_published_ablations_name_real_terms(name):
     recipe = get_recipe(name)

@@ -91,9 +91,20 @@ def write_tiny_cache(recipe, root: Path) -> None:
             else:
                 write_unpaired(feature.kind, need.path)
                 continue
-            values = rng.standard_normal((len(ids), 16)).astype(np.float32)
-            write_feature_set(need.path, ids, values, kind=feature.kind, dim=16,
+            width = feature_width(feature)
+            values = rng.standard_normal((len(ids), width)).astype(np.float32)
+            write_feature_set(need.path, ids, values, kind=feature.kind, dim=width,
                               dtype="float32", dataset=str(recipe.caption_dataset), **common)  # fmt: skip
+
+
+def feature_width(feature) -> int:
+    """16, except CLIP ViT-L/14 images: as wide as the tiny student, as the real ones are as wide
+    as BERT-base (768) — DALR's released ℓ_CMA compares them raw with the student's pooler."""
+    from mmcse.tiny import SIZES
+
+    if feature.kind == "image" and feature.teacher == "clip-vit-l14":
+        return SIZES["tiny"]["hidden_size"]
+    return 16
 
 
 def write_unpaired(kind: str, path: Path) -> None:

@@ -164,6 +164,7 @@ def test_a_role_can_join_one_set_per_corpus(tiny_model, tiny_world, tmp_path):
             dirs.append(str(d))
         features[role] = ",".join(dirs)
     every_batch = {"teachers_on": "all"}  # the paper's reading; the released code's is "caption"
+    every_batch["cma_image_head"] = True  # the tiny world's 16-d image ≠ the 32-d student
     cfg = config(
         tiny_model,
         tiny_world,
