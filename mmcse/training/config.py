@@ -29,6 +29,8 @@ ADAM_EPS_STYLES = ("transformers", "torch")
 
 
 REPORT_TO = ("none", "tensorboard")
+#: whole-step capture (:mod:`mmcse.training.fastpath`): ``auto`` = on CUDA, off on CPU
+CAPTURES = ("auto", "on", "off")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -80,6 +82,14 @@ class TrainConfig:
     attn_implementation: str = field(default="sdpa", metadata={"choices": ATTN_IMPLEMENTATIONS})
     # torch.compile the encoder (slow first steps)
     compile_encoder: bool = field(default=False, metadata={"flag": "--compile"})
+    capture: str = field(
+        default="auto",
+        metadata={
+            "choices": CAPTURES,
+            "help": "compile the whole step (encoder, every loss term, backward) into one graph, "
+            "replayed as CUDA graphs on CUDA; pads batches to --max-seq-length; auto: on CUDA",
+        },
+    )
     fused_adamw: bool = True  # AdamW's fused kernel on CUDA (same update; ignored on CPU)
     tf32: bool = False  # TF32 matmuls in fp32 runs on CUDA (faster, ~1e-3 relative error)
     dynamic_padding: bool = True  # pad a batch to its longest sentence, not max_seq_length
