@@ -21,7 +21,9 @@ Sections (each can be picked with ``--sections``; all run by default):
 ==============  ===========================================================================
 
 Sizes: ``real`` (BERT-base student, real-size teachers: what the goals are stated for),
-``small`` (a 2-layer 128-d student, tiny teachers: CPU figures in minutes), ``tiny`` (tests).
+``base`` (BERT-base student at batch 16, tiny teachers, few steps: BERT-base step figures a CPU
+can still measure), ``small`` (a 2-layer 128-d student, tiny teachers: CPU figures in minutes),
+``tiny`` (tests).
 All models have random weights: speed does not depend on the weights. Every figure is measured
 by :mod:`mmcse.bench.timing` (device synchronised, warm-up dropped, median of repeats); figures
 derived from measured ones (combined object rate, dev-eval share) say so in their name.
@@ -73,6 +75,8 @@ class SuiteSize:
 SUITE_SIZES = {
     "real": SuiteSize("base", "real", (64, 128), 32, 20, 3, 4, 1024, 128, 8192, 16, 8, 64),
     "small": SuiteSize("small", "tiny", (64,), 32, 12, 2, 3, 64, 16, 1024, 2, 2, 16),
+    # BERT-base student at batch 16, few steps: its step's shapes, measurable on a CPU
+    "base": SuiteSize("base", "tiny", (16,), 32, 2, 1, 1, 64, 16, 1024, 2, 2, 16),
     "tiny": SuiteSize("tiny", "tiny", (8, 16), 16, 2, 1, 1, 4, 2, 32, 1, 1, 4),
 }
 
