@@ -13,12 +13,17 @@ Sections (each can be picked with ``--sections``; all run by default):
                 tokens/s, counted FLOPs and MFU, data-wait share, peak GPU memory
                 (:mod:`mmcse.bench.train_step`, :mod:`mmcse.bench.flops`)
 ``fast_paths``  SimCSE step with each fast path on vs off (:mod:`mmcse.training.fastpath`)
+``capture``     every method's step eager vs captured as one graph: ms, ops per step, compile
+                seconds, graphs/breaks per batch kind (:mod:`mmcse.bench.capture`); on a CPU
+                the captured half needs ``--compile-on-cpu`` (inductor compiles for minutes)
 ``dev_eval``    one STS-B dev evaluation and its share of a run evaluating every 125 steps
 ``sts_eval``    the 7-task STS evaluation (STS12-16, STS-B, SICK-R test), wall seconds
 ==============  ===========================================================================
 
 Sizes: ``real`` (BERT-base student, real-size teachers: what the goals are stated for),
-``small`` (a 2-layer 128-d student, tiny teachers: CPU figures in minutes), ``tiny`` (tests).
+``base`` (BERT-base student at batch 16, tiny teachers, few steps: BERT-base step figures a CPU
+can still measure), ``small`` (a 2-layer 128-d student, tiny teachers: CPU figures in minutes),
+``tiny`` (tests).
 All models have random weights: speed does not depend on the weights. Every figure is measured
 by :mod:`mmcse.bench.timing` (device synchronised, warm-up dropped, median of repeats); figures
 derived from measured ones (combined object rate, dev-eval share) say so in their name.
@@ -42,7 +47,9 @@ from mmcse.bench.timing import repeat, timed, timed_result
 from mmcse.errors import MmcseError
 from mmcse.registry import METHODS
 
-SECTIONS = ("extract", "text", "objects", "train", "fast_paths", "dev_eval", "sts_eval")
+SECTIONS = (
+    "extract", "text", "objects", "train", "fast_paths", "capture", "dev_eval", "sts_eval"
+)  # fmt: skip
 IMAGE_TEACHERS = ("resnet50", "clip-vit-b32", "clip-vit-l14")
 TEXT_TEACHER = "simcse"  # BERT-base, like DiffCSE's and RankCSE's
 EVAL_EVERY = 125  # the papers' STS-B dev evaluation interval
@@ -70,6 +77,8 @@ class SuiteSize:
 SUITE_SIZES = {
     "real": SuiteSize("base", "real", (64, 128), 32, 20, 3, 4, 1024, 128, 8192, 16, 8, 64),
     "small": SuiteSize("small", "tiny", (64,), 32, 12, 2, 3, 64, 16, 1024, 2, 2, 16),
+    # BERT-base student at batch 16, few steps: its step's shapes, measurable on a CPU
+    "base": SuiteSize("base", "tiny", (16,), 32, 2, 1, 1, 64, 16, 1024, 2, 2, 16),
     "tiny": SuiteSize("tiny", "tiny", (8, 16), 16, 2, 1, 1, 4, 2, 32, 1, 1, 4),
 }
 
@@ -134,6 +143,7 @@ def run_suite(options: SuiteOptions, out: Path) -> dict:
         "objects": lambda: objects_section(options, size),
         "train": lambda: train_section(options, size),
         "fast_paths": lambda: fast_path_section(options, size),
+        "capture": lambda: capture_section(options, size),
         "dev_eval": lambda: dev_eval_section(options, size, results.get("train")),
         "sts_eval": lambda: sts_eval_section(options, size),
     }
@@ -363,6 +373,40 @@ def fast_path_section(options: SuiteOptions, size: SuiteSize) -> dict:
     return out
 
 
+def capture_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    """Every method eager vs captured (:mod:`mmcse.bench.capture`) at the smallest batch, and
+    the operator calls of the update left outside the graph (clipping, AdamW)."""
+    from mmcse.bench import train_step as bench
+    from mmcse.bench.capture import bench_capture, update_ops
+
+    names, batch = _method_names(options), size.batches[0]
+    capture = options.device.startswith("cuda") or options.compile_on_cpu
+    out: dict = {"student": size.student, "batch": batch, "seq_len": size.seq_len}
+    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
+        needs = set().union(*(bench.method_needs(n) for n in names))
+        world = bench.synthetic_world(Path(tmp), size.student, size.seq_len, batch * 8, needs)
+        out["methods"] = bench_capture(
+            world, names, batch, size.seq_len, options.device,
+            size.steps, size.warmup, size.rounds, capture,
+        )  # fmt: skip
+        state = bench.BenchState.of(world, "simcse", batch, size.seq_len, options.device, "auto")
+        out["update_ops"] = update_ops(state.run.student)
+    if not capture:
+        out["captured_skipped"] = (
+            "not measured on CPU: compiling takes minutes on a shared CPU (--compile-on-cpu)"
+        )
+    out["settings"] = {
+        "batches": "caption batches (every term active), padded to seq_len",
+        "steps": size.steps,
+        "warmup": size.warmup,
+        "rounds": size.rounds,
+        "compile": "inductor, mode reduce-overhead (CUDA graphs)"
+        if options.device.startswith("cuda")
+        else "inductor (CPU: fused C++ kernels, no graphs to replay)",
+    }
+    return out
+
+
 def dev_eval_section(options: SuiteOptions, size: SuiteSize, train: dict | None) -> dict:
     """One STS-B dev evaluation of the student (warm) as the trainer runs it (data prepared once
     per run, :mod:`mmcse.training.dev_eval`) and unprepared (the evaluator built anew for each
@@ -503,6 +547,7 @@ def to_markdown(results: dict) -> str:
         ("objects", _md_objects),
         ("train", _md_train),
         ("fast_paths", _md_fast_paths),
+        ("capture", _md_capture),
         ("dev_eval", _md_dev_eval),
         ("sts_eval", _md_sts_eval),
     ):
@@ -591,6 +636,38 @@ def _md_fast_paths(section: dict) -> list[str]:
                 f"| {name} | {_fmt(r['on_ms'], 2)} | {_fmt(r['off_ms'], 2)} | {r['speedup']:.3f} |"
             )
     return lines
+
+
+def _md_capture(section: dict) -> list[str]:
+    lines = [
+        f"## Whole-step capture (student {section['student']}, batch {section['batch']}, "
+        f"length {section['seq_len']})",
+        "",
+        "| method | eager ms | captured ms | speed-up | compile s | ops/step eager | "
+        "captured (in graphs) | graphs/breaks |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, r in section["methods"].items():
+        graphs = ", ".join(f"{k} {e['graphs']}/{e['breaks']}" for k, e in r["explain"].items())
+        captured = "–"
+        if "captured_ops" in r:
+            captured = f"{r['captured_ops']:,} ({r['captured_ops_in_graphs']:,})"
+        lines.append(
+            f"| {name} | {_fmt(r['eager_ms'], 2)} | {_fmt(r.get('captured_ms'), 2)} | "
+            f"{_fmt(r.get('speedup'), 2)} | {_fmt(r.get('compile_s'), 1)} | "
+            f"{r['eager_ops']:,} | {captured} | {graphs} |"
+        )
+    update = section["update_ops"]
+    lines += [
+        "",
+        f"Outside the graph, over {update['parameters']} parameter tensors (outermost operator "
+        f"calls): clipping {update['clip_per_parameter']:,} per parameter / "
+        f"{update['clip_foreach']:,} foreach; AdamW {update['adamw_per_parameter']:,} per "
+        f"parameter / {update['adamw_foreach']:,} foreach / {update['adamw_fused']:,} fused.",
+    ]
+    if "captured_skipped" in section:
+        lines += ["", f"Captured step: {section['captured_skipped']}"]
+    return lines + ["", f"Settings: {section['settings']}"]
 
 
 def _md_dev_eval(section: dict) -> list[str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import statistics
 import tempfile
 import wave
@@ -412,27 +413,49 @@ def time_variants(
     return stats
 
 
+#: profiler events of the kernels inductor generates for the CPU (``graph_<id>_cpp_fused_...``;
+#: recorded when compiled with ``torch._inductor.config.cpp.enable_kernel_profile``)
+COMPILED_CPU_KERNEL = re.compile(r"^(graph_\d+_)?cpp_")
+
+
 def count_ops(state: BenchState) -> int:
     """Leaf ``aten::`` operators one step dispatches outside the optimizer: on a GPU each is at
     least one kernel launch, so this counts what a launch-bound step pays for (on CUDA the
-    optimizer is one fused kernel). Deterministic, so it compares methods on any machine."""
+    optimizer is one fused kernel). A captured step's fused CPU kernels count one each too
+    (:data:`COMPILED_CPU_KERNEL`). Deterministic, so it compares methods on any machine."""
+    return len(step_ops(profile_step(state)))
+
+
+def profile_step(state: BenchState) -> list:
+    """The profiler's events of one step."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         state.step()
-    events = prof.events()
-    optimizer = [
-        (e.time_range.start, e.time_range.end) for e in events if e.name.startswith("Optimizer.")
-    ]
+    return list(prof.events())
 
-    def is_leaf_op(e) -> bool:
-        if not e.name.startswith("aten::") or any(
-            c.name.startswith("aten::") for c in e.cpu_children
-        ):
-            return False
-        return not any(start <= e.time_range.start <= end for start, end in optimizer)
 
-    return sum(1 for e in events if is_leaf_op(e))
+def within(event, spans: list[tuple[float, float]]) -> bool:
+    return any(start <= event.time_range.start <= end for start, end in spans)
+
+
+def spans_of(events: list, prefixes: tuple[str, ...]) -> list[tuple[float, float]]:
+    return [(e.time_range.start, e.time_range.end) for e in events if e.name.startswith(prefixes)]
+
+
+def step_ops(events: list) -> list:
+    """The events :func:`count_ops` counts: leaf ATen operators and compiled CPU kernels, the
+    optimizer's left out."""
+    optimizer = spans_of(events, ("Optimizer.",))
+    counted = [e for e in events if is_leaf_aten(e) or COMPILED_CPU_KERNEL.match(e.name)]
+    return [e for e in counted if not within(e, optimizer)]
+
+
+def is_leaf_aten(event) -> bool:
+    """An ``aten::`` operator that calls no other: the one that does the work."""
+    return event.name.startswith("aten::") and not any(
+        c.name.startswith("aten::") for c in event.cpu_children
+    )
 
 
 def step_report(stats: StepStats, state: BenchState, batch: int, peak: float | None) -> dict:

@@ -75,7 +75,8 @@ class GlobalLocalInfoNCELoss(Loss):
         scores = torch.einsum("id,jld->ijl", l2_normalize(sentences.float()), l2_normalize(tokens))
         scores = scores / temperature  # [i, j, t]: sentence i against token t of sentence j
         n = len(sentences)
-        positives = scores[torch.arange(n), torch.arange(n)]  # [N, L]
+        diagonal = torch.arange(n, device=scores.device)  # on the device: no CPU op in a graph
+        positives = scores[diagonal, diagonal]  # [N, L]
         other = ~torch.eye(n, dtype=torch.bool, device=scores.device)[:, :, None] & valid[None]
         negatives = scores.masked_fill(~other, float("-inf")).flatten(1).logsumexp(-1)  # [N]
         nll = torch.logaddexp(positives, negatives[:, None]) - positives

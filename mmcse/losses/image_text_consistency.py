@@ -14,8 +14,11 @@ MISMATCHES = ("random", "roll5")
 
 
 def random_derangement(n: int, device: torch.device | None = None) -> Tensor:
-    """A uniformly random single-cycle permutation of ``range(n)`` (no fixed point for n ≥ 2)."""
-    cycle = torch.randperm(n).to(device)
+    """A uniformly random single-cycle permutation of ``range(n)`` (no fixed point for n ≥ 2).
+
+    The random order is the argsort of ``n`` uniform draws on ``device``, not ``torch.randperm``
+    (which draws on the CPU): so it stays inside a captured step's graph on the GPU."""
+    cycle = torch.rand(n, device=device).argsort()
     mismatched = torch.empty_like(cycle)
     mismatched[cycle] = cycle.roll(-1)  # each element of the cycle points to the next one
     return mismatched
@@ -40,7 +43,7 @@ class ImageTextConsistencyLoss(Loss):
     Mismatched pairs (``mismatch``): the paper "shuffles images"; the code rolls the batch by 5
     (``prepare_data``: ``image.roll(shifts=5)``, so row ``i`` gets image ``i − 5``; no mismatch
     at all when 5 is a multiple of B) — ``mismatch="roll5"``. With ``"random"`` mmcse draws a
-    uniformly random *cyclic* permutation from ``torch.randperm`` on the global RNG
+    uniformly random *cyclic* permutation from the global RNG of the batch's device
     (deterministic under ``torch.manual_seed``; no private generator, so a resumed run that
     restores the RNG state resumes the same draws): every row gets another row's image, never
     its own. Captions of the *same* image in one batch can still form a "mismatched" pair; like

@@ -109,13 +109,14 @@ class ObjectPhraseInfoNCELoss(Loss):
         logits = torch.einsum("bpd,bqd->bpq", l2_normalize(phrases), l2_normalize(objects))
         logits = (logits / temperature).float()
         logits = logits.masked_fill(~mask[:, None, :], float("-inf"))  # only real objects
-        counts = mask.sum(-1)
-        use = mask & (counts >= MIN_PAIRS)[:, None]  # phrases that take part
-        if not use.any():
-            return (phrases.sum() + objects.sum()) * 0.0  # keeps the heads in the graph (DDP)
+        use = mask & (mask.sum(-1) >= MIN_PAIRS)[:, None]  # phrases that take part
+        # shape-static (no indexing by ``use``, no branch on it), so the step compiles to one
+        # graph: every phrase is scored, the ones that take no part weighted 0, their rows zeroed
+        # first (a padded row has no finite logit; zeroed, its loss and gradient stay finite)
+        logits = logits.masked_fill(~use[..., None], 0.0)
         targets = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-        per_phrase = F.cross_entropy(logits[use], targets[use], reduction="sum")
-        return per_phrase / mask.shape[0]
+        per_phrase = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        return (per_phrase * use.flatten()).sum() / mask.shape[0]
 
     def forward(self, inputs: LossInputs, heads: Heads) -> dict[str, Tensor]:
         if inputs.token_states is None:

@@ -52,11 +52,13 @@ class MCSEO(MCSE):
         Spans come from the student tokenizer's offsets (same ``max_length`` as the cached
         ``input_ids``, so tokens line up), computed once per corpus (:class:`PhraseIndex`). The
         ``[B, P, D]`` object features go into ``batch.features['object']``, where the loss reads
-        its teacher roles.
+        its teacher roles. Without dynamic padding (static shapes, e.g. a captured step) the
+        pairs are padded to the corpus's most pairs per caption, as the tokens to max length.
         """
         if batch.kind != "caption" or self.object_phrase_weight == 0:
             return {}
-        phrases = self._phrase_index(data).batch(batch.rows).to(batch.input_ids.device)
+        static = not data.cfg.dynamic_padding
+        phrases = self._phrase_index(data).batch(batch.rows, static).to(batch.input_ids.device)
         batch.features["object"] = phrases.objects
         return {"phrase_spans": phrases.spans, "phrase_mask": phrases.mask}
 

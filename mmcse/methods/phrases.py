@@ -225,10 +225,13 @@ class PhraseIndex:
                 object_rows[b, p] = next(rows)
         return cls(spans, object_rows, object_features)
 
-    def batch(self, rows: np.ndarray) -> PhraseBatch:
+    def batch(self, rows: np.ndarray, static: bool = False) -> PhraseBatch:
+        """The pairs of captions ``rows``, padded to the batch's most pairs, or (``static``)
+        to the corpus's, so every batch has one shape (a captured step compiles once)."""
         object_rows = self.object_rows[rows]
         mask = object_rows >= 0
         width = int(mask.sum(1).max()) if len(rows) else 0  # pairs are packed to the left
+        width = object_rows.shape[1] if static else width
         object_rows, mask = object_rows[:, :width], mask[:, :width]
         features = np.zeros((*mask.shape, int(self.object_features.dim)), dtype=np.float32)
         if mask.any():

@@ -24,6 +24,7 @@ stay identical (the authors' image step is single-process).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,8 @@ class NonLinguisticTask:
         self.heads.to(self.device)
         self.optimizer: torch.optim.Optimizer | None = None
         self.steps_taken = 0
+        self.step_forward = _TaskForward(encoder, self.heads, self.loss, self.settings.modality)
+        self.captured = False
 
     # -- setup ---------------------------------------------------------------------------------
     def _check_examples(self) -> None:
@@ -199,6 +202,13 @@ class NonLinguisticTask:
         """``{kind: fingerprint}`` of the examples, for the run's record."""
         return {self.settings.kind: self.examples.fingerprint}
 
+    def capture(self, compile_module: Callable[[nn.Module], None]) -> None:
+        """Compile the step's forward (patch embedding → encoder → head → loss; hence its
+        backward) with ``compile_module`` (the trainer's whole-step capture). The view
+        augmentation stays eager; the batch size is fixed, so it compiles once."""
+        compile_module(self.step_forward)
+        self.captured = True
+
     def state_dict(self) -> dict[str, Tensor]:
         return self.heads.state_dict()
 
@@ -217,8 +227,11 @@ class NonLinguisticTask:
         self.encoder.train()
         self.heads.train()
         rows = self._batch_rows(index)
+        views, labels = self._views(rows, index), self._batch_labels(rows)
+        if self.captured and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are dead
         with self._autocast():
-            terms = self.loss(self._inputs(rows, index), {"student": self.heads["mlp"]})
+            terms = self.step_forward(views, labels)
         total = self.settings.weight * sum(terms.values())
         # no isfinite(total) here: it would wait for the device every step; the trainer checks
         # every logged term once per logging window (mmcse.training.metrics.LossWindow.flush)
@@ -247,23 +260,21 @@ class NonLinguisticTask:
         order = np.random.default_rng([self.seed, dist.rank(), epoch]).permutation(n)
         return np.sort(order[position * size : (position + 1) * size])
 
-    def _inputs(self, rows: np.ndarray, index: int) -> LossInputs:
+    def _views(self, rows: np.ndarray, index: int) -> Tensor:
+        """``[2B, ...]``: both views of the examples ``rows``, the first views first."""
         values = torch.from_numpy(self.examples.take(rows)).to(self.device, non_blocking=True)
         if self.settings.kind == IMAGE_KIND:
             seed = int(np.random.SeedSequence([self.seed, dist.rank(), index]).generate_state(1)[0])
             spec = ViewAugmentation(size=self.settings.image_size)
-            inputs = augment(torch.cat([values, values]), seed, spec)  # = cat(two_views(...))
-        else:  # audio: the same spectrogram twice, views differ by dropout only (the paper;
-            # the released loader also masks and mixes clips: docs/fidelity.md, audio views)
-            inputs = torch.cat([values, values]).float()
-        cls = encode_tokens(self.encoder.backbone, self.heads["patch_embed"](inputs))
-        view1, view2 = cls.float().chunk(2)
-        extras = {}
-        if self.labels is not None:
-            extras["labels"] = torch.from_numpy(self.labels[rows]).to(self.device)
-        return LossInputs(
-            view1=view1, view2=view2, batch_kind=self.settings.modality, extras=extras
-        )
+            return augment(torch.cat([values, values]), seed, spec)  # = cat(two_views(...))
+        # audio: the same spectrogram twice, views differ by dropout only (the paper; the
+        # released loader also masks and mixes clips: docs/fidelity.md, audio views)
+        return torch.cat([values, values]).float()
+
+    def _batch_labels(self, rows: np.ndarray) -> Tensor | None:
+        if self.labels is None:
+            return None
+        return torch.from_numpy(self.labels[rows]).to(self.device)
 
     def _set_lr(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         scale = 1.0
@@ -281,6 +292,22 @@ class NonLinguisticTask:
             and torch.cuda.is_bf16_supported()
         )
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
+
+
+class _TaskForward(nn.Module):
+    """Both views → patch embedding → the encoder's layers → [CLS] → the loss and its head: the
+    part of the step that is captured (a module, so it compiles in place like the student)."""
+
+    def __init__(self, encoder: nn.Module, heads: nn.ModuleDict, loss: nn.Module, modality: str):
+        super().__init__()
+        self.encoder, self.heads, self.loss, self.modality = encoder, heads, loss, modality
+
+    def forward(self, views: Tensor, labels: Tensor | None) -> dict[str, Tensor]:
+        cls = encode_tokens(self.encoder.backbone, self.heads["patch_embed"](views))
+        view1, view2 = cls.float().chunk(2)
+        extras = {} if labels is None else {"labels": labels}
+        inputs = LossInputs(view1=view1, view2=view2, batch_kind=self.modality, extras=extras)
+        return self.loss(inputs, {"student": self.heads["mlp"]})
 
 
 def average_gradients(params: list[Tensor]) -> None:

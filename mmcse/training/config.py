@@ -36,6 +36,8 @@ ADAM_EPS_STYLES = ("transformers", "torch")
 
 
 REPORT_TO = ("none", "tensorboard")
+#: whole-step capture (:mod:`mmcse.training.fastpath`): ``auto`` = on CUDA, off on CPU
+CAPTURES = ("auto", "on", "off")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -154,6 +156,14 @@ class TrainConfig:
     compile_encoder: bool = field(
         default=False,
         metadata={"flag": "--compile", "help": "torch.compile the encoder (slow first steps)"},
+    )
+    capture: str = field(
+        default="auto",
+        metadata={
+            "choices": CAPTURES,
+            "help": "compile the whole step (encoder, every loss term, backward) into one graph, "
+            "replayed as CUDA graphs on CUDA; pads batches to --max-seq-length; auto: on CUDA",
+        },
     )
     fused_adamw: bool = field(
         default=True, metadata={"help": "AdamW's fused kernel on CUDA (same update; not on CPU)"}

@@ -15,16 +15,64 @@ field                  flag                effect
                                            CUDA (off by default: ~1e-3 relative error)
 ``dynamic_padding``    ``--dynamic-padding``  pad each batch to its longest sentence (default);
                                            off: always ``max_seq_length`` (static shapes)
+``capture``            ``--capture``       ``auto`` (default: on CUDA, off elsewhere), ``on``,
+                                           ``off``: the whole step captured, below
 =====================  ==================  ====================================================
 
 All of them are recorded in the run's ``config.json`` like every other field.
+
+Whole-step capture. Eagerly, one step dispatches thousands of small operators (BERT-base, batch
+16: about 4,300 for SimCSE, 5,700 for DALR; ``mmcse bench all --sections capture``), each costing
+host time, so on a GPU the step is bound by launches rather than by its ~3 TFLOP. With capture,
+the student's forward (encoder, both dropout views, every active loss term of the method) is
+compiled by ``torch.compile`` into one graph per batch kind; AOTAutograd derives its backward as
+one graph too. On CUDA (``mode="reduce-overhead"``) inductor fuses the elementwise work and both
+graphs are recorded once and replayed as CUDA graphs (one launch each; cudagraph trees keep the
+parameters in place and copy each batch into static buffers). On CPU there is nothing to replay:
+inductor's fused C++ kernels are what is gained, so ``auto`` leaves CPU runs eager.
+
+* Static shapes: capture pads every batch to ``max_seq_length`` (``dynamic_padding`` off; MCSEO's
+  object–phrase pairs to the corpus's most pairs per caption). A kept last partial batch of a
+  corpus has fewer rows: it compiles one more graph for its kind, once per run (``dynamic=False``
+  keeps that from becoming a shape-generic graph). So a run compiles at most two graphs per batch
+  kind (the auxiliary VisualCSE/AudioCSE image or audio step: one more, as its batch is fixed).
+* Outside the graph: the optimizer step, gradient clipping and the lr schedule. AdamW is one
+  fused kernel per group on CUDA already; capturing it would recompile at every step, as
+  transformers-style ε changes with the step (:func:`~mmcse.training.loop.use_transformers_eps`).
+  The augmentation of VisualCSE's image views stays eager too (torchvision's per-image ops).
+* Dropout: the same Bernoulli(p) masks in distribution, but compiled code draws them from
+  inductor's own Philox stream, so a captured run is not bit-equal to an eager run of the same
+  seed (two captured runs of one seed are). With ``torch._inductor.config.fallback_random = True``
+  (or the ``aot_eager`` backend the tests use) dropout calls the eager kernels and the step's
+  loss and gradients equal eager to float rounding. Not a change of any method's maths.
+* Under DDP (``torchrun``) the student inside DDP is compiled, not DDP itself: DDP's gradient
+  all-reduce and its search for unused parameters stay eager, and the all-gathers of the
+  in-batch negatives are traced into the graph (as functional collectives). Tested with two gloo
+  processes on CPU, where it equals one process with the double batch; NCCL with CUDA graphs has
+  not been run here (no GPU).
+* Not verified on a GPU at all in this work (there was none): the CUDA path is PyTorch's own
+  ``reduce-overhead`` mode; the graphs, the gradients and the recompile bound are tested on CPU
+  with the same ``torch.compile`` call and the ``aot_eager`` backend.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+import torch._dynamo
+from torch import nn
 
 from mmcse.training.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+#: ``torch.compile`` arguments of a captured step, by device type (tests swap in ``aot_eager``:
+#: the same graphs and autograd, without inductor's slow CPU code generation)
+CAPTURE_COMPILE: dict[str, dict] = {
+    "cuda": {"backend": "inductor", "mode": "reduce-overhead"},
+    "cpu": {"backend": "inductor"},
+}
 
 
 def fused_adamw(cfg: TrainConfig, device: torch.device) -> bool | None:
@@ -45,7 +93,43 @@ def compile_encoder(cfg: TrainConfig, encoder: torch.nn.Module) -> None:
         encoder.backbone.compile()
 
 
-def apply_fast_paths(cfg: TrainConfig, encoder: torch.nn.Module, device: torch.device) -> None:
-    """Everything except the optimizer's ``fused=`` (see :func:`fused_adamw`)."""
+def apply_fast_paths(
+    cfg: TrainConfig, encoder: torch.nn.Module, device: torch.device, captured: bool = False
+) -> None:
+    """Everything except the optimizer's ``fused=`` (see :func:`fused_adamw`) and the capture
+    (:func:`capture`); a captured step holds the encoder already, so ``--compile`` is moot."""
     set_matmul_precision(cfg, device)
-    compile_encoder(cfg, encoder)
+    if captured and cfg.compile_encoder:
+        log.info("--compile is part of --capture: the encoder is compiled with the whole step")
+    elif not captured:
+        compile_encoder(cfg, encoder)
+
+
+def capture_enabled(cfg: TrainConfig, device: torch.device) -> bool:
+    """``cfg.capture`` resolved: ``auto`` captures on CUDA only (on CPU it would only fuse
+    kernels, after minutes of compiling)."""
+    return cfg.capture == "on" or (cfg.capture == "auto" and device.type == "cuda")
+
+
+def compile_options(device: torch.device) -> dict:
+    return dict(CAPTURE_COMPILE.get(device.type, CAPTURE_COMPILE["cpu"]))
+
+
+def capture(module: nn.Module, device: torch.device) -> None:
+    """Compile ``module``'s call (forward, hence its backward) in place, for static shapes:
+    every new shape is its own graph, never a shape-generic one. State-dict keys are unchanged."""
+    module.compile(dynamic=False, **compile_options(device))
+
+
+def fresh_capture_cache() -> None:
+    """Forget the graphs of earlier runs in this process (a recipe's seeds, an ablation's
+    variants run one after the other): every compiled module shares one Dynamo cache (that of
+    ``nn.Module.__call__``), and past 8 graphs Dynamo falls back to eager. Recompiling a graph
+    seen before is quick: inductor keeps compiled graphs on disk."""
+    torch._dynamo.reset()
+
+
+def begin_captured_step(device: torch.device) -> None:
+    """Tell CUDA-graph replay that a new step starts (the last step's outputs are dead)."""
+    if device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()

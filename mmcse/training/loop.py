@@ -12,6 +12,12 @@ and the next batch is gathered on a worker thread meanwhile (:mod:`mmcse.trainin
 are written beside and renamed into place; ``last/`` (every ``save_every`` steps) holds what
 ``--resume`` needs to continue exactly (:mod:`mmcse.training.checkpoint`). SIGINT stops after the step.
 What the run directory holds, and under which names, is :mod:`mmcse.rundir`'s.
+
+Whole-step capture (``capture``, on by default on CUDA; :mod:`mmcse.training.fastpath`): the
+student's forward — encoder, both views, every active term — and its backward run as one
+compiled graph per batch kind, replayed as CUDA graphs, instead of thousands of separate
+operators; the optimizer step, clipping and the schedule stay as they are. Batches are then
+padded to ``max_seq_length``.
 """
 
 from __future__ import annotations
@@ -43,12 +49,21 @@ from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch, TrainData
 from mmcse.training.dev_eval import DevEvaluator, resolve_eval_dir
-from mmcse.training.fastpath import apply_fast_paths, fused_adamw
+from mmcse.training.fastpath import (
+    apply_fast_paths,
+    begin_captured_step,
+    capture,
+    capture_enabled,
+    fresh_capture_cache,
+    fused_adamw,
+)
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress, describe_plan, truncate_metrics
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 
 logger = logging.getLogger(__name__)
+
+log = logging.getLogger(__name__)
 
 
 class Student(nn.Module):
@@ -92,6 +107,15 @@ class Student(nn.Module):
                 terms[key] = value
                 total = total + term.weight * value
         return {"loss": total, **terms}
+
+
+def detached_terms(terms: dict[str, Tensor], copy: bool) -> dict[str, Tensor]:
+    """The step's terms for the loss window. ``copy``: in one new tensor, since a replayed CUDA
+    graph rewrites its outputs at the next step (one stack, not a copy per term)."""
+    if not copy:
+        return {k: v.detach() for k, v in terms.items()}
+    values = torch.stack([v.detach().float() for v in terms.values()])
+    return dict(zip(terms, values.unbind(), strict=True))
 
 
 @dataclass
@@ -233,6 +257,10 @@ class Run:
         # 'auto' becomes the student's own pooling (or the method's); the run's config records it
         pooler, self.pooler_source = resolve_training_pooler(cfg, self.method)
         self.cfg = cfg = dataclasses.replace(cfg, pooler=pooler)
+        self.captured = capture_enabled(cfg, self.device)
+        if self.captured and cfg.dynamic_padding:  # one shape per batch kind: one graph each
+            log.info("capture: batches padded to --max-seq-length (no dynamic padding)")
+            self.cfg = cfg = dataclasses.replace(cfg, dynamic_padding=False)
         self.tokenizer = load_tokenizer(cfg.model)
         source = str(self.run_dir.last.path) if resume else cfg.model
         encoder = SentenceEncoder.from_pretrained(
@@ -241,7 +269,10 @@ class Run:
         self.data = TrainData(cfg, self.tokenizer, self.method)
         dims = {role: int(fs.dim) for role, fs in self.data.feature_sets.items()}
         self.student = Student(encoder, self.method, dims).to(self.device)
-        apply_fast_paths(cfg, encoder, self.device)
+        apply_fast_paths(cfg, encoder, self.device, self.captured)
+        if self.captured:
+            fresh_capture_cache()
+            capture(self.student, self.device)  # inside DDP: its hooks stay eager
         self.model = self.student
         if dist.is_distributed():
             self.model = nn.parallel.DistributedDataParallel(
@@ -249,6 +280,8 @@ class Run:
                 find_unused_parameters=True,  # caption-only heads idle on text batches
             )
         self.aux = self.method.auxiliary_task(encoder, cfg, self.device)
+        if self.captured and self.aux is not None:
+            self.aux.capture(lambda module: capture(module, self.device))
         self.scaler = grad_scaler_for(self.device, cfg.precision)
         self.eval_dir = resolve_eval_dir(cfg)
         self.dev_evaluator: DevEvaluator | None = None
@@ -322,9 +355,11 @@ class Run:
         if batch is None:
             batch = self.data.batch(kind, rows, self.device)
         extras = self.method.batch_extras(self.data, batch)
+        optimizer.zero_grad(set_to_none=True)  # before the forward: no grad outlives its step
+        if self.captured:
+            begin_captured_step(self.device)
         with autocast_for(self.device, self.cfg.precision):
             terms = self.model(batch, extras)
-        optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(terms["loss"]).backward()
         if self.cfg.grad_clip > 0:
             self.scaler.unscale_(optimizer)
@@ -334,7 +369,7 @@ class Run:
         self.scaler.step(optimizer)
         self.scaler.update()
         scheduler.step()
-        record.update({k: v.detach() for k, v in terms.items()})
+        record.update(detached_terms(terms, copy=self.captured))
         return record
 
     def _batches(self, epoch: int, global_batch: int, skip: int):
@@ -393,7 +428,18 @@ class Run:
             "final_eval": bool(cfg.final_eval and self.eval_dir is not None),
             "save_every": self.save_every,
             "resumed_from_step": self.step if self.resume_state is not None else None,
+            "capture": self.capture_note(),
         }
+
+    def capture_note(self) -> str:
+        """What the plan says about whole-step capture (:mod:`mmcse.training.fastpath`)."""
+        if not self.captured:
+            return f"off (--capture {self.cfg.capture} on {self.device.type}): eager step"
+        replay = "replayed as CUDA graphs" if self.device.type == "cuda" else "no CUDA graphs"
+        return (
+            f"on: one compiled graph per batch kind and batch size, {replay}; batches padded "
+            f"to {self.cfg.max_seq_length} tokens"
+        )
 
     def _eval_steps(self) -> list[int]:
         steps = list(range(self.cfg.eval_steps, self.total + 1, self.cfg.eval_steps))

@@ -213,6 +213,8 @@ def describe_plan(plan: dict[str, Any]) -> str:
         f"  eval: {evals}; final test eval: {'yes' if plan['final_eval'] else 'no'}",
         f"  resumable checkpoint last/ every {plan['save_every']} steps",
     ]
+    if plan.get("capture"):
+        lines.append(f"  whole-step capture: {plan['capture']}")
     if plan.get("resumed_from_step") is not None:
         lines.append(f"  resuming after step {plan['resumed_from_step']}")
     return "\n".join(lines)

@@ -163,12 +163,22 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     assert fast["dynamic_padding"]["off_mean_width"] == 16
     assert "skipped" in fast["fused_adamw"] and "skipped" in fast["compile"]
 
+    capture = data["capture"]  # on CPU without --compile-on-cpu: the graphs and the eager step
+    assert list(capture["methods"]) == ["simcse", "mcse"] and "captured_skipped" in capture
+    for r in capture["methods"].values():
+        assert r["eager_ops"] > 0 and "captured_ms" not in r
+        assert {k: (e["graphs"], e["breaks"]) for k, e in r["explain"].items()} == {
+            "caption": (1, 0), "text": (1, 0)
+        }  # fmt: skip
+    assert capture["update_ops"]["adamw_fused"] < capture["update_ops"]["adamw_per_parameter"]
+
     assert data["dev_eval"]["seconds"] > 0 and data["dev_eval"]["seconds_unprepared"] > 0
     assert 0 < data["dev_eval"]["share_every_125_steps_derived"] < 1
     assert data["sts_eval"]["seconds"] > 0 and data["sts_eval"]["sentences_encoded"] > 0
 
     markdown = out.with_suffix(".md").read_text()
     for heading in ("## Image extraction", "## Objects", "### batch 8", "## Fast paths",
+                    "## Whole-step capture",
                     "## STS-B dev evaluation", "## STS 7-task evaluation"):  # fmt: skip
         assert heading in markdown
     assert "| mcse |" in markdown and "n/a" in markdown

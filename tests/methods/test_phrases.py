@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from mmcse.errors import MmcseError
-from mmcse.methods.phrases import ObjectPhrase, build_phrase_batch, char_span_to_tokens
+from mmcse.methods.phrases import (
+    ObjectPhrase,
+    PhraseIndex,
+    build_phrase_batch,
+    char_span_to_tokens,
+)
 
 CAPTIONS = [
     "A man in a red shirt throws a ball to a dog.",
@@ -107,6 +112,30 @@ def test_build_phrase_batch_pads_and_drops_truncated_pairs(tokenizers):
     assert batch.spans[0, 1].tolist() == [-1, -1]
     assert batch.objects[1, 1].tolist() == [1.0, 5.0, 1.0]  # paired with object 1#0/1
     assert batch.objects[0, 1].abs().sum() == 0
+
+
+class FakeFeatureSet:
+    dim = 2
+
+    def take(self, rows):
+        return np.stack([[r, -r] for r in rows]).astype(np.float32)
+
+
+def test_phrase_index_pads_to_the_batch_or_statically_to_the_corpus():
+    """Static padding (a captured step: one shape) pads to the corpus's most pairs; the extra
+    slots are padding and the rest is the dynamically padded batch."""
+    spans = np.array(
+        [[[1, 2], [3, 4], [5, 6]], [[1, 3], [-1, -1], [-1, -1]], [[2, 3], [4, 5], [-1, -1]]]
+    )
+    object_rows = np.array([[0, 1, 2], [3, -1, -1], [4, 5, -1]])
+    index = PhraseIndex(spans, object_rows, FakeFeatureSet())
+    rows = np.array([1, 2])
+    dynamic, static = index.batch(rows), index.batch(rows, static=True)
+    assert dynamic.mask.shape == (2, 2) and static.mask.shape == (2, 3)
+    assert torch.equal(static.mask[:, :2], dynamic.mask) and not static.mask[:, 2].any()
+    assert torch.equal(static.spans[:, :2], dynamic.spans) and (static.spans[:, 2] == -1).all()
+    assert torch.equal(static.objects[:, :2], dynamic.objects)
+    assert static.objects[0, 0].tolist() == [3.0, -3.0] and static.objects[:, 2].abs().sum() == 0
 
 
 def test_build_phrase_batch_refuses_a_different_caption(tokenizers):

@@ -388,7 +388,7 @@ def test_mcseo_batch_extras_join_objects_to_a_caption_batch(boxes_run, tiny_mode
         sources={"caption": source},
         feature_sets={"object": FeatureSet.open(out / "object-resnet50")},
         tokenizer=AutoTokenizer.from_pretrained(tiny_model),
-        cfg=SimpleNamespace(max_seq_length=32),
+        cfg=SimpleNamespace(max_seq_length=32, dynamic_padding=True),
     )
     batch = SimpleNamespace(
         kind="caption", rows=np.arange(4), input_ids=torch.zeros(4, 3), features={}

@@ -12,7 +12,8 @@ import torch
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.retrieval import load_heads
-from mmcse.rundir import BEST_DIR, HEADS_FILE, RUN_INFO_FILE
+from mmcse.rundir import BEST_DIR, HEADS_FILE, PLAN_FILE, RUN_INFO_FILE
+from mmcse.training import fastpath
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import mix_batches
 from mmcse.training.loop import train
@@ -119,15 +120,21 @@ def _ddp_worker(rank: int, world: int, port: int, cfg: TrainConfig) -> None:
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
     )
     torch.set_num_threads(1)
+    if cfg.capture == "on":  # the capture itself, without inductor's slow CPU code generation
+        fastpath.CAPTURE_COMPILE["cpu"] = {"backend": "aot_eager"}
     train(cfg)
     torch.distributed.destroy_process_group()
 
 
-def test_two_gloo_ranks_equal_one_double_batch(tiny_model, tiny_world, tmp_path):
-    """Dropout off: 2 ranks × 8 with gathered negatives see the same loss as 1 × 16."""
+@pytest.mark.parametrize("capture", ["off", "on"])
+def test_two_gloo_ranks_equal_one_double_batch(capture, tiny_model, tiny_world, tmp_path):
+    """Dropout off: 2 ranks × 8 with gathered negatives see the same loss as 1 × 16 (eager);
+    also when each rank's step is captured (the gathers traced into its graph)."""
     kw = dict(method="mcse", dropout=0.0, max_steps=3, mixing="caption-only")
-    ddp = config(tiny_model, tiny_world, tmp_path / "ddp", batch_size=8, **kw)
+    ddp = config(tiny_model, tiny_world, tmp_path / "ddp", batch_size=8, capture=capture, **kw)
     torch.multiprocessing.spawn(_ddp_worker, args=(2, _free_port(), ddp), nprocs=2, join=True)
+    plan = json.loads((tmp_path / "ddp" / "run" / PLAN_FILE).read_text())
+    assert plan["capture"].startswith(capture)
     single = train(config(tiny_model, tiny_world, tmp_path / "one", batch_size=16, **kw))
     got, want = metrics(tmp_path / "ddp" / "run"), metrics(single.output_dir)
     assert got[0]["loss"] == pytest.approx(want[0]["loss"], rel=1e-5)

@@ -1,0 +1,169 @@
+"""``mmcse bench all --sections capture``: every method's training step eager and captured.
+
+Whole-step capture (:mod:`mmcse.training.fastpath`) compiles the student's forward — encoder,
+both dropout views, every active loss term — and its backward into one graph per batch kind. Per
+method this reports, from the real :class:`~mmcse.training.loop.Run` on the bench's caption
+batches (every term active; :mod:`mmcse.bench.train_step`):
+
+* ``eager_ms`` / ``captured_ms``: median step time, the two runs timed in alternating rounds
+  (the compile happens in the warm-up; its wall time is ``compile_s``, the first captured step);
+* ``eager_ops`` / ``captured_ops``: what one step dispatches outside the optimizer, counted by
+  the profiler: leaf ATen operators plus the kernels inductor generated
+  (:func:`~mmcse.bench.train_step.count_ops`; deterministic, so it compares on any machine).
+  On a CPU with inductor that is the count of kernels launched; on a GPU it is the host work a
+  launch-bound step pays per step (CUDA-graph replays are not separated out here);
+* ``graphs`` / ``breaks``: ``torch._dynamo.explain`` of the student's step per batch kind (text,
+  caption) and, for VisualCSE/AudioCSE, of the auxiliary image/audio step.
+
+Both runs pad to ``seq_len`` (capture needs static shapes); dynamic padding is measured in the
+``fast_paths`` section. The captured run is compiled with inductor's per-kernel profiler events
+on (``cpp.enable_kernel_profile``, a no-op unless a profiler listens), which is how its kernels
+are counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch._dynamo
+import torch._inductor.config
+
+from mmcse.bench.timing import timed
+from mmcse.bench.train_step import (
+    BenchState,
+    BenchWorld,
+    count_ops,
+    profile_step,
+    spans_of,
+    step_ops,
+    time_variants,
+    within,
+)
+
+#: profiler events spanning a compiled graph's forward and its backward
+GRAPH_EVENTS = ("Torch-Compiled Region", "CompiledFunctionBackward")
+
+
+def explain(fn, *args) -> dict:
+    """``torch._dynamo.explain`` of ``fn(*args)``: graphs, breaks and the first line of each
+    break's reason."""
+    torch._dynamo.reset()
+    result = torch._dynamo.explain(fn)(*args)
+    reasons = [str(b.reason).strip().splitlines()[0] for b in result.break_reasons]
+    return {"graphs": result.graph_count, "breaks": result.graph_break_count, "reasons": reasons}
+
+
+def explain_steps(run) -> dict[str, dict]:
+    """:func:`explain` of the student's step on a caption and a text batch (the same rows,
+    text roles only), and of the auxiliary step if the method has one."""
+    kind, rows = run.data.schedule(0, run.cfg.batch_size)[0]
+    run.student.train()
+    out = {}
+    for as_kind in ("caption", "text"):
+        batch = run.data.batch(kind, rows, run.device)
+        if as_kind == "text":
+            text_roles = set(run.data.roles_for("text"))
+            features = {r: v for r, v in batch.features.items() if r in text_roles}
+            batch = dataclasses.replace(batch, kind="text", features=features)
+        out[as_kind] = explain(run.student, batch, run.method.batch_extras(run.data, batch))
+    if run.aux is not None:
+        rows = run.aux._batch_rows(0)
+        views, labels = run.aux._views(rows, 0), run.aux._batch_labels(rows)
+        run.aux.step_forward.train()
+        out[run.aux.settings.modality] = explain(run.aux.step_forward, views, labels)
+    return out
+
+
+def bench_capture(
+    world: BenchWorld,
+    names: list[str],
+    batch: int,
+    seq_len: int,
+    device: str,
+    steps: int = 6,
+    warmup: int = 2,
+    rounds: int = 2,
+    capture: bool = True,
+) -> dict[str, dict]:
+    """Per method: eager and captured step ms and ops per step, compile seconds, and the
+    graphs/breaks of its steps. ``capture=False``: the eager step and the graphs only."""
+    reports = {}
+    for name in names:
+        torch._dynamo.reset()  # a fresh compile cache per method
+        sides = {"eager": "off", "captured": "on"} if capture else {"eager": "off"}
+        with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
+            states = {
+                side: BenchState.of(
+                    world, name, batch, seq_len, device, "auto",
+                    capture=setting, dynamic_padding=False,
+                )
+                for side, setting in sides.items()
+            }  # fmt: skip
+            compile_s = timed(states["captured"].step, device) if capture else None
+            stats = time_variants(states, torch.device(device), steps, warmup, rounds)
+            report = {
+                "eager_ms": 1000 * stats["eager"].step_s,
+                "eager_ops": count_ops(states["eager"]),
+            }
+            if capture:
+                report.update(captured_report(states["captured"], stats["captured"].step_s))
+                report.update(
+                    compile_s=compile_s, speedup=report["eager_ms"] / report["captured_ms"]
+                )
+        report["explain"] = explain_steps(states["eager"].run)
+        reports[name] = report
+    torch._dynamo.reset()
+    return reports
+
+
+def captured_report(state: BenchState, step_s: float) -> dict:
+    """Step ms and :func:`count_ops` of the captured step, and how many of those ops ran inside
+    its graphs (the rest: autograd's gradient accumulation, clipping, the loss window, ...)."""
+    events = profile_step(state)
+    ops, graphs = step_ops(events), spans_of(events, GRAPH_EVENTS)
+    return {
+        "captured_ms": 1000 * step_s,
+        "captured_ops": len(ops),
+        "captured_ops_in_graphs": sum(within(e, graphs) for e in ops),
+    }
+
+
+def is_outermost_aten(event) -> bool:
+    parent = event.cpu_parent
+    return event.name.startswith("aten::") and (
+        parent is None or not parent.name.startswith("aten::")
+    )
+
+
+def update_ops(module: torch.nn.Module) -> dict[str, int]:
+    """Operator calls of the update that stays outside the captured graph, over ``module``'s
+    parameters: gradient clipping and AdamW, per parameter (CPU's default) and multi-tensor
+    (``foreach``, CUDA's default), and AdamW's ``fused`` kernel (the trainer's on CUDA).
+
+    Counted are the outermost ``aten::`` calls (what the host dispatches): on a CPU a
+    multi-tensor op then runs per tensor inside that call, which is not what it does on a GPU,
+    so the leaf count would say nothing about CUDA here."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = [torch.nn.Parameter(p.detach().clone()) for p in module.parameters()]
+    for p in params:
+        p.grad = torch.ones_like(p)
+
+    def ops(work) -> int:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            work()
+        return sum(1 for e in prof.events() if is_outermost_aten(e))
+
+    clip = torch.nn.utils.clip_grad_norm_
+    counts = {
+        "parameters": len(params),
+        "clip_per_parameter": ops(lambda: clip(params, 1.0, foreach=False)),
+        "clip_foreach": ops(lambda: clip(params, 1.0, foreach=True)),
+    }
+    for name, kwargs in (("per_parameter", {"foreach": False}), ("foreach", {"foreach": True}),
+                         ("fused", {"fused": True})):  # fmt: skip
+        optimizer = torch.optim.AdamW(params, lr=1e-5, **kwargs)
+        optimizer.step()  # the state exists from the second step on
+        counts[f"adamw_{name}"] = ops(optimizer.step)
+    return counts

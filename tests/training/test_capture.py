@@ -1,0 +1,218 @@
+"""Whole-step capture (:mod:`mmcse.training.fastpath`): every registered method's step is one graph
+per batch kind, computes the eager step's loss and gradients, and recompiles a bounded number of
+times over an epoch.
+
+These tests compile with the ``aot_eager`` backend: what they check is the capture — Dynamo's
+single graph, AOTAutograd's joint forward/backward — not inductor's code generation, which is the
+same for every graph and takes minutes on a CPU. With ``aot_eager`` the captured step calls the
+same ATen kernels in the same order as eager, dropout's draws included, so the comparison with
+eager keeps dropout on.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch._dynamo
+from support.runs import tiny_mcse_settings
+from support.worlds import write_unpaired
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import mmcse.methods  # noqa: F401  (registers every method)
+from mmcse.methods import Method, build_method
+from mmcse.model import SentenceEncoder
+from mmcse.registry import METHODS
+from mmcse.rundir import PLAN_FILE
+from mmcse.training import fastpath
+from mmcse.training.config import TrainConfig
+from mmcse.training.data import Batch
+from mmcse.training.loop import Student, train
+
+B, L, P = 6, 12, 3
+KINDS = ("text", "caption")
+#: float32 tolerance of captured against eager: the same kernels, sums possibly reassociated
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def step_inputs(method: Method, kind: str, vocab: int, dim: int) -> tuple[Batch, dict]:
+    """A batch of ``kind`` padded to ``L`` with the features (``dim`` wide) and extras ``method``
+    reads."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(4, L + 1, (B,), generator=g)
+    mask = (torch.arange(L)[None] < lengths[:, None]).long()
+    ids = torch.randint(5, vocab, (B, L), generator=g) * mask
+    roles = set(method.text_roles) | (set(method.caption_roles) if kind == "caption" else set())
+    features = {
+        role: torch.randn(B, P, dim, generator=g) if role == "object" else torch.randn(B, dim)
+        for role in sorted(roles)
+    }
+    extras = {}
+    if "object" in roles:  # MCSEO: phrase spans, one caption with a single pair (skipped)
+        spans = torch.tensor([[1, 2], [2, 4], [-1, -1]]).repeat(B, 1, 1)
+        spans[1, 1] = -1
+        extras = {"phrase_spans": spans, "phrase_mask": spans[..., 0] >= 0}
+    return Batch(kind, np.arange(B), ids, mask, features), extras
+
+
+def build_student(name: str, model_dir) -> tuple[Student, Method]:
+    method = build_method(name)
+    roles = set(method.text_roles) | set(method.caption_roles)
+    torch.manual_seed(0)  # the heads' init
+    encoder = SentenceEncoder.from_pretrained(str(model_dir), dropout=0.1)
+    # features as wide as the student: DALR's released ℓ_CMA compares the raw feature with [CLS]
+    dim = encoder.backbone.config.hidden_size
+    return Student(encoder, method, {role: dim for role in roles}).train(), method
+
+
+def shape_of(student: Student) -> tuple[int, int]:
+    """(vocabulary size, feature width) of the batches ``student`` reads."""
+    config = student.encoder.backbone.config
+    return config.vocab_size, config.hidden_size
+
+
+def run_step(student: Student, batch: Batch, extras: dict) -> tuple[dict, dict]:
+    student.zero_grad(set_to_none=True)
+    torch.manual_seed(1)  # the dropout masks' draws
+    terms = student(batch, extras)
+    terms["loss"].backward()
+    grads = {k: p.grad for k, p in student.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in terms.items()}, grads
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_every_method_step_is_one_graph_per_batch_kind_with_the_eager_gradients(name, tiny_model):
+    """One graph per batch kind, counted as ``torch._dynamo.explain`` counts them (graphs handed
+    to the backend); ``fullgraph=True`` turns any graph break into an error that names it."""
+    eager, method = build_student(name, tiny_model)
+    captured, _ = build_student(name, tiny_model)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    captured.compile(backend=counter, dynamic=False, fullgraph=True)
+    for graphs, kind in enumerate(KINDS, start=1):
+        batch, extras = step_inputs(method, kind, *shape_of(eager))
+        want_terms, want_grads = run_step(eager, batch, extras)
+        got_terms, got_grads = run_step(captured, batch, extras)
+        assert counter.frame_count == graphs, kind
+        assert got_terms.keys() == want_terms.keys()
+        for key in want_terms:
+            torch.testing.assert_close(got_terms[key], want_terms[key], rtol=RTOL, atol=ATOL)
+        assert got_grads.keys() == want_grads.keys()
+        for key in want_grads:
+            torch.testing.assert_close(got_grads[key], want_grads[key], rtol=RTOL, atol=ATOL)
+        buffers = dict(captured.named_buffers())  # e.g. DALR's aligners' BatchNorm statistics
+        for key, want in eager.named_buffers():
+            torch.testing.assert_close(buffers[key], want, rtol=RTOL, atol=ATOL)
+    run_step(captured, *step_inputs(method, "text", *shape_of(eager)))
+    assert counter.frame_count == len(KINDS)  # a kind seen before: no recompile
+
+
+def test_mcseo_step_explains_as_one_graph_per_batch_kind(tiny_model):
+    """The object–phrase pairing was the one step with breaks (a branch on ``use.any()``,
+    boolean indexing): ``torch._dynamo.explain`` itself finds none now."""
+    student, method = build_student("mcseo", tiny_model)
+    for kind in KINDS:
+        batch, extras = step_inputs(method, kind, *shape_of(student))
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(student)(batch, extras)
+        reasons = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), (kind, reasons)
+
+
+# ---- the auxiliary VisualCSE/AudioCSE step ---------------------------------------------------
+
+AUXILIARY = {"visualcse": ("image_tensor", {"image_batch_size": 4, "image_size": 32}),
+             "audiocse": ("audio_fbank", {"audio_batch_size": 4, "audio_patch_size": 16})}  # fmt: skip
+
+
+def auxiliary_task(name: str, model_dir, examples):
+    kind, settings = AUXILIARY[name]
+    method = build_method(name, **settings)
+    cfg = SimpleNamespace(features={kind: str(examples)}, seed=3, precision="auto")
+    encoder = SentenceEncoder.from_pretrained(str(model_dir))
+    torch.manual_seed(0)  # the task's heads
+    return method.auxiliary_task(encoder, cfg, "cpu")
+
+
+def auxiliary_forward(task) -> tuple[dict, dict]:
+    rows = task._batch_rows(0)
+    views, labels = task._views(rows, 0), task._batch_labels(rows)
+    task.step_forward.train()  # as step() sets it
+    torch.manual_seed(1)
+    terms = task.step_forward(views, labels)
+    sum(terms.values()).backward()
+    grads = {k: p.grad for k, p in task.step_forward.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in terms.items()}, grads
+
+
+@pytest.mark.parametrize("name", sorted(AUXILIARY))
+def test_auxiliary_step_is_one_graph_with_the_eager_gradients(name, tiny_model, tmp_path):
+    """The image (audio) step's forward — patch embedding, the encoder's layers, head, SupCon —
+    is captured too; the view augmentation before it stays eager."""
+    examples = tmp_path / "examples"
+    write_unpaired(AUXILIARY[name][0], examples)
+    eager, captured = (auxiliary_task(name, tiny_model, examples) for _ in range(2))
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    captured.capture(lambda module: module.compile(backend=counter, dynamic=False, fullgraph=True))
+    (want_terms, want_grads), (got_terms, got_grads) = map(auxiliary_forward, (eager, captured))
+    assert got_terms.keys() == want_terms.keys() and got_grads.keys() == want_grads.keys()
+    for key in want_terms:
+        torch.testing.assert_close(got_terms[key], want_terms[key], rtol=RTOL, atol=ATOL)
+    for key in want_grads:
+        torch.testing.assert_close(got_grads[key], want_grads[key], rtol=RTOL, atol=ATOL)
+    records = [captured.step() for _ in range(3)]  # 12 examples, batch 4: a new epoch's order
+    assert all(np.isfinite(float(v)) for r in records for v in r.values())
+    assert counter.frame_count == 1
+
+
+# ---- the training loop -----------------------------------------------------------------------
+
+
+def losses_of(run_dir) -> list[float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines]
+
+
+def test_two_epochs_compile_one_graph_per_batch_kind_and_size_and_train_as_eager(
+    tiny_model, tiny_world, tmp_path, monkeypatch
+):
+    """Text 96 = 9 × 10 + 6 sentences, captions 64 = 6 × 10 + 4: each kind has full batches and
+    a last partial one, so two epochs compile four graphs, and no more. Dropout is on; with
+    ``aot_eager`` the captured run draws the eager run's masks, so its losses are eager's."""
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setitem(fastpath.CAPTURE_COMPILE, "cpu", {"backend": counter})
+    torch._dynamo.reset()
+    runs = {}
+    for capture in ("off", "on"):
+        settings = tiny_mcse_settings(
+            tiny_model, tiny_world, tmp_path / capture, batch_size=10, epochs=2,
+            max_seq_length=16, capture=capture, dynamic_padding=False, eval_steps=100, log_every=1,
+        )  # fmt: skip
+        runs[capture] = train(TrainConfig(**settings)).output_dir
+    assert counter.frame_count == 4
+    eager, captured = losses_of(runs["off"]), losses_of(runs["on"])
+    assert len(captured) == 2 * (10 + 7)
+    np.testing.assert_allclose(captured, eager, rtol=1e-5)
+    plan = json.loads((runs["on"] / PLAN_FILE).read_text())
+    assert plan["capture"].startswith("on: one compiled graph per batch kind")
+    assert json.loads((runs["off"] / PLAN_FILE).read_text())["capture"].startswith("off")
+
+
+def test_capture_pads_batches_to_max_length_and_auto_stays_eager_on_cpu(tiny_model, tiny_world):
+    from mmcse.training.loop import Run
+
+    settings = tiny_mcse_settings(tiny_model, tiny_world, "unused", max_seq_length=16)
+    assert not fastpath.capture_enabled(TrainConfig(**settings), torch.device("cpu"))
+    assert fastpath.capture_enabled(TrainConfig(**settings), torch.device("cuda"))
+    assert not fastpath.capture_enabled(
+        TrainConfig(**settings, capture="off"), torch.device("cuda")
+    )
+    run = Run(TrainConfig(**settings, capture="on"))
+    assert run.captured and not run.cfg.dynamic_padding  # recorded so in config.json
+    assert run.student._compiled_call_impl is not None
+    assert run.data.batch("text", np.arange(4), torch.device("cpu")).input_ids.shape == (4, 16)
+    assert not Run(TrainConfig(**settings)).captured
