@@ -197,6 +197,8 @@ def _check_range(value: Any, meta: typing.Mapping[str, Any], label: str) -> None
 
 
 REPORT_TO = ("none", "tensorboard")
+#: ``token_cache`` values besides a folder: ``tokens/`` beside each corpus, or no cache
+TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF = "auto", "off"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -233,6 +235,11 @@ class TrainConfig:
     # > 0 stops early (and sets the schedule length)
     max_steps: int = field(default=0, metadata={"min": 0})
     max_seq_length: int = field(default=32, metadata={"min": 3})  # [CLS], a token, [SEP]
+    # token ids cached once per corpus, tokenizer and max length (mmcse.cache.tokens): "auto" =
+    # in tokens/ beside each corpus, "off" = tokenise in memory every run, else a folder
+    token_cache: str = field(
+        default=TOKEN_CACHE_AUTO, metadata={"pattern": r".*\S.*", "hint": "auto, off or a folder"}
+    )
     drop_last: bool = False  # False keeps each corpus's last partial batch (as torch DataLoader)
     warmup_steps: int = field(default=0, metadata={"min": 0})
     grad_clip: float = field(default=1.0, metadata={"min": 0})  # 0 disables clipping
