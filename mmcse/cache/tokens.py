@@ -83,7 +83,12 @@ _PREFIX = 12  # hex digits of each fingerprint in an entry's name
 @dataclass(frozen=True)
 class TokenKey:
     """What the ids of a corpus depend on; ``num_rows`` and ``ids_sha256``, when known, are
-    checked against the entry too (a corpus table's manifest has both)."""
+    checked against the entry too (a corpus table's manifest has both).
+
+    ``corpus_reader`` names how sentences are read from the corpus when its fingerprint does not
+    fix them by itself (a sentence file's fingerprint hashes its bytes, not how lines are decoded
+    and stripped): a reader that changes gives other sentences, so its entries are rebuilt.
+    """
 
     corpus_fingerprint: str
     tokenizer_fingerprint: str
@@ -91,11 +96,13 @@ class TokenKey:
     tokenizer: str = ""  # the tokenizer's name: recorded, not compared
     num_rows: int | None = None
     ids_sha256: str | None = None
+    corpus_reader: str = ""
 
     def producer(self) -> dict:
         return {
             "format": TOKENS_FORMAT,
             "corpus_fingerprint": self.corpus_fingerprint,
+            "corpus_reader": self.corpus_reader,
             "tokenizer_fingerprint": self.tokenizer_fingerprint,
             "max_length": self.max_length,
             "tokenizer": self.tokenizer,

@@ -35,6 +35,9 @@ TEXT, CAPTION = "text", "caption"
 IMAGE_KEYED_KINDS = ("image",)
 #: feature-set kinds the generic join leaves to the method (e.g. MCSEO's per-phrase objects)
 METHOD_JOINED_KINDS = ("object", "objects", "image_tensor", "audio_fbank")
+#: how :func:`read_corpus` turns a sentence file's bytes into sentences; change it whenever that
+#: changes (decoding, stripping, skipping): token-cache entries of sentence files are keyed by it
+SENTENCE_FILE_READER = "utf-8-replace/splitlines/strip/skip-empty"
 
 
 class CorpusView(Protocol):
@@ -54,6 +57,8 @@ class CorpusView(Protocol):
 
 class TableCorpus:
     """A corpus table, memory-mapped: its manifest gives the size, ids hash and fingerprint."""
+
+    reader = ""  # the fingerprint fixes every sentence
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -84,12 +89,14 @@ class TableCorpus:
 class TextFileCorpus:
     """A file of one sentence per line, fingerprinted by its bytes; lines are read when asked."""
 
+    reader = SENTENCE_FILE_READER
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fingerprint = sha256_file(path)
         self.num_rows: int | None = None  # unknown until the lines are read
         self.ids_sha256: str | None = None
-        self.dataset, self.split = path.stem, ""
+        self.dataset, self.split = path.stem, "train"
         self.image_ids = None
 
     def __len__(self) -> int:
@@ -226,7 +233,8 @@ def read_corpus(path: str) -> tuple[np.ndarray, list[str], np.ndarray | None, st
 
 
 def sentence_lines(raw: bytes) -> list[str]:
-    """The stripped lines of a sentence file (empty ones kept: ids count every line)."""
+    """The stripped lines of a sentence file (empty ones kept: ids count every line).
+    Changing what this returns changes :data:`SENTENCE_FILE_READER` too."""
     return [s.strip() for s in raw.decode("utf-8", errors="replace").splitlines()]
 
 
@@ -264,6 +272,7 @@ def corpus_tokens(
         tokenizer=Path(str(getattr(tokenizer, "name_or_path", ""))).name,
         num_rows=corpus.num_rows,
         ids_sha256=corpus.ids_sha256,
+        corpus_reader=corpus.reader,
     )
     named = token_cache != TOKEN_CACHE_AUTO
     return cached_tokens(

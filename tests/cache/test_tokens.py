@@ -293,6 +293,7 @@ def test_a_damaged_entry_is_rebuilt_not_used(tmp_path, caplog, damage):
         key(corpus="d"),  # the recorded key differs (a hand-copied entry, a prefix collision)
         key(num_rows=31),  # the corpus has another size
         key(ids_sha256="0" * 64),  # the corpus's ids are others
+        key(corpus_reader="v2"),  # the same file bytes, read into other sentences
     ],
 )
 def test_an_entry_of_another_key_is_rebuilt(tmp_path, caplog, asked):
