@@ -275,6 +275,7 @@ def corpus_tokens(
         corpus_reader=corpus.reader,
     )
     named = token_cache != TOKEN_CACHE_AUTO
+    desc = f"{desc} into the token cache (once)"
     return cached_tokens(
         entry_path(corpus.path, key, token_cache if named else None),
         key,
