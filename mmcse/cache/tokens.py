@@ -1,8 +1,9 @@
 """Token ids of a corpus, cached once per (corpus, tokenizer, max length) and shared by every run.
 
-Stage 2 used to tokenise its corpora at every start (90 s of a 1-step run on a 1M-sentence
-corpus, 2 CPU cores); a paper table of 9 ablation rows x 5 seeds paid that 45 times. Now the first
-run writes the ids into the cache and every later run, seed, recipe and ablation maps them.
+Stage 2 used to tokenise its corpora at every start (most of a 1-step run on a 1M-sentence corpus:
+5x the same run on 10k sentences, BENCHMARKS.md); a paper table of 9 ablation rows x 5 seeds paid
+that 45 times. Now the first run writes the ids into the cache and every later run, seed, recipe
+and ablation maps them.
 
 Entry
 -----
