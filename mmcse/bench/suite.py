@@ -18,6 +18,8 @@ Sections (each can be picked with ``--sections``; all run by default):
                 the captured half needs ``--compile-on-cpu`` (inductor compiles for minutes)
 ``dev_eval``    one STS-B dev evaluation and its share of a run evaluating every 125 steps
 ``sts_eval``    the 7-task STS evaluation (STS12-16, STS-B, SICK-R test), wall seconds
+``startup``     training start-up by corpus size with the token cache cold, warm and off
+                (:mod:`mmcse.bench.startup`)
 ==============  ===========================================================================
 
 Sizes: ``real`` (BERT-base student, real-size teachers: what the goals are stated for),
@@ -48,7 +50,8 @@ from mmcse.errors import MmcseError
 from mmcse.registry import METHODS
 
 SECTIONS = (
-    "extract", "text", "objects", "train", "fast_paths", "capture", "dev_eval", "sts_eval"
+    "extract", "text", "objects", "train", "fast_paths", "capture", "dev_eval", "sts_eval",
+    "startup",
 )  # fmt: skip
 IMAGE_TEACHERS = ("resnet50", "clip-vit-b32", "clip-vit-l14")
 TEXT_TEACHER = "simcse"  # BERT-base, like DiffCSE's and RankCSE's
@@ -72,14 +75,21 @@ class SuiteSize:
     object_images: int
     object_batch: int
     new_tokens: int
+    startup_sentences: tuple[int, ...]  # corpus sizes of the start-up section
 
 
 SUITE_SIZES = {
-    "real": SuiteSize("base", "real", (64, 128), 32, 20, 3, 4, 1024, 128, 8192, 16, 8, 64),
-    "small": SuiteSize("small", "tiny", (64,), 32, 12, 2, 3, 64, 16, 1024, 2, 2, 16),
+    "real": SuiteSize(
+        "base", "real", (64, 128), 32, 20, 3, 4, 1024, 128, 8192, 16, 8, 64, (10_000, 1_000_000)
+    ),
+    "small": SuiteSize(
+        "small", "tiny", (64,), 32, 12, 2, 3, 64, 16, 1024, 2, 2, 16, (1_000, 100_000)
+    ),
     # BERT-base student at batch 16, few steps: its step's shapes, measurable on a CPU
-    "base": SuiteSize("base", "tiny", (16,), 32, 2, 1, 1, 64, 16, 1024, 2, 2, 16),
-    "tiny": SuiteSize("tiny", "tiny", (8, 16), 16, 2, 1, 1, 4, 2, 32, 1, 1, 4),
+    "base": SuiteSize(
+        "base", "tiny", (16,), 32, 2, 1, 1, 64, 16, 1024, 2, 2, 16, (1_000, 10_000)
+    ),
+    "tiny": SuiteSize("tiny", "tiny", (8, 16), 16, 2, 1, 1, 4, 2, 32, 1, 1, 4, (100, 1_000)),
 }
 
 
@@ -146,6 +156,7 @@ def run_suite(options: SuiteOptions, out: Path) -> dict:
         "capture": lambda: capture_section(options, size),
         "dev_eval": lambda: dev_eval_section(options, size, results.get("train")),
         "sts_eval": lambda: sts_eval_section(options, size),
+        "startup": lambda: startup_section(options, size),
     }
     for name in SECTIONS:
         if name not in options.sections:
@@ -475,6 +486,26 @@ def sts_eval_section(options: SuiteOptions, size: SuiteSize) -> dict:
     }
 
 
+def startup_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    """Training start-up by corpus size, token cache cold / warm / off (:mod:`mmcse.bench.startup`)."""
+    from mmcse.bench.startup import bench_startup
+
+    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
+        model, vocab = _random_student(Path(tmp), size.student)
+        sizes = bench_startup(model, size.startup_sentences, Path(tmp), echo=lambda _: None)
+    return {
+        **sizes,
+        "settings": {
+            "student": size.student,
+            "tokenizer": vocab,
+            "method": "simcse",
+            "max_seq_length": 32,
+            "sentences": "synthetic, 8-24 words, one per line",
+            "device": "cpu (start-up is host work)",
+        },
+    }
+
+
 def _eval_data(options: SuiteOptions) -> Path | None:
     if options.eval_data == "":
         return None
@@ -550,6 +581,7 @@ def to_markdown(results: dict) -> str:
         ("capture", _md_capture),
         ("dev_eval", _md_dev_eval),
         ("sts_eval", _md_sts_eval),
+        ("startup", _md_startup),
     ):
         if name in results:
             lines += render(results[name]) + [""]
@@ -694,3 +726,20 @@ def _md_sts_eval(section: dict) -> list[str]:
         f"{_fmt(section['seconds'], 2)} s wall for {section['sentences_encoded']:,} distinct "
         f"sentences (student {section['student']}, files read and tokenised included)",
     ]
+
+
+def _md_startup(section: dict) -> list[str]:
+    lines = [
+        "## Training start-up by corpus size (token cache cold / warm / off)",
+        "",
+        "| sentences | cold s | warm s | off s | build s (derived) | warm ÷ smallest |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, r in section.items():
+        if key.startswith("sentences_"):
+            lines.append(
+                f"| {int(key[10:]):,} | {_fmt(r['cold_s'], 2)} | {_fmt(r['warm_s'], 2)} | "
+                f"{_fmt(r['off_s'], 2)} | {_fmt(r['build_s_derived'], 2)} | "
+                f"{r['warm_ratio_to_smallest']:.2f} |"
+            )
+    return lines + ["", f"Settings: {section['settings']}"]

@@ -6,6 +6,15 @@
 >>> images = FeatureSet.open("cache/coco/clip_image").require_fingerprint(recorded)
 >>> batch = images.gather(corpus.image_ids[:128])   # [128, 512] float16, joined by id
 
+Token ids are cached the same way, once per (corpus, tokenizer, max length), and shared by every
+run (:mod:`mmcse.cache.tokens`; the tokenizer side — fingerprint, fast batch encoding — is
+:mod:`mmcse.cache.tokenizer`):
+
+>>> key = TokenKey(corpus.fingerprint, tokenizer_fingerprint(tokenizer), 32)
+>>> table = cached_tokens(entry_path(corpus.path, key), key,
+...                       lambda: (corpus.ids, encode_rows(tokenizer, corpus.texts, 32)))
+>>> input_ids, lengths = table.take(rows)         # [n, 32], [n] int32, memory-mapped
+
 See :mod:`mmcse.cache.writer` for the atomic-write and multi-rank contract,
 :mod:`mmcse.cache.featureset` for how reads stay memory-mapped and vectorised, and
 :mod:`mmcse.cache.integrity` for why every open refuses a set that would fail
@@ -25,6 +34,8 @@ from mmcse.cache.ops import (
     verify_report,
     verify_tree,
 )
+from mmcse.cache.tokenizer import encode_rows, tokenizer_fingerprint
+from mmcse.cache.tokens import TokenKey, TokenTable, cached_tokens, entry_path
 from mmcse.cache.writer import FeatureSetWriter, write_feature_set
 
 __all__ = [
@@ -35,10 +46,16 @@ __all__ = [
     "FeatureSetWriter",
     "Manifest",
     "ShardInfo",
+    "TokenKey",
+    "TokenTable",
+    "cached_tokens",
+    "encode_rows",
+    "entry_path",
     "import_hdf5",
     "list_sets",
     "merge",
     "remove",
+    "tokenizer_fingerprint",
     "verify",
     "verify_report",
     "verify_tree",

@@ -166,6 +166,10 @@ class Corpus:
     def ids(self) -> np.ndarray:
         return self._table.column("id").to_numpy().astype(str)
 
+    def column(self, name: str) -> np.ndarray:
+        """One column as an object array (None where null), without touching the others."""
+        return self._table.column(name).to_numpy(zero_copy_only=False)
+
     @property
     def texts(self) -> list[str]:
         return self._table.column("text").to_pylist()

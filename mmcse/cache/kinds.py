@@ -11,6 +11,13 @@ CORPUS_KIND = "corpus"
 #: the columns of a corpus table's shards, in order
 CORPUS_COLUMNS = ("id", "text", "image_id", "source")
 
+#: a corpus's token ids for one tokenizer and max length (see :mod:`mmcse.cache.tokens`); ids are
+#: the corpus's sentence ids, rows are :data:`TOKEN_ROW`
+TOKENS_KIND = "tokens"
+#: one int32 row of a tokens set: the sentence's token count, then its ids right-padded with the
+#: tokenizer's pad id to the max length (``[length, id_0, …, id_{L-1}]``, ``L + 1`` values)
+TOKEN_ROW = ("length", "input_ids")
+
 #: MCSEO's objects table: one row per object–phrase pair (numeric row + text columns)
 OBJECTS_KIND = "objects"
 #: one teacher embedding per object of an objects table (ids = object ids)

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -75,8 +76,9 @@ def temp_path(final: Path) -> Path:
 
 
 def remove_stale_temp_files(directory: Path) -> list[Path]:
-    """Delete temp files left by killed writers on this host (their pid is gone); files of
-    live writers and of other hosts are left alone (``finalize`` removes those)."""
+    """Delete temp files (and temp folders: unpublished token-cache entries) left by killed
+    writers on this host (their pid is gone); those of live writers and of other hosts are left
+    alone (``finalize`` removes those)."""
     removed = []
     if not directory.is_dir():
         return removed
@@ -84,12 +86,19 @@ def remove_stale_temp_files(directory: Path) -> list[Path]:
         owner = path.name.split(".tmp-", 1)[1].split("-")
         if len(owner) >= 3 and owner[0] == _HOST and owner[1].isdigit():
             if not _process_alive(int(owner[1])):
-                path.unlink(missing_ok=True)
+                _remove(path)
                 removed.append(path)
         elif len(owner) < 3 or not owner[1].isdigit():  # an older name format: pid unknown
-            path.unlink(missing_ok=True)
+            _remove(path)
             removed.append(path)
     return removed
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _process_alive(pid: int) -> bool:

@@ -38,6 +38,8 @@ ADAM_EPS_STYLES = ("transformers", "torch")
 REPORT_TO = ("none", "tensorboard")
 #: whole-step capture (:mod:`mmcse.training.fastpath`): ``auto`` = on CUDA, off on CPU
 CAPTURES = ("auto", "on", "off")
+#: ``token_cache`` values besides a folder: ``tokens/`` beside each corpus, or no cache
+TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF = "auto", "off"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -109,6 +111,15 @@ class TrainConfig:
     )
     max_seq_length: int = field(
         default=32, metadata={"min": 3, "help": "tokens per sentence ([CLS], a token, [SEP])"}
+    )
+    token_cache: str = field(
+        default=TOKEN_CACHE_AUTO,
+        metadata={
+            "pattern": r".*\S.*",
+            "hint": "auto, off or a folder",
+            "help": "corpus token ids cached once (mmcse.cache.tokens): auto = tokens/ beside "
+            "each corpus, off = tokenise in memory every run, else a folder",
+        },
     )
     drop_last: bool = field(
         default=False,

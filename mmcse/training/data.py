@@ -1,52 +1,196 @@
-"""Training data from the cache: corpora pre-tokenised once, teacher features joined by id.
+"""Training data from the cache: token ids cached once per corpus, teacher features joined by id.
 
-Text corpora (Wiki1M) and caption corpora (Flickr30k/COCO captions with their ``image_id``) are
-tokenised once into padded ``int32`` arrays; a batch is a vectorised row gather, trimmed to its
-longest sentence. Each feature role is joined to a corpus **by id** once at start-up (image sets
-by ``image_id``, text sets by sentence id) into row numbers, so a step gathers features with one
-``take`` per role and never touches a teacher.
+A corpus (a corpus table, or a file of one sentence per line) is opened without reading its texts;
+its token ids come from the token cache (:mod:`mmcse.cache.tokens`: written by the first run,
+memory-mapped by every later one, seed, recipe and ablation), or are encoded in memory with
+``token_cache = "off"``. A batch is a vectorised row gather, trimmed to its longest sentence.
+Each feature role is joined to a corpus **by id** once at start-up (image sets by ``image_id``,
+text sets by sentence id) into row numbers, so a step gathers features with one ``take`` per role
+and never touches a teacher. Columns are read only when something needs them: a SimCSE run on a
+warm token cache reads neither the texts nor the ids of its corpus.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from mmcse import distributed as dist
 from mmcse.cache import Corpus, FeatureSet
+from mmcse.cache.layout import sha256_file
+from mmcse.cache.tokenizer import encode_rows, tokenizer_fingerprint
+from mmcse.cache.tokens import TokenKey, TokenTable, cached_tokens, entry_path
 from mmcse.errors import MissingIdsError, MmcseError
 from mmcse.methods.base import Method
 from mmcse.textfiles import decode_text
-from mmcse.training.config import TrainConfig
+from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, TrainConfig
 
 TEXT, CAPTION = "text", "caption"
 #: feature-set kinds joined on the caption's image id; every other kind joins on the sentence id
 IMAGE_KEYED_KINDS = ("image",)
 #: feature-set kinds the generic join leaves to the method (e.g. MCSEO's per-phrase objects)
 METHOD_JOINED_KINDS = ("object", "objects", "image_tensor", "audio_fbank")
+#: how :func:`read_corpus` turns a sentence file's bytes into sentences; change it whenever that
+#: changes (decoding, stripping, skipping): token-cache entries of sentence files are keyed by it
+SENTENCE_FILE_READER = "textfiles-bom-utf8-16-32-strict/splitlines/strip/skip-empty"
+
+
+class CorpusView(Protocol):
+    """What training reads of a corpus; every column is read on first use only."""
+
+    path: Path
+    fingerprint: str
+
+    def __len__(self) -> int: ...
+    @property
+    def ids(self) -> np.ndarray: ...
+    @property
+    def texts(self) -> list[str]: ...
+    @property
+    def image_ids(self) -> np.ndarray | None: ...
+
+
+class TableCorpus:
+    """A corpus table, memory-mapped: its manifest gives the size, ids hash and fingerprint."""
+
+    reader = ""  # the fingerprint fixes every sentence
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.table = Corpus.open(path)
+        self.fingerprint = self.table.fingerprint
+        self.num_rows: int | None = len(self.table)
+        self.ids_sha256: str | None = self.table.manifest.ids_sha256
+        self.dataset, self.split = self.table.manifest.dataset, self.table.manifest.split
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @cached_property
+    def ids(self) -> np.ndarray:
+        return self.table.ids
+
+    @cached_property
+    def texts(self) -> list[str]:
+        return self.table.texts
+
+    @cached_property
+    def image_ids(self) -> np.ndarray | None:
+        """Object array (None where a row has none); None when the first 1000 rows have none."""
+        image_ids = self.table.column("image_id")
+        return image_ids if any(i not in (None, "") for i in image_ids[:1000]) else None
+
+
+class TextFileCorpus:
+    """A file of one sentence per line, fingerprinted by its bytes; lines are read when asked."""
+
+    reader = SENTENCE_FILE_READER
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fingerprint = sha256_file(path)
+        self.num_rows: int | None = None  # unknown until the lines are read
+        self.ids_sha256: str | None = None
+        self.dataset, self.split = path.stem, "train"
+        self.image_ids = None
+
+    def __len__(self) -> int:
+        return len(self.ids) if "_sentences" in self.__dict__ else self._count
+
+    @cached_property
+    def _count(self) -> int:
+        return count_sentences(self.path)
+
+    @cached_property
+    def _sentences(self) -> tuple[np.ndarray, list[str]]:
+        ids, texts, _, _ = read_corpus(str(self.path))
+        return ids, texts
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._sentences[0]
+
+    @property
+    def texts(self) -> list[str]:
+        return self._sentences[1]
+
+
+@dataclass
+class InMemoryCorpus:
+    """A corpus given as arrays (tests, tools)."""
+
+    ids: np.ndarray
+    texts: list[str]
+    image_ids: np.ndarray | None = None
+    fingerprint: str = ""
+    path: Path = Path("<memory>")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def open_corpus(path: str) -> TableCorpus | TextFileCorpus:
+    """A corpus table folder or a sentence file, opened without reading its texts."""
+    p = Path(path)
+    if p.is_dir():
+        return TableCorpus(p)
+    if not p.is_file():
+        raise MmcseError(f"corpus {p} does not exist (expected a corpus table dir or a .txt file)")
+    return TextFileCorpus(p)
 
 
 @dataclass
 class Source:
-    """One corpus, tokenised, with the feature rows of each of its sentences per role."""
+    """One corpus with its token rows and, per role, the feature rows of each of its sentences.
+
+    ``tokens`` is None when only the joins are checked (preflight: nothing is tokenised).
+    """
 
     kind: str
-    ids: np.ndarray
-    texts: list[str]
-    image_ids: np.ndarray | None
-    input_ids: np.ndarray  # [N, max_len] int32, right-padded
-    lengths: np.ndarray  # [N] int32
-    fingerprint: str
+    corpus: CorpusView
+    tokens: TokenTable | None = None
     feature_rows: dict[str, np.ndarray] = field(default_factory=dict)
     feature_sets: dict[str, FeatureSet] = field(default_factory=dict)  # the set each role joins
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.tokens) if self.tokens is not None else len(self.corpus)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.corpus.ids
+
+    @property
+    def texts(self) -> list[str]:
+        return self.corpus.texts
+
+    @property
+    def image_ids(self) -> np.ndarray | None:
+        return self.corpus.image_ids
+
+    @property
+    def fingerprint(self) -> str:
+        return self.corpus.fingerprint
+
+    def token_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids [n, max_len], lengths [n])`` int32 of ``rows``, right-padded."""
+        if self.tokens is None:
+            raise MmcseError(f"the {self.kind} corpus was opened without a tokenizer")
+        return self.tokens.take(rows)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        """``[N, max_len]`` int32 of every sentence (a copy; a step takes its rows only)."""
+        return self.token_rows(np.arange(len(self)))[0]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.token_rows(np.arange(len(self)))[1]
 
 
 @dataclass
@@ -80,39 +224,75 @@ def read_corpus(path: str) -> tuple[np.ndarray, list[str], np.ndarray | None, st
     import hashlib
 
     raw = p.read_bytes()
-    lines = [s.strip() for s in decode_text(p, raw).splitlines()]  # no silent U+FFFD
+    lines = sentence_lines(p, raw)
     kept = [(i, s) for i, s in enumerate(lines) if s]
     if not kept:
         raise MmcseError(f"corpus {p} has no non-empty lines")
-    ids = np.asarray([f"{p.stem}:{i}" for i, _ in kept], dtype=object)
+    stem = p.stem  # once, not per line (1.7 s of a 1M-line file)
+    ids = np.asarray([f"{stem}:{i}" for i, _ in kept], dtype=object)
     return ids, [s for _, s in kept], None, hashlib.sha256(raw).hexdigest()
 
 
-def tokenize(
-    tokenizer, texts: list[str], max_length: int, desc: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenise once into a right-padded int32 matrix (chunks keep memory flat, show progress)."""
-    out = np.full((len(texts), max_length), tokenizer.pad_token_id or 0, dtype=np.int32)
-    lengths = np.zeros(len(texts), dtype=np.int32)
-    chunk = 8192
-    for start in tqdm(
-        range(0, len(texts), chunk),
-        desc=desc,
-        unit="chunk",
-        leave=False,
-        disable=len(texts) < 4 * chunk,
-    ):
-        enc = tokenizer(texts[start : start + chunk], max_length=max_length, truncation=True)[
-            "input_ids"
-        ]
-        for j, ids in enumerate(enc):
-            out[start + j, : len(ids)] = ids
-            lengths[start + j] = len(ids)
-    return out, lengths
+def sentence_lines(path: Path, raw: bytes) -> list[str]:
+    """The stripped lines of sentence file ``path`` (empty ones kept: ids count every line),
+    decoded by :func:`mmcse.textfiles.decode_text` (a bad byte is refused, never replaced).
+    Changing what this returns changes :data:`SENTENCE_FILE_READER` too."""
+    return [s.strip() for s in decode_text(path, raw).splitlines()]
+
+
+def count_sentences(path: Path) -> int:
+    """Sentences :func:`read_corpus` reads from a sentence file, without building its ids."""
+    count = sum(map(bool, sentence_lines(path, path.read_bytes())))
+    if not count:
+        raise MmcseError(f"corpus {path} has no non-empty lines")
+    return count
+
+
+def corpus_tokens(
+    corpus: TableCorpus | TextFileCorpus | str,
+    tokenizer,
+    max_length: int,
+    token_cache: str = TOKEN_CACHE_AUTO,
+    tokenizer_fp: str | None = None,
+    desc: str = "tokenise",
+) -> TokenTable:
+    """The token rows of ``corpus`` (a corpus or its path): from the token cache, written first
+    if needed (``token_cache``: ``auto``, a folder, or ``off`` to encode in memory). Training calls
+    it per corpus; calling it ahead (e.g. before launching a table of runs) warms the cache."""
+    if isinstance(corpus, str | Path):
+        corpus = open_corpus(str(corpus))
+
+    def encode() -> np.ndarray:
+        return encode_rows(tokenizer, corpus.texts, max_length, desc)
+
+    if token_cache == TOKEN_CACHE_OFF:
+        return TokenTable(encode())
+    key = TokenKey(
+        corpus.fingerprint,
+        tokenizer_fp or tokenizer_fingerprint(tokenizer),
+        max_length,
+        tokenizer=Path(str(getattr(tokenizer, "name_or_path", ""))).name,
+        num_rows=corpus.num_rows,
+        ids_sha256=corpus.ids_sha256,
+        corpus_reader=corpus.reader,
+    )
+    named = token_cache != TOKEN_CACHE_AUTO
+    desc = f"{desc} into the token cache (once)"
+    return cached_tokens(
+        entry_path(corpus.path, key, token_cache if named else None),
+        key,
+        lambda: (corpus.ids, encode()),
+        dataset=corpus.dataset,
+        split=corpus.split,
+        must_write=named,
+    )
 
 
 class TrainData:
-    """The corpora and feature sets of one run, and the batch schedule over them."""
+    """The corpora and feature sets of one run, and the batch schedule over them.
+
+    With ``tokenizer=None`` the corpora are opened and joined but not tokenised (preflight).
+    """
 
     def __init__(self, cfg: TrainConfig, tokenizer, method: Method) -> None:
         self.cfg = cfg
@@ -134,13 +314,25 @@ class TrainData:
 
     # -- loading ---------------------------------------------------------------------------
     def _load_source(self, kind: str, path: str) -> Source:
-        ids, texts, image_ids, fingerprint = read_corpus(path)
-        if kind == CAPTION and image_ids is None:
+        corpus = open_corpus(path)
+        if kind == CAPTION and corpus.image_ids is None:
             raise MmcseError(f"caption corpus {path} has no image_id column values")
-        input_ids, lengths = tokenize(
-            self.tokenizer, texts, self.cfg.max_seq_length, f"tokenise {kind}"
+        if self.tokenizer is None:
+            return Source(kind, corpus)
+        cfg = self.cfg
+        tokens = corpus_tokens(
+            corpus,
+            self.tokenizer,
+            cfg.max_seq_length,
+            cfg.token_cache,
+            self.tokenizer_fingerprint,
+            desc=f"tokenise {kind}",
         )
-        return Source(kind, ids, texts, image_ids, input_ids, lengths, fingerprint)
+        return Source(kind, corpus, tokens)
+
+    @cached_property
+    def tokenizer_fingerprint(self) -> str:
+        return tokenizer_fingerprint(self.tokenizer)
 
     def roles_for(self, kind: str) -> tuple[str, ...]:
         extra = self.method.caption_roles if kind == CAPTION else ()
@@ -169,11 +361,11 @@ class TrainData:
             if self.feature_sets[role].manifest.kind in METHOD_JOINED_KINDS:
                 continue
             keyed_by_image = self.feature_sets[role].manifest.kind in IMAGE_KEYED_KINDS
-            keys = list(source.image_ids if keyed_by_image else source.ids)
+            keys = source.image_ids if keyed_by_image else source.ids
             fs, rows = self._first_set_with(role, keys)
             source.feature_sets[role], source.feature_rows[role] = fs, rows
 
-    def _first_set_with(self, role: str, keys: list[str]) -> tuple[FeatureSet, np.ndarray]:
+    def _first_set_with(self, role: str, keys: np.ndarray) -> tuple[FeatureSet, np.ndarray]:
         """The first of the role's sets that holds every key (errors name the first set's gap)."""
         first_error = None
         for fs in self.role_sets[role]:
@@ -253,9 +445,11 @@ class TrainData:
     # -- batches ---------------------------------------------------------------------------
     def batch(self, kind: str, rows: np.ndarray, device: torch.device) -> Batch:
         src = self.sources[kind]
-        width = batch_width(src.lengths[rows], self.cfg.max_seq_length, self.cfg.dynamic_padding)
-        ids = torch.from_numpy(src.input_ids[rows, :width].astype(np.int64))
-        mask = (torch.arange(width)[None, :] < torch.from_numpy(src.lengths[rows])[:, None]).long()
+        input_ids, lengths = src.token_rows(rows)
+        width = batch_width(lengths, self.cfg.max_seq_length, self.cfg.dynamic_padding)
+        ids = torch.from_numpy(input_ids[:, :width].astype(np.int64))
+        lengths = torch.from_numpy(np.ascontiguousarray(lengths))
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
         features = {
             role: torch.from_numpy(np.ascontiguousarray(src.feature_sets[role].take(frows[rows])))
             .to(device, non_blocking=True)

@@ -14,7 +14,8 @@ the fix, where there is one):
    id that resolves (cache, else a 3 s reachability probe; never the hub client's retries);
 5. the output folder: refused when it holds files, unless ``--overwrite`` or resuming;
 6. the data join: corpora opened and every role's ids matched to them, as training will
-   (a stub tokenizer: nothing is tokenised), and at least one global batch per corpus.
+   (no tokenizer: nothing is tokenised, no text of a corpus table read), and at least one
+   global batch per corpus.
 
 Setting types and ranges are checked earlier, by the config dataclasses (:mod:`mmcse.training.config`).
 """
@@ -318,21 +319,13 @@ def check_output_path(out: Path, *, overwrite: bool = False) -> None:
 # ---- the data join -------------------------------------------------------------------------
 
 
-class _NoTokenizer:
-    """Stands in for a tokenizer so :class:`~mmcse.training.data.TrainData` joins ids without tokenising."""
-
-    pad_token_id = 0
-
-    def __call__(self, texts, **_):
-        return {"input_ids": [[0]] * len(texts)}
-
-
 def check_join(cfg: TrainConfig, method: Method) -> None:
-    """Open the corpora and sets and match every role's ids, exactly as training will."""
+    """Open the corpora and sets and match every role's ids, exactly as training will, without
+    tokenising (and reading only the id columns of a corpus table the join needs)."""
     from mmcse.training.data import TrainData
 
     try:
-        data = TrainData(cfg, _NoTokenizer(), method)
+        data = TrainData(cfg, None, method)
     except MmcseError as exc:  # same class (e.g. CacheError), the hint appended
         exc.args = (f"{exc}{_join_hint(cfg, method)}",)
         raise
@@ -347,7 +340,7 @@ def _join_hint(cfg: TrainConfig, method: Method) -> str:
 
     released = build_method(cfg.method, **{**cfg.method_args, "teachers_on": "caption"})
     try:
-        TrainData(cfg, _NoTokenizer(), released)
+        TrainData(cfg, None, released)
     except MmcseError:
         return ""
     return _teachers_hint(method)

@@ -108,6 +108,21 @@ def test_suite_options_reject_bad_values_in_one_line():
             bench_suite.SuiteOptions(device="cuda")
 
 
+def test_startup_bench_measures_each_size_cold_warm_and_off(tiny_model, tmp_path):
+    from mmcse.bench.startup import bench_startup
+
+    lines = []
+    result = bench_startup(tiny_model, (40, 20), tmp_path, seq_len=16, echo=lines.append)
+    assert list(result) == ["sentences_20", "sentences_40"]  # smallest first
+    for count, row in ((20, result["sentences_20"]), (40, result["sentences_40"])):
+        assert all(row[f"{mode}_s"] > 0 for mode in ("cold", "warm", "off"))
+        assert row["build_s_derived"] == row["cold_s"] - row["warm_s"]
+        written = [p.name for p in (tmp_path / f"tokens-{count}").iterdir() if p.name[0] != "."]
+        assert len(written) == 1 and written[0].startswith(f"sentences-{count}-")  # cold wrote it
+    assert result["sentences_20"]["warm_ratio_to_smallest"] == 1.0
+    assert len(lines) == 2 and "warm" in lines[0]
+
+
 def test_cpu_fast_path_variants_say_why_cuda_ones_are_not_measured():
     variants = bench_suite.fast_path_variants(bench_suite.SuiteOptions())
     assert isinstance(variants["sdpa"], tuple) and isinstance(variants["dynamic_padding"], tuple)
@@ -176,10 +191,16 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     assert 0 < data["dev_eval"]["share_every_125_steps_derived"] < 1
     assert data["sts_eval"]["seconds"] > 0 and data["sts_eval"]["sentences_encoded"] > 0
 
+    startup = data["startup"]
+    assert [k for k in startup if k.startswith("sentences_")] == ["sentences_100", "sentences_1000"]
+    assert startup["sentences_100"]["warm_ratio_to_smallest"] == 1.0
+    assert all(startup["sentences_1000"][f"{mode}_s"] > 0 for mode in ("cold", "warm", "off"))
+
     markdown = out.with_suffix(".md").read_text()
     for heading in ("## Image extraction", "## Objects", "### batch 8", "## Fast paths",
                     "## Whole-step capture",
-                    "## STS-B dev evaluation", "## STS 7-task evaluation"):  # fmt: skip
+                    "## STS-B dev evaluation", "## STS 7-task evaluation",
+                    "## Training start-up"):  # fmt: skip
         assert heading in markdown
     assert "| mcse |" in markdown and "n/a" in markdown
     assert math.isfinite(data["train"]["batch_8"]["mcse"]["ratio"])

@@ -210,6 +210,7 @@ def test_simcse_from_minilm_on_real_sentences_keeps_stsb_dev(shared_data, tmp_pa
         model=str(minilm.get_model_path()),
         method="simcse",
         text_corpus=str(wiki),
+        token_cache=str(tmp_path / "tokens"),  # shared data is read-only: not ./cache/tokens
         batch_size=16,
         max_steps=8,
         eval_steps=8,

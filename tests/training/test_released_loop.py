@@ -12,7 +12,14 @@ import torch
 from mmcse.errors import MmcseError
 from mmcse.recipes import RECIPES, get_recipe
 from mmcse.training.config import TrainConfig
-from mmcse.training.data import CAPTION, TEXT, Source, TrainData, train_mix_counts
+from mmcse.training.data import (
+    CAPTION,
+    TEXT,
+    InMemoryCorpus,
+    Source,
+    TrainData,
+    train_mix_counts,
+)
 from mmcse.training.loop import (
     adamw_groups,
     autocast_for,
@@ -30,9 +37,8 @@ def fake_data(n_text: int | None, n_caption: int | None, **cfg) -> TrainData:
     data.sources = {}
     for kind, n in ((TEXT, n_text), (CAPTION, n_caption)):
         if n is not None:
-            empty = np.zeros(0, dtype=np.int32)
-            ids = np.arange(n)
-            data.sources[kind] = Source(kind, ids, [], None, empty, empty, "fp")
+            ids = np.arange(n).astype(str)
+            data.sources[kind] = Source(kind, InMemoryCorpus(ids, [], fingerprint="fp"))
     return data
 
 
