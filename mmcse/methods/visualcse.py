@@ -117,6 +117,12 @@ class AudioCSE(NonLinguisticMixin, SimCSE):
     ``audio_objective``: ``"class_rank_cross_entropy"`` (default: the released ``--new_supcon``
     path, ``AudioCSE/src/trainers.py`` ``new_SupCon_forward``, speakers as classes),
     ``"supcon"`` or ``"simclr"``.
+
+    ``audio_freq_mask`` / ``audio_time_mask``: the released loader's SpecAugment (one
+    frequency mask ≤ 48 bins and one time mask ≤ 192 frames per clip, shared by both views;
+    :mod:`mmcse.nonling.specaugment`); 0 and 0 = the paper's reading (dropout views only). The
+    released loader's waveform mixup (rate 0.5) is not reproducible from cached fbanks
+    (docs/fidelity.md, audio views).
     """
 
     name: ClassVar[str] = "audiocse"
@@ -128,6 +134,8 @@ class AudioCSE(NonLinguisticMixin, SimCSE):
     audio_objective: str = OBJECTIVES[0]  # the released --new_supcon objective
     audio_weight_decay: float = 0.0
     audio_patch_size: int = 24  # the paper's 211 tokens; SSAST's own patches are 16
+    audio_freq_mask: int = 48  # released: torchaudio FrequencyMasking(48)
+    audio_time_mask: int = 192  # released: torchaudio TimeMasking(192)
 
     def __post_init__(self) -> None:
         self.nonlinguistic_settings()
@@ -142,4 +150,6 @@ class AudioCSE(NonLinguisticMixin, SimCSE):
             objective=self.audio_objective,
             weight_decay=self.audio_weight_decay,
             patch_size=self.audio_patch_size,
+            freq_mask=self.audio_freq_mask,
+            time_mask=self.audio_time_mask,
         )

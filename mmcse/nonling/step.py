@@ -40,6 +40,7 @@ from mmcse.losses.base import LossInputs
 from mmcse.losses.heads import MLPHead
 from mmcse.nonling.augment import ViewAugmentation, augment
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
+from mmcse.nonling.specaugment import SpecAugment, spec_augment
 from mmcse.registry import LOSSES
 
 IMAGE_KIND = IMAGE_TENSOR_KIND  # the cache contract's names (mmcse.cache.kinds)
@@ -63,6 +64,8 @@ class NonLinguisticSettings:
         image_size: crop size of the image views (ViT's 224).
         patch_size: audio patch size (the image patch size is ViT's 16).
         init: image patch embedding init: ``auto``, ``random`` or a ViT dir / hub id.
+        freq_mask, time_mask: audio SpecAugment mask parameters
+            (:mod:`mmcse.nonling.specaugment`; 0 = no mask).
     """
 
     kind: str
@@ -76,12 +79,16 @@ class NonLinguisticSettings:
     image_size: int = 224
     patch_size: int = 24
     init: str = "auto"
+    freq_mask: int = 0
+    time_mask: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in (IMAGE_KIND, AUDIO_KIND):
             raise ValueError(f"kind must be {IMAGE_KIND!r} or {AUDIO_KIND!r}, not {self.kind!r}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
+        if min(self.freq_mask, self.time_mask) < 0:
+            raise ValueError("SpecAugment mask parameters must be 0 (off) or positive")
         if self.batch_size < 2:
             raise ValueError("the non-linguistic batch size must be at least 2 (negatives)")
 
@@ -138,6 +145,9 @@ class NonLinguisticTask:
         self.heads = nn.ModuleDict({"patch_embed": self._patch_embedding(hidden), "mlp": mlp})
         self.heads.to(self.device)
         self.optimizer: torch.optim.Optimizer | None = None
+        # its own loss scaler under fp16, as the released trainer's image_scaler (else a no-op)
+        fp16 = autocast_dtype(self.device.type, precision, False) == torch.float16
+        self.scaler = torch.amp.GradScaler("cuda", enabled=fp16)
         self.steps_taken = 0
         self.step_forward = _TaskForward(encoder, self.heads, self.loss, self.settings.modality)
         self.captured = False
@@ -215,6 +225,22 @@ class NonLinguisticTask:
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.heads.load_state_dict(state)
 
+    def trainer_state(self) -> dict[str, Any]:
+        """What ``--resume`` needs besides :meth:`state_dict`: the step count, the optimizer's
+        and the loss scaler's state."""
+        return {
+            "steps_taken": self.steps_taken,
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "scaler": self.scaler.state_dict(),
+        }
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        self.steps_taken = state["steps_taken"]
+        if state["optimizer"] is not None:
+            self.make_optimizer(self.encoder).load_state_dict(state["optimizer"])
+        if state.get("scaler"):  # absent from runs saved before the scaler
+            self.scaler.load_state_dict(state["scaler"])
+
     def step(self, step_index: int | None = None) -> dict[str, Tensor | float]:
         """One optimizer step on a seeded batch; returns the logged terms (already × ω) as
         device tensors (read back by the trainer once per logging window) and the lr."""
@@ -236,12 +262,14 @@ class NonLinguisticTask:
         # no isfinite(total) here: it would wait for the device every step; the trainer checks
         # every logged term once per logging window (mmcse.training.metrics.LossWindow.flush)
         optimizer.zero_grad(set_to_none=True)
-        total.backward()
+        self.scaler.scale(total).backward()
         params = [p for group in optimizer.param_groups for p in group["params"]]
         average_gradients(params)
         if self.settings.max_grad_norm > 0:
+            self.scaler.unscale_(optimizer)  # clip the true gradients (the released order)
             torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
-        optimizer.step()
+        self.scaler.step(optimizer)  # skipped when a scaled gradient overflowed (fp16)
+        self.scaler.update()
         optimizer.zero_grad(set_to_none=True)
         prefix = self.settings.modality
         record: dict = {
@@ -263,13 +291,15 @@ class NonLinguisticTask:
     def _views(self, rows: np.ndarray, index: int) -> Tensor:
         """``[2B, ...]``: both views of the examples ``rows``, the first views first."""
         values = torch.from_numpy(self.examples.take(rows)).to(self.device, non_blocking=True)
+        seed = int(np.random.SeedSequence([self.seed, dist.rank(), index]).generate_state(1)[0])
         if self.settings.kind == IMAGE_KIND:
-            seed = int(np.random.SeedSequence([self.seed, dist.rank(), index]).generate_state(1)[0])
             spec = ViewAugmentation(size=self.settings.image_size)
             return augment(torch.cat([values, values]), seed, spec)  # = cat(two_views(...))
-        # audio: the same spectrogram twice, views differ by dropout only (the paper; the
-        # released loader also masks and mixes clips: docs/fidelity.md, audio views)
-        return torch.cat([values, values]).float()
+        # audio: each clip masked once (the released loader; no masks: the paper's reading), then
+        # the batch twice — the views differ by dropout only (docs/fidelity.md, audio views)
+        masks = SpecAugment(self.settings.freq_mask, self.settings.time_mask)
+        clips = spec_augment(values.float(), seed, masks)
+        return torch.cat([clips, clips])
 
     def _batch_labels(self, rows: np.ndarray) -> Tensor | None:
         if self.labels is None:
@@ -286,12 +316,8 @@ class NonLinguisticTask:
             group["lr"] = self.settings.lr * scale
 
     def _autocast(self):
-        use_bf16 = (
-            self.precision in ("auto", "bf16")
-            and self.device.type == "cuda"
-            and torch.cuda.is_bf16_supported()
-        )
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
+        dtype = autocast_dtype(self.device.type, self.precision, _bf16_supported(self.device))
+        return torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=bool(dtype))
 
 
 class _TaskForward(nn.Module):
@@ -308,6 +334,23 @@ class _TaskForward(nn.Module):
         extras = {} if labels is None else {"labels": labels}
         inputs = LossInputs(view1=view1, view2=view2, batch_kind=self.modality, extras=extras)
         return self.loss(inputs, {"student": self.heads["mlp"]})
+
+
+def autocast_dtype(device_type: str, precision: str, bf16_supported: bool) -> torch.dtype | None:
+    """The dtype the image/audio step autocasts to, None for none: under ``fp16`` fp16 with its
+    own loss scaler (the released trainer's ``autocast(dtype=float16)`` + ``image_scaler``),
+    under ``auto``/``bf16`` bf16 where supported; on a CPU, or under ``fp32``, none."""
+    if device_type != "cuda":
+        return None
+    if precision == "fp16":
+        return torch.float16
+    if precision in ("auto", "bf16") and bf16_supported:
+        return torch.bfloat16
+    return None
+
+
+def _bf16_supported(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
 
 
 def average_gradients(params: list[Tensor]) -> None:

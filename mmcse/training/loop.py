@@ -546,12 +546,7 @@ class Run:
                 "window": self.window.state_dict(),
                 "best_dev": self.best_dev,
                 "best_step": self.best_step,
-                "aux": None
-                if aux is None
-                else {
-                    "steps_taken": aux.steps_taken,
-                    "optimizer": aux.optimizer.state_dict() if aux.optimizer else None,
-                },
+                "aux": None if aux is None else aux.trainer_state(),
             }
             self._save(self.run_dir.last, self.step, self.best_dev, state)
         if dist.is_distributed():
@@ -571,9 +566,7 @@ class Run:
         if state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
         if self.aux is not None and state["aux"] is not None:
-            self.aux.steps_taken = state["aux"]["steps_taken"]
-            if state["aux"]["optimizer"] is not None:
-                self.aux.make_optimizer(self.encoder).load_state_dict(state["aux"]["optimizer"])
+            self.aux.load_trainer_state(state["aux"])
         self.window.load_state_dict(state["window"], self.device)
         self.best_dev, self.best_step = state["best_dev"], state["best_step"]
         self.step = state["step"]

@@ -312,6 +312,17 @@ def test_audiocse_step_on_sine_waves(tmp_path, tiny_bert):
         record["audio_class_rank_ce_loss"]
     )
     assert changed(before, encoder)
+    assert set(task.trainer_state()) == {"steps_taken", "optimizer", "scaler"}
+    # the released SpecAugment: each clip masked once, the same masked clip in both views
+    rows = task._batch_rows(1)
+    first, second = task._views(rows, 1).chunk(2)
+    raw = torch.from_numpy(task.examples.take(rows)).float()
+    assert torch.equal(first, second) and ((first == 0) & (raw != 0)).any()
+    unmasked = build_method(
+        "audiocse", audio_batch_size=4, audio_patch_size=16, audio_freq_mask=0, audio_time_mask=0
+    )
+    plain = unmasked.auxiliary_task(encoder, Cfg({"audio_fbank": str(tmp_path / "set")}), "cpu")
+    assert torch.equal(plain._views(rows, 1), torch.cat([raw, raw]))
 
 
 def test_method_hooks_and_errors(tmp_path, tiny_bert):
