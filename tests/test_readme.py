@@ -7,6 +7,8 @@ commands read what earlier ones wrote (extract → cache ls → train → eval �
 recipes → ablate → export → bench). A README command the table does not know fails the test:
 adding or changing a documented command means deciding here how it is tested. The set-up
 block's other commands are CI's (``.ci/run``) and the demo's own test's; both are checked to agree.
+Every ``mmcse`` line is also parsed exactly as written (typer's parser, nothing run), so a flag
+renamed under a value the run replaces (``--device cuda``) or under the demo still fails here.
 
 What changes, and why, is all in the tables below: the README's placeholders become generated
 files (:data:`PLACEHOLDERS`); hub ids become tiny models built from configs (no network in
@@ -28,9 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 from support.cli import run_main_output
 from support.worlds import sentences, write_downstream
 
+import cli
 from mmcse.rundir import ALIGN_UNIFORM_PLOT, AblationDir, RunDir, SeedsDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -388,10 +392,6 @@ def test_readme_command_parses_as_written(command):
 def parse_cli(words: list[str]) -> tuple[str, dict]:
     """``(command path, parameters)`` of ``mmcse WORDS`` as typer/click parse them; nothing runs.
     A flag the command lacks is a usage error, raised here."""
-    import typer
-
-    import cli
-
     command, args, context, path = typer.main.get_command(cli.app), list(words), None, ["mmcse"]
     while hasattr(command, "resolve_command"):  # a group: its options, then the subcommand
         context = command.make_context(" ".join(path), args, parent=context)
