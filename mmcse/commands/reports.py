@@ -33,5 +33,5 @@ def plot(
     """PNG training curves per run, the alignment–uniformity scatter, ablation bar charts."""
     from mmcse.reports.plots import write_run_plots
 
-    written = write_run_plots(runs, out_dir, compute_align_uniform=align_uniform, data_dir=data)
+    written = write_run_plots(runs, out_dir, with_align_uniform=align_uniform, data_dir=data)
     show(f"wrote {path}" for path in written)

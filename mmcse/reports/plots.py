@@ -188,7 +188,7 @@ def _default_out_dir(arguments: Sequence[Path]) -> Path:
 def write_run_plots(
     run_dirs: Sequence[str | Path],
     out_dir: str | Path | None = None,
-    compute_align_uniform: bool = False,
+    with_align_uniform: bool = False,
     data_dir=None,
 ) -> list[Path]:
     """Every figure for ``run_dirs`` (runs, seed folders, ablation folders); the paths written."""
@@ -219,7 +219,7 @@ def write_run_plots(
             if curves:
                 written.append(curves)
             au = run.align_uniform()
-            if au is None and compute_align_uniform:
+            if au is None and with_align_uniform:
                 au = compute_align_uniform(run, data_dir)
             if au is not None:
                 points[label] = (au["uniformity"], au["alignment"])

@@ -28,6 +28,7 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from mmcse.errors import MmcseError
+from mmcse.tiny import SIZES as TINY_SIZES
 from pipeline.teachers.base import CLIP_MEAN, CLIP_STD, ImagePreprocess
 from pipeline.teachers.runtime import ImageEncoding, TextEncoding, WeightsInfo, seeded
 from pipeline.teachers.text import load_tokenizer, random_init_tokenizer
@@ -88,7 +89,9 @@ ARCHITECTURES = {
             patch_size=8,
             image_size=32,
         ),
-        16,
+        # as wide as mmcse.tiny's student, as L/14's 768 is BERT-base's width: DALR's released
+        # raw-feature ℓ_CMA compares the two, so a tiny DALR world needs them equal
+        TINY_SIZES["tiny"]["hidden_size"],
     ),
 }
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import random
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
-from support.worlds import WORDS
+from support.worlds import write_downstream
 from typer.testing import CliRunner
 
 import cli
@@ -151,46 +149,6 @@ def test_mrpc_features_are_abs_difference_and_product():
 
 
 # ---- SentEval-layout files -------------------------------------------------------------------
-
-
-def _sentence(rng: random.Random, marker: str) -> str:
-    return " ".join([marker, *(rng.choice(WORDS) for _ in range(rng.randint(2, 6)))])
-
-
-def write_downstream(root: Path, n: int = 30) -> Path:
-    """Tiny copies of the 7 tasks in SentEval's layout; the class is readable from one word."""
-    rng = random.Random(0)
-    down = root / "downstream"
-    files = {
-        "MR": ("rt-polarity.pos", "rt-polarity.neg"),
-        "CR": ("custrev.pos", "custrev.neg"),
-        "SUBJ": ("subj.objective", "subj.subjective"),
-        "MPQA": ("mpqa.pos", "mpqa.neg"),
-    }
-    for folder, (pos, neg) in files.items():
-        (down / folder).mkdir(parents=True)
-        (down / folder / pos).write_text("\n".join(_sentence(rng, "dog") for _ in range(n)) + "\n")
-        (down / folder / neg).write_text("\n".join(_sentence(rng, "cat") for _ in range(n)) + "\n")
-    sst = down / "SST" / "binary"
-    sst.mkdir(parents=True)
-    for split, size in (("train", 3 * n), ("dev", n), ("test", n)):
-        lines = [f"{_sentence(rng, 'dog' if i % 2 else 'cat')}\t{i % 2}" for i in range(size)]
-        (sst / f"sentiment-{split}").write_text("\n".join(lines) + "\n")
-    (down / "TREC").mkdir()
-    coarse = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
-    marker = ["a", "the", "man", "woman", "car", "ball"]
-    for file, size in (("train_5500.label", 6 * n), ("TREC_10.label", 60)):
-        lines = [f"{coarse[i % 6]}:fine {_sentence(rng, marker[i % 6])}" for i in range(size)]
-        (down / "TREC" / file).write_text("\n".join(lines) + "\n")
-    (down / "MRPC").mkdir()
-    for file, size in (("msr_paraphrase_train.txt", 3 * n), ("msr_paraphrase_test.txt", n)):
-        lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
-        for i in range(size):
-            first = _sentence(rng, "dog")
-            second = first if i % 2 else _sentence(rng, "cat")
-            lines.append(f"{i % 2}\t{i}\t{i + 1}\t{first}\t{second}")
-        (down / "MRPC" / file).write_text("\n".join(lines) + "\n")
-    return root
 
 
 def test_readers_follow_senteval(tmp_path):

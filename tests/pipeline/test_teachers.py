@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mmcse.errors import MmcseError
+from mmcse.tiny import SIZES as TINY_SIZES
 from pipeline.teachers import TEACHERS, ImageTeacher, TextTeacher, build_teacher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,7 +198,8 @@ def test_clip_image_and_text_embeddings_match_transformers_clip_model(tmp_path, 
 
     model, path = tiny_clip_file(tmp_path)
     teacher = build_teacher("clip-vit-b32", weights=str(path), size="tiny", tokenizer=bert_dir)
-    assert teacher.dim == 16 and teacher.preprocess.interpolation == "bicubic"
+    assert teacher.dim == TINY_SIZES["tiny"]["hidden_size"]  # as wide as the tiny student
+    assert teacher.preprocess.interpolation == "bicubic"
     pixels = random_pixels(teacher)
     with torch.no_grad():
         expected = features_of(model.get_image_features(normalise(pixels, teacher.preprocess)))

@@ -4,10 +4,12 @@ ablation bars; clear errors."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+from support.cli import run_main_output
 
 import cli
 import mmcse.recipes.ablate as ablate_mod
@@ -16,9 +18,11 @@ from mmcse.errors import MmcseError
 from mmcse.recipes import Recipe, get_recipe
 from mmcse.reports.plots import loss_series, write_run_plots
 from mmcse.reports.runs import Run
+from mmcse.rundir import RunDir
 
 pytest.importorskip("matplotlib")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SENTEVAL_MINI = Path(__file__).resolve().parents[1] / "fixtures" / "senteval_mini"
 
 
 def old_format_records() -> list[dict]:
@@ -81,6 +85,21 @@ def test_write_run_plots_writes_pngs_next_to_the_runs(tmp_path):
     assert set(written) == expected
     for path in expected:
         assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
+
+
+def test_plot_align_uniform_computes_what_a_run_lacks(tmp_path, tiny_model, monkeypatch, capsys):
+    """`mmcse plot RUN --align-uniform`: a run with a checkpoint but no alignment/uniformity
+    gets both computed on STS-B, saved in the run, and plotted."""
+    run = make_run(tmp_path / "runs" / "tiny", new_format_records())
+    shutil.copytree(tiny_model, RunDir(run).best.path)
+    assert Run(run).align_uniform() is None
+    args = ["plot", str(run), "--align-uniform", "--data", str(SENTEVAL_MINI)]
+    code, out, err = run_main_output(args, monkeypatch, capsys)
+    assert code == 0, err
+    au = json.loads(RunDir(run).align_uniform.read_text())
+    assert au["alignment"] >= 0 and -4.1 < au["uniformity"] <= 0  # t=2: uniformity >= -2t
+    scatter = run / "align_uniform.png"
+    assert f"wrote {scatter}" in out and scatter.read_bytes()[:8] == PNG_MAGIC
 
 
 def fake_train(cfg):

@@ -11,12 +11,19 @@ import cli
 
 def run_main(args: list[str], monkeypatch, capsys) -> tuple[int, list[str]]:
     """``mmcse ARGS`` through ``cli.main``; returns the exit code and the stderr lines."""
+    code, _, err = run_main_output(args, monkeypatch, capsys)
+    return code, err.splitlines()
+
+
+def run_main_output(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """``mmcse ARGS`` through ``cli.main``; returns the exit code, stdout and stderr."""
     monkeypatch.setattr(sys, "argv", ["mmcse", *args])
     capsys.readouterr()
     with pytest.raises(SystemExit) as info:
         cli.main()
         raise SystemExit(0)
-    return info.value.code, capsys.readouterr().err.splitlines()
+    captured = capsys.readouterr()
+    return info.value.code, captured.out, captured.err
 
 
 def assert_one_error(code: int, stderr: list[str], *fragments: str) -> str:
