@@ -39,7 +39,9 @@ inductor's fused C++ kernels are what is gained, so ``auto`` leaves CPU runs eag
 * Outside the graph: the optimizer step, gradient clipping and the lr schedule. AdamW is one
   fused kernel per group on CUDA already; capturing it would recompile at every step, as
   transformers-style ε changes with the step (:func:`~mmcse.training.loop.use_transformers_eps`).
-  The augmentation of VisualCSE's image views stays eager too (torchvision's per-image ops).
+  The views of VisualCSE's images and AudioCSE's masks stay eager too: drawn per example on the
+  host, applied in a fixed handful of batched ops (:mod:`mmcse.nonling.augment`,
+  :mod:`mmcse.nonling.specaugment`), so they cost no more launches at a larger batch.
 * Dropout: the same Bernoulli(p) masks in distribution, but compiled code draws them from
   inductor's own Philox stream, so a captured run is not bit-equal to an eager run of the same
   seed (two captured runs of one seed are). With ``torch._inductor.config.fallback_random = True``
