@@ -137,11 +137,22 @@ def resolve_model_dir(path_or_id: str | Path) -> str:
 
 
 def looks_like_run(path: str | Path) -> bool:
-    """A training run, saved or not: it logged, planned, or has a best/ or last/ folder (its
-    ``config.json`` is the run's settings, not a model's)."""
+    """A training run, saved or not: it logged, planned, has a best/ or last/ folder, or its
+    ``config.json`` is a run's settings (a ``method``, no HF ``model_type``), not a model's."""
     path = Path(path)
     run = RunDir(path)
-    return is_run_dir(path) or run.plan.is_file() or run.last.path.is_dir()
+    return (
+        is_run_dir(path) or run.plan.is_file() or run.last.path.is_dir() or _is_run_config(run)
+    )
+
+
+def _is_run_config(run: RunDir) -> bool:
+    try:
+        config = json.loads(run.config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    hf_keys = ("model_type", "architectures")
+    return isinstance(config, dict) and "method" in config and not any(k in config for k in hf_keys)
 
 
 def no_best_message(run: RunDir) -> str:

@@ -152,6 +152,11 @@ def test_a_run_without_best_is_refused_naming_what_is_missing(tmp_path):
     with pytest.raises(MmcseError, match=f"its latest checkpoint is {run.last.path}"):
         resolve_model_dir(run.path)
     assert resolve_model_dir(run.last.path) == str(run.last.path)  # which loads as asked
+    settings_only = RunDir(tmp_path / "killed-at-start")  # it wrote its settings, nothing else
+    settings_only.path.mkdir()
+    settings_only.config.write_text(json.dumps({"model": "bert-base-uncased", "method": "mcse"}))
+    with pytest.raises(MmcseError, match="training run without a best checkpoint"):
+        resolve_model_dir(settings_only.path)
 
 
 def test_atomic_dir_gives_its_files_the_permissions_of_the_umask(tmp_path):
