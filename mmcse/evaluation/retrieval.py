@@ -154,6 +154,8 @@ def check_held_out(model_dir: str | Path, captions: str | Path, image_ids: list[
     for key, entry in trained.items():
         path = entry.get("path")
         if not path or not Path(path).is_dir():
+            logger.warning(f"{path or 'its path'} ({key}, which the run trained on) is gone: "
+                           "cannot tell whether the retrieval images are held out")  # fmt: skip
             continue
         corpus = Corpus.open(path)
         if corpus.fingerprint != entry.get("fingerprint"):

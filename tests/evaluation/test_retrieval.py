@@ -267,3 +267,6 @@ def test_retrieval_with_some_training_images_is_warned_with_the_count(
     held_out = captions_of(tmp_path / "held-out", [6, 7, 8, 9], "new")
     evaluate_retrieval(run, feats, held_out, device="cpu")
     assert "trained on" not in library_log()
+    shutil.rmtree(train)  # the training corpus moved away: nothing to compare with, said so
+    evaluate_retrieval(run, feats, held_out, device="cpu")
+    assert f"{train} (corpus:caption, which the run trained on) is gone" in library_log()
