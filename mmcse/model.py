@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from mmcse.hub import quiet_transformers
+from mmcse.hub import local_or_hub_id, quiet_transformers
 from mmcse.pooling import needs_hidden_states, pool
-from mmcse.rundir import Checkpoint, resolve_model_dir
+from mmcse.rundir import Checkpoint
 
 
 @dataclass
@@ -30,10 +30,19 @@ class EncoderOutput:
 class SentenceEncoder(nn.Module):
     """Wraps an HF ``AutoModel``; ``forward`` returns pooled sentences and last-layer states."""
 
-    def __init__(self, backbone: nn.Module, pooler: str = "cls_before_pooler") -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        pooler: str = "cls_before_pooler",
+        post_pooling: nn.Module | None = None,
+    ) -> None:
+        """``post_pooling``: sentence-transformers modules after pooling (Dense, Normalize) that
+        evaluation applies to a model shipping them (:func:`mmcse.pooling.resolve_encoding`);
+        training never sets it."""
         super().__init__()
         self.backbone = backbone
         self.pooler = pooler
+        self.post_pooling = post_pooling
 
     @classmethod
     def from_pretrained(
@@ -48,7 +57,7 @@ class SentenceEncoder(nn.Module):
         from transformers import AutoConfig, AutoModel
 
         quiet_transformers()
-        source = resolve_model_dir(path_or_id)
+        source = local_or_hub_id(path_or_id)  # a local path's typo is not sent to the hub
         if pooler in (None, "auto"):  # the run's / the student's own pooling
             from mmcse.pooling import resolve_pooler
 
@@ -84,7 +93,10 @@ class SentenceEncoder(nn.Module):
             attention_mask = torch.ones(
                 out.last_hidden_state.shape[:2], device=out.last_hidden_state.device
             )
-        return EncoderOutput(pool(out, attention_mask, self.pooler), out.last_hidden_state)
+        sentence = pool(out, attention_mask, self.pooler)
+        if self.post_pooling is not None:
+            sentence = self.post_pooling(sentence)
+        return EncoderOutput(sentence, out.last_hidden_state)
 
     def save_checkpoint(
         self, out_dir: str | Path, tokenizer, heads: nn.Module, run_info: dict

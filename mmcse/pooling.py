@@ -12,11 +12,17 @@ sentence-transformers' ``cls`` is our ``cls_before_pooler``.
 student ships as a sentence-transformers model (``1_Pooling/config.json``: all-MiniLM-L6-v2 is
 ``mean``), else SimCSE's ``cls_before_pooler``. :func:`resolve_pooler` does this before any model
 loads; :func:`check_pooler` validates a name.
+
+Evaluation (and ``mmcse export``) encodes a sentence-transformers directory as
+``SentenceTransformer(dir)`` does: its Pooling module and the modules after it (Dense,
+Normalize; :func:`resolve_encoding`). Training pools only; a student whose modules.json has a
+Dense after pooling needs an explicit pooler there.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +37,10 @@ ALIASES = {"mean": "avg"}
 AUTO = "auto"
 DEFAULT_POOLER = "cls_before_pooler"  # SimCSE/MCSE's unsupervised evaluation setting
 
+#: a sentence-transformers model directory lists its modules here
+ST_MODULES_FILE = "modules.json"
+#: sentence-transformers modules after Pooling that evaluation reproduces (:class:`StModule`)
+ST_AFTER_POOLING = ("Dense", "Normalize")
 #: sentence-transformers pooling mode -> our pooler (modes we can reproduce exactly)
 ST_MODES = {"cls": "cls_before_pooler", "mean": "avg", "max": "max"}
 _ST_LEGACY_KEYS = {
@@ -54,27 +64,81 @@ def check_pooler(name: str, allow_auto: bool = False) -> str:
     return canonical
 
 
-def _st_pooling_path(model_dir: Path) -> Path | None:
-    """The Pooling module's config of a sentence-transformers dir (via modules.json)."""
-    modules = model_dir / "modules.json"
-    if modules.is_file():
-        try:
-            entries = json.loads(modules.read_text())
-        except json.JSONDecodeError:
-            raise MmcseError(f"{modules} is not valid JSON") from None
-        kinds = [str(entry.get("type", "")).rsplit(".", 1)[-1] for entry in entries]
-        extra = [k for k in kinds if k not in ("Transformer", "Pooling", "Normalize")]
-        if extra:  # e.g. a Dense head: pooling alone would not encode as the model does
-            raise MmcseError(
-                f"{modules}: sentence-transformers modules {', '.join(extra)} are not supported; "
-                "give --pooler to use the bare encoder"
-            )
-        for kind, entry in zip(kinds, entries, strict=True):
-            if kind == "Pooling":
-                return model_dir / entry.get("path", "1_Pooling") / "config.json"
+@dataclass(frozen=True)
+class StModule:
+    """A sentence-transformers module after the Pooling one that mmcse's evaluation applies:
+    ``Dense`` (a linear layer + activation, weights in ``folder``) or ``Normalize`` (unit L2)."""
+
+    kind: str
+    folder: Path
+
+
+def _st_module_list(model_dir: Path) -> tuple[Path | None, list[StModule]] | None:
+    """``(Pooling config, modules after it)`` of a sentence-transformers dir (its
+    ``modules.json``); None when it has no modules.json. A module mmcse cannot reproduce (say
+    a LayerNorm) is one error naming the file."""
+    modules = model_dir / ST_MODULES_FILE
+    if not modules.is_file():
         return None
+    try:
+        entries = json.loads(modules.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise MmcseError(f"{modules} is not valid JSON") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise MmcseError(f"{modules}: expected a list of module objects")
+    kinds = [str(entry.get("type", "")).rsplit(".", 1)[-1] for entry in entries]
+    unknown = [k for k in kinds if k not in ("Transformer", "Pooling", *ST_AFTER_POOLING)]
+    if unknown:
+        raise MmcseError(
+            f"{modules}: sentence-transformers modules {', '.join(unknown)} are not supported; "
+            "give --pooler to use the bare encoder"
+        )
+    pooling, after = None, []
+    for kind, entry in zip(kinds, entries, strict=True):
+        folder = model_dir / str(entry.get("path", ""))
+        if kind == "Pooling" and pooling is None:
+            pooling = folder / "config.json"
+        elif kind in ST_AFTER_POOLING:
+            if pooling is None:
+                raise MmcseError(f"{modules}: a {kind} module before the Pooling one")
+            after.append(StModule(kind, folder))
+    return pooling, after
+
+
+def _st_pooling_path(model_dir: Path) -> Path | None:
+    """The Pooling module's config of a sentence-transformers dir (via modules.json), for
+    training: a Dense after pooling is refused (training pools only; it would not encode as
+    the model does)."""
+    listed = _st_module_list(model_dir)
+    if listed is not None:
+        pooling, after = listed
+        dense = [m.kind for m in after if m.kind != "Normalize"]
+        if dense:
+            raise MmcseError(
+                f"{model_dir / ST_MODULES_FILE}: sentence-transformers modules "
+                f"{', '.join(dense)} are not supported; give --pooler to use the bare encoder"
+            )
+        return pooling
     fallback = model_dir / "1_Pooling" / "config.json"
     return fallback if fallback.is_file() else None
+
+
+def _pooler_of_config(path: Path) -> str:
+    """Our pooler for a sentence-transformers Pooling config (legacy keys or ``pooling_mode``)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise MmcseError(f"{path} is not valid JSON") from None
+    modes = config.get("pooling_mode") if isinstance(config, dict) else None
+    if modes is None and isinstance(config, dict):
+        modes = [mode for key, mode in _ST_LEGACY_KEYS.items() if config.get(key)] or ["mean"]
+    modes = [modes] if isinstance(modes, str) else list(modes or [])
+    if len(modes) != 1 or modes[0] not in ST_MODES:
+        raise MmcseError(
+            f"{path}: sentence-transformers pooling {'+'.join(map(str, modes))} is not "
+            f"supported; give --pooler ({', '.join(POOLERS)})"
+        )
+    return ST_MODES[modes[0]]
 
 
 def student_pooling(model_dir: str | Path) -> str | None:
@@ -82,20 +146,36 @@ def student_pooling(model_dir: str | Path) -> str | None:
     path = _st_pooling_path(Path(model_dir))
     if path is None or not path.is_file():
         return None
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        raise MmcseError(f"{path} is not valid JSON") from None
-    modes = config.get("pooling_mode")
-    if modes is None:
-        modes = [mode for key, mode in _ST_LEGACY_KEYS.items() if config.get(key)] or ["mean"]
-    modes = [modes] if isinstance(modes, str) else list(modes)
-    if len(modes) != 1 or modes[0] not in ST_MODES:
-        raise MmcseError(
-            f"{path}: sentence-transformers pooling {'+'.join(modes)} is not supported; "
-            f"give --pooler ({', '.join(POOLERS)})"
-        )
-    return ST_MODES[modes[0]]
+    return _pooler_of_config(path)
+
+
+def st_encoding(model_dir: str | Path) -> tuple[str, list[StModule]] | None:
+    """How a sentence-transformers dir encodes: our pooler for its Pooling module and the
+    modules after it (Dense, Normalize); None when the dir lists no modules with a Pooling."""
+    listed = _st_module_list(Path(model_dir))
+    if listed is None or listed[0] is None or not listed[0].is_file():
+        return None
+    pooling, after = listed
+    return _pooler_of_config(pooling), after
+
+
+def resolve_encoding(
+    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
+) -> tuple[str, str, list[StModule]]:
+    """``(pooler, where it came from, modules after pooling)`` that evaluation encodes with.
+
+    A given pooler is the bare encoder with that pooling. Otherwise a sentence-transformers
+    dir (``modules.json``: all-MiniLM-L6-v2, an ``mmcse export``) encodes as its modules say,
+    Dense and Normalize included, i.e. as ``SentenceTransformer(dir).encode`` does; anything
+    else pools as :func:`resolve_pooler` says, with no module after it.
+    """
+    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
+    if name == AUTO and model_dir is not None and Path(model_dir).is_dir():
+        found = st_encoding(model_dir)
+        if found is not None:
+            return found[0], "the model's sentence-transformers modules", found[1]
+    pooler, source = resolve_pooler(requested, model_dir, fallback)
+    return pooler, source, []
 
 
 def recorded_pooler(model_dir: str | Path) -> str | None:

@@ -115,17 +115,57 @@ def is_run_dir(path: str | Path) -> bool:
 
 
 def resolve_model_dir(path_or_id: str | Path) -> str:
-    """A run directory resolves to its best checkpoint; an HF model directory or a hub id is
-    returned as is; an existing folder that is neither is refused."""
-    run = RunDir(path_or_id)
+    """A run directory resolves to its best checkpoint; an HF model directory is returned as is,
+    and so is a name that names nothing on disk (a hub id; :func:`mmcse.hub.local_or_hub_id`
+    refuses one that reads as a local path). Refused at once, naming the folder: an existing
+    folder that is neither a model nor a run, and a training run without a best checkpoint."""
+    text = str(path_or_id)
+    path = Path(text).expanduser()
+    if not path.exists():
+        return text
+    run = RunDir(path)
     if run.best.saved():
         return str(run.best.path)
-    if run.path.exists() and not is_model_dir(run.path):
+    if looks_like_run(path):
+        raise MmcseError(no_best_message(run))
+    if not is_model_dir(path):
         raise MmcseError(
-            f"{path_or_id} is neither an HF model directory (no {MODEL_CONFIG_FILE}) nor a "
+            f"{text} is neither an HF model directory (no {MODEL_CONFIG_FILE}) nor a "
             f"training run (no {BEST_DIR}/{MODEL_CONFIG_FILE})"
         )
-    return str(path_or_id)
+    return str(path)
+
+
+def looks_like_run(path: str | Path) -> bool:
+    """A training run, saved or not: it logged, planned, has a best/ or last/ folder, or its
+    ``config.json`` is a run's settings (a ``method``, no HF ``model_type``), not a model's."""
+    path = Path(path)
+    run = RunDir(path)
+    return (
+        is_run_dir(path) or run.plan.is_file() or run.last.path.is_dir() or _is_run_config(run)
+    )
+
+
+def _is_run_config(run: RunDir) -> bool:
+    try:
+        config = json.loads(run.config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    hf_keys = ("model_type", "architectures")
+    return isinstance(config, dict) and "method" in config and not any(k in config for k in hf_keys)
+
+
+def no_best_message(run: RunDir) -> str:
+    """What a run without a best checkpoint lacks, and what to load instead."""
+    last = (
+        f"; its latest checkpoint is {run.last.path} (not the best by STS-B dev)"
+        if run.last.saved()
+        else "; it has saved no checkpoint at all"
+    )
+    return (
+        f"{run.path} is a training run without a best checkpoint (no {BEST_DIR}/"
+        f"{MODEL_CONFIG_FILE}: it stopped before its first STS-B dev evaluation){last}"
+    )
 
 
 def run_of_model(path_or_id: str | Path) -> RunDir | None:
@@ -433,11 +473,9 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the checkpoint private
     try:
         yield tmp
+        default_permissions(tmp)  # mkdtemp's 0700 and safetensors' 0600 would make it private
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -447,6 +485,22 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
         os.rename(target, old)
     os.rename(tmp, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def default_permissions(root: str | Path) -> None:
+    """Give ``root`` and everything in it the permissions a plain ``open``/``mkdir`` would
+    (0666/0777 less the umask): safetensors writes its files 0600, readable by their owner only."""
+    umask = os.umask(0)
+    os.umask(umask)
+    root = Path(root)
+    root.chmod(0o777 & ~umask)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(folder, name), 0o777 & ~umask)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666 & ~umask)
 
 
 def recover_dir(target: str | Path) -> None:

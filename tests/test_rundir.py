@@ -137,6 +137,45 @@ def test_a_folder_that_is_neither_a_model_nor_a_run_is_refused(tmp_path):
         find_runs(folder / "readme.txt")
 
 
+def test_a_run_without_best_is_refused_naming_what_is_missing(tmp_path):
+    """Its config.json is the run's settings: it used to load as a model ("Unrecognized model")."""
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.config.write_text(json.dumps({"model": "bert-base-uncased", "method": "mcse"}))
+    run.plan.write_text("{}")
+    with pytest.raises(MmcseError) as info:
+        resolve_model_dir(run.path)
+    message = str(info.value)
+    assert message.startswith(f"{run.path} is a training run without a best checkpoint")
+    assert "best/config.json" in message and "saved no checkpoint at all" in message
+    make_checkpoint(run.last.path, step=3)
+    with pytest.raises(MmcseError, match=f"its latest checkpoint is {run.last.path}"):
+        resolve_model_dir(run.path)
+    assert resolve_model_dir(run.last.path) == str(run.last.path)  # which loads as asked
+    settings_only = RunDir(tmp_path / "killed-at-start")  # it wrote its settings, nothing else
+    settings_only.path.mkdir()
+    settings_only.config.write_text(json.dumps({"model": "bert-base-uncased", "method": "mcse"}))
+    with pytest.raises(MmcseError, match="training run without a best checkpoint"):
+        resolve_model_dir(settings_only.path)
+
+
+def test_atomic_dir_gives_its_files_the_permissions_of_the_umask(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    old = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "best") as tmp:
+            save_file({"w": torch.zeros(2)}, str(tmp / "model.safetensors"))  # written 0600
+            (tmp / "sub").mkdir(mode=0o700)
+            (tmp / "sub" / "x.json").write_text("{}")
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "best").rglob("*")}
+    assert modes == {"model.safetensors": "0o644", "sub": "0o755", "x.json": "0o644"}
+    assert oct((tmp_path / "best").stat().st_mode & 0o777) == "0o755"
+
+
 def test_finds_a_run_or_the_seed_runs_inside_a_folder(tmp_path):
     seeds = SeedsDir(tmp_path / "mcse")
     for k in (1, 0):

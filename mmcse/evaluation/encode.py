@@ -10,15 +10,18 @@ this on its live model.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from mmcse.pooling import needs_hidden_states, pool
+from mmcse.errors import MmcseError
+from mmcse.pooling import StModule, needs_hidden_states, pool
 
 # tokenizers report "no limit" as a huge sentinel (int(1e30)); anything above this is not a limit
 _NO_LIMIT = 1_000_000
@@ -71,6 +74,7 @@ def encode_sentences(
     """
     backbone = getattr(encoder, "backbone", encoder)
     pooler = pooler or getattr(encoder, "pooler", "cls_before_pooler")
+    post_pooling = getattr(encoder, "post_pooling", None)  # a model's own Dense/Normalize
     if device is None:
         device = next(backbone.parameters()).device
     device = torch.device(device)
@@ -101,9 +105,91 @@ def encode_sentences(
                     output_hidden_states=needs_hidden_states(pooler),
                     return_dict=True,
                 )
-                chunks.append(pool(outputs, attention_mask, pooler).float().cpu().numpy())
+                pooled = pool(outputs, attention_mask, pooler)
+                if post_pooling is not None:
+                    pooled = post_pooling(pooled)
+                chunks.append(pooled.float().cpu().numpy())
     finally:
         backbone.train(was_training)
     vectors = np.empty((len(order), chunks[0].shape[1]), dtype=np.float32)
     vectors[order] = np.concatenate(chunks)
     return vectors
+
+
+# ---- a sentence-transformers model's own modules after pooling ----------------------------------
+
+#: the weight files of a sentence-transformers Dense folder, in the order they are looked for
+DENSE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+class Normalize(nn.Module):
+    """sentence-transformers' ``Normalize``: unit L2 length per row."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(x, p=2, dim=1)
+
+
+def post_pooling_modules(modules: Sequence[StModule]) -> nn.Module | None:
+    """The modules after pooling (:func:`mmcse.pooling.resolve_encoding`) as one torch module,
+    applied as sentence-transformers applies them; None when there are none."""
+    if not modules:
+        return None
+    return nn.Sequential(*(load_dense(m.folder) if m.kind == "Dense" else Normalize()
+                           for m in modules)).eval()  # fmt: skip
+
+
+def load_dense(folder: Path) -> nn.Sequential:
+    """A sentence-transformers ``Dense`` folder: ``activation(linear(x))``."""
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        linear = nn.Linear(
+            int(config["in_features"]), int(config["out_features"]), bool(config.get("bias", True))
+        )
+    except FileNotFoundError:
+        raise MmcseError(f"{config_path}: missing (a sentence-transformers Dense module)") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MmcseError(f"{config_path}: not a Dense module config ({exc})") from None
+    unsupported = [
+        key for key, plain in (("use_residual", False), ("module_input_name", "sentence_embedding"),
+                               ("module_output_name", "sentence_embedding"))
+        if config.get(key, plain) not in (plain, None)
+    ]  # fmt: skip
+    if unsupported:
+        raise MmcseError(
+            f"{config_path}: Dense settings {', '.join(unsupported)} are not supported"
+        )
+    state = _dense_state(folder)
+    try:
+        linear.load_state_dict(state)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise MmcseError(f"{folder}: its weights do not fit its config ({first})") from None
+    return nn.Sequential(linear, _activation(config.get("activation_function"), config_path))
+
+
+def _dense_state(folder: Path) -> dict[str, torch.Tensor]:
+    found = next((folder / name for name in DENSE_WEIGHTS if (folder / name).is_file()), None)
+    if found is None:
+        raise MmcseError(f"{folder}: no {' or '.join(DENSE_WEIGHTS)} (the Dense module's weights)")
+    if found.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(found))
+    else:
+        state = torch.load(found, map_location="cpu", weights_only=True)
+    return {key.removeprefix("linear."): value for key, value in state.items()}
+
+
+def _activation(name: object, config_path: Path) -> nn.Module:
+    """A torch.nn activation named by its dotted path (``torch.nn.modules.activation.Tanh``);
+    only classes of torch.nn are built (no arbitrary import)."""
+    if name is None:
+        return nn.Tanh()  # sentence-transformers' default
+    parts = str(name).split(".")
+    found = getattr(nn, parts[-1], None)
+    if parts[:2] != ["torch", "nn"] or not (
+        isinstance(found, type) and issubclass(found, nn.Module)
+    ):
+        raise MmcseError(f"{config_path}: activation {name!r} is not a torch.nn module")
+    return found()

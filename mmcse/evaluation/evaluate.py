@@ -32,11 +32,13 @@ def evaluate_model(
     :func:`~mmcse.evaluation.suites.parse_suites`); yields each table as soon as it is scored,
     then the files written. A checkpoint of an unfinished run is evaluated with a warning."""
     from mmcse.evaluation import evaluate_sts, format_table, write_report
+    from mmcse.evaluation.probe import check_mode
     from mmcse.evaluation.suites import parse_suites, run_extra_suites
-    from mmcse.hub import resolve_model_dir
+    from mmcse.hub import resolve_model_source
 
     suites = parse_suites(tasks, images_features, captions, data)
-    warning = unfinished_warning(resolve_model_dir(model))
+    check_mode(transfer_mode)  # refused now, not after the STS tasks ran
+    warning = unfinished_warning(resolve_model_source(model))
     if warning:
         logger.warning(warning)
     extra = (model, suites, data, out, pooler, batch_size, device, transfer_mode,

@@ -45,6 +45,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 from torch import nn
 
+from mmcse.errors import MmcseError
+
 SEED = 1111
 TORCH_L2_GRID = tuple(10.0**t for t in range(-5, -1))
 SKLEARN_C_GRID = tuple(2.0**t for t in range(-2, 4))
@@ -73,6 +75,15 @@ SETTINGS: dict[str, ProbeSettings] = {
 }
 
 _OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}
+
+
+def check_mode(mode: str) -> ProbeSettings:
+    """The settings of a ``--transfer-mode``, or one error line naming the choices."""
+    if mode not in SETTINGS:
+        raise MmcseError(
+            f"--transfer-mode {mode!r}: unknown transfer mode; choose {' or '.join(SETTINGS)}"
+        )
+    return SETTINGS[mode]
 
 
 def one_thread(function):

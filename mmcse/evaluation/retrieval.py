@@ -20,6 +20,7 @@ only when their dimensions match; otherwise it is reported as not applicable.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from mmcse.evaluation.sts import load_encoder
 from mmcse.rundir import HEADS_FILE, Checkpoint
 
 KS = (1, 5, 10)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,55 @@ def load_pairs(images_features: str | Path, captions: str | Path):
     return corpus.texts, np.array([index[i] for i in image_of]), image_ids, features
 
 
+def check_held_out(model_dir: str | Path, captions: str | Path, image_ids: list[str]) -> None:
+    """Refuse retrieval on the images the run trained on, and warn when only some of them are.
+
+    The run info records the fingerprint (and path) of every corpus it trained on: ``captions``
+    with one of those fingerprints is refused; otherwise its images are compared with those of
+    the recorded caption corpora that are still where the run read them, unchanged."""
+    from mmcse.cache import Corpus
+    from mmcse.cache.manifest import Manifest
+
+    recorded = (Checkpoint(model_dir).read_info() or {}).get("fingerprints") or {}
+    trained = {
+        key: entry
+        for key, entry in recorded.items()
+        if str(key).startswith("corpus:") and isinstance(entry, dict)
+    }
+    fingerprint = Manifest.read(captions).fingerprint
+    for key, entry in trained.items():
+        if entry.get("fingerprint") == fingerprint:
+            raise MmcseError(
+                f"--captions {captions} is the corpus the run trained on ({key}, fingerprint "
+                f"{fingerprint[:16]}…): retrieval must be scored on held-out images (extract "
+                "another split, e.g. mmcse extract-images --split test)"
+            )
+    wanted = set(image_ids)
+    for key, entry in trained.items():
+        path = entry.get("path")
+        if not path or not Path(path).is_dir():
+            logger.warning(f"{path or 'its path'} ({key}, which the run trained on) is gone: "
+                           "cannot tell whether the retrieval images are held out")  # fmt: skip
+            continue
+        corpus = Corpus.open(path)
+        if corpus.fingerprint != entry.get("fingerprint"):
+            logger.warning(f"{path} changed since the run trained on it ({key}): cannot tell "
+                           "whether the retrieval images are held out")  # fmt: skip
+            continue
+        seen = wanted & {i for i in corpus.image_ids if i is not None}
+        if len(seen) == len(wanted):
+            raise MmcseError(
+                f"--captions {captions}: all {len(wanted)} of its images are in {path}, which "
+                f"the run trained on ({key}); retrieval must be scored on held-out images"
+            )
+        if seen:
+            logger.warning(
+                f"{len(seen)} of the {len(wanted)} retrieval images of {captions} are in {path}, "
+                f"which the run trained on ({key}): their scores are inflated; score held-out "
+                "images only"
+            )
+
+
 def ranks(similarity: np.ndarray, caption_image: np.ndarray) -> dict[str, np.ndarray]:
     """0-based ranks: ``t2i`` per caption (``similarity`` is ``[images, captions]``), ``i2t``
     per image (best of its captions)."""
@@ -167,16 +218,18 @@ def evaluate_retrieval(
     progress: bool = False,
 ) -> dict:
     """Recall@1/5/10 and median rank both ways, grounded space and raw zero-shot baseline."""
-    from mmcse.rundir import resolve_model_dir
+    from mmcse.hub import local_or_hub_id
 
     started = time.perf_counter()
-    heads = load_heads(resolve_model_dir(str(model)), head)  # fail before encoding anything
+    model_dir = local_or_hub_id(model)
+    heads = load_heads(model_dir, head)  # fail before encoding anything
     texts, caption_image, image_ids, features = load_pairs(images_features, captions)
     if heads.image_weight.shape[1] != features.shape[1]:
         raise MmcseError(
             f"the run's image head takes {heads.image_weight.shape[1]}-d features but "
             f"{images_features} holds {features.shape[1]}-d ones: use the teacher it trained on"
         )
+    check_held_out(model_dir, captions, image_ids)  # before encoding
     encoder, tokenizer, pooler, model_dir = load_encoder(model, pooler, device)
     sentences = encode_sentences(
         encoder, tokenizer, texts, batch_size=batch_size, device=device, pooler=pooler,

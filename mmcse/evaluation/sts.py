@@ -36,6 +36,7 @@ once, in length-sorted batches (:func:`mmcse.evaluation.encode.encode_sentences`
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -49,7 +50,7 @@ from mmcse.devices import check_device, default_device_name
 from mmcse.errors import MmcseError
 from mmcse.evaluation.align_uniform import align_uniform
 from mmcse.evaluation.encode import encode_sentences
-from mmcse.pooling import check_pooler, resolve_pooler
+from mmcse.pooling import check_pooler, resolve_encoding, resolve_pooler
 
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -67,6 +68,7 @@ SICK_FILES = {"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
 DEFAULT_POOLER = "cls_before_pooler"
 
 Embedder = Callable[[Sequence[str]], np.ndarray]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -288,19 +290,27 @@ def run_pooler(model_dir: str) -> str:
 
 
 def load_encoder(path: str | Path, pooler: str | None, device: str | None):
-    """Encoder, tokenizer, pooler and resolved directory for a run directory or HF model."""
-    from mmcse.hub import load_tokenizer
-    from mmcse.model import SentenceEncoder
-    from mmcse.rundir import resolve_model_dir
+    """Encoder, tokenizer, pooler and resolved directory for a run directory or HF model.
 
-    model_dir = resolve_model_dir(str(path))
-    pooler = pooler or run_pooler(model_dir)
+    ``pooler=None`` encodes as the model does (:func:`mmcse.pooling.resolve_encoding`): a
+    sentence-transformers dir with its own modules after pooling (Dense, Normalize), a run with
+    its recorded pooler; a given pooler is the bare encoder with that pooling."""
+    from mmcse.evaluation.encode import post_pooling_modules
+    from mmcse.hub import load_tokenizer, resolve_model_source
+    from mmcse.model import SentenceEncoder
+
+    model_dir = resolve_model_source(str(path))
+    pooler, source, modules = resolve_encoding(pooler, model_dir, DEFAULT_POOLER)
+    if modules:
+        chain = " → ".join(["pooling " + pooler, *(m.kind for m in modules)])
+        logger.info(f"{model_dir}: encoding as {source} ({chain})")
     try:
         encoder = SentenceEncoder.from_pretrained(model_dir, pooler=pooler)
         tokenizer = load_tokenizer(model_dir)
     except OSError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MmcseError(f"cannot load model {path}: {first_line}") from None
+    encoder.post_pooling = post_pooling_modules(modules)
     return encoder.to(device or default_device_name()), tokenizer, pooler, model_dir
 
 

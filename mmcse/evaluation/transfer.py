@@ -170,11 +170,52 @@ def load_transfer_task(downstream: Path, name: str) -> TransferTask:
     if name in TASK_FOLDERS and not folder.is_dir():
         raise MmcseError(f"SentEval task folder {folder} is missing (task {name})")
     if name in BINARY_FILES:
-        return load_binary(downstream, name)
+        return check_classes(load_binary(downstream, name), downstream)
     loaders = {"SST2": load_sst2, "TREC": load_trec, "MRPC": load_mrpc}
     if name not in loaders:
         raise MmcseError(f"unknown transfer task {name!r}; choose from {', '.join(TRANSFER_TASKS)}")
-    return loaders[name](downstream)
+    return check_classes(loaders[name](downstream), downstream)
+
+
+#: the files of each split of the tasks that ship their splits (for error messages)
+SPLIT_FILES = {
+    "SST2": {k: f"SST/binary/sentiment-{k}" for k in ("train", "dev", "test")},
+    "TREC": {"train": "TREC/train_5500.label", "test": "TREC/TREC_10.label"},
+    "MRPC": {k: f"MRPC/msr_paraphrase_{k}.txt" for k in ("train", "test")},
+}
+
+
+def class_names(name: str) -> dict[int, str]:
+    """Label → what SentEval's files call it (MR's 1 is ``rt-polarity.pos``, TREC's 0 ABBR)."""
+    if name in BINARY_FILES:
+        _, positive, negative = BINARY_FILES[name]
+        return {0: negative, 1: positive}
+    if name == "TREC":
+        return {label: coarse for coarse, label in TREC_CLASSES.items()}
+    return {0: "label 0", 1: "label 1"}
+
+
+def check_classes(task: TransferTask, downstream: Path) -> TransferTask:
+    """Refuse a split that leaves a class empty: a probe trained or tested on the other
+    classes only scores nothing (MR from its negatives alone is 100.00)."""
+    names = class_names(task.name)
+    for key, split in task.splits.items():
+        counts = {label: int((split.labels == label).sum()) for label in names}
+        empty = [label for label, count in counts.items() if count == 0]
+        if not empty:
+            continue
+        if task.name in BINARY_FILES:
+            folder = BINARY_FILES[task.name][0]
+            where = " and ".join(str(downstream / folder / names[label]) for label in empty)
+        else:
+            where = str(downstream / SPLIT_FILES[task.name][key])
+        shown = ", ".join(f"{names[label]} {count}" for label, count in counts.items())
+        raise MmcseError(
+            f"transfer task {task.name}: {where} gives no sentence of class "
+            f"{', '.join(names[label] for label in empty)} (class counts: {shown}); a probe "
+            "on the other classes alone scores nothing"
+        )
+    return task
 
 
 # ---- probing -----------------------------------------------------------------------------------
@@ -277,10 +318,8 @@ def evaluate_transfer(
     sizes, settings and seconds. ``probe_device`` trains the probes (``cuda`` where available).
     """
     started = time.perf_counter()
-    if mode not in probe.SETTINGS:
-        raise MmcseError(f"unknown transfer mode {mode!r}; choose {' or '.join(probe.SETTINGS)}")
+    settings = probe.check_mode(mode)
     pooler = checked_pooler(pooler)
-    settings = probe.SETTINGS[mode]
     settings = probe.ProbeSettings(**{**settings.__dict__, "device": probe_device})
     loaded = load_transfer_tasks(data_dir, parse_tasks(tasks))  # bad data fails before the model
     encoder, tokenizer, pooler, model_name = resolve_encoder(

@@ -16,28 +16,37 @@ our pooler             sentence-transformers modules
 ``avg_top2``           ``--pooler`` to export another pooling (it then scores differently)
 =====================  ==========================================================================
 
-No Normalize module: ``mmcse eval`` scores cosines of unnormalised vectors, so the exported model
-returns the same unnormalised vectors. The model card (README.md) states method, data, the
-fingerprints of the training cache and the scores (the run's STS results, when recorded).
-The Pooling config uses the legacy ``pooling_mode_*`` keys, which every sentence-transformers
-release reads.
+A source that is itself a sentence-transformers dir (all-MiniLM-L6-v2: Pooling ``mean`` then
+Normalize) keeps its own modules after pooling (Dense, Normalize), because ``mmcse eval`` encodes
+with them too (:func:`mmcse.pooling.resolve_encoding`); a checkpoint of a training run has none
+(training pools only), so its export returns the same unnormalised vectors ``mmcse eval`` scores.
+A given ``--pooler`` exports the bare encoder with that pooling, as ``mmcse eval --pooler`` does.
+
+The model card (README.md, :mod:`mmcse.reports.model_card`) states method, data, the fingerprints
+and teachers of the training cache, the environment and the scores, and says so prominently when
+the run did not finish or its teacher features came from random weights.
+
+OUT is written beside itself and renamed into place (:func:`mmcse.rundir.atomic_dir`): a failed
+export leaves no half-written folder, and ``--overwrite`` replaces OUT only once the new one is
+complete. OUT may not be the exported run or checkpoint, lie inside it or contain it. Files get
+the permissions a plain ``open`` gives (umask respected). The Pooling config uses the legacy
+``pooling_mode_*`` keys, which every sentence-transformers release reads.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
-from mmcse.errors import MmcseError
-from mmcse.pooling import resolve_pooler
-from mmcse.rundir import (
-    RESULTS_FILE,
-    Checkpoint,
-    RunDir,
-    resolve_model_dir,
-    run_of_checkpoint,
-)
+from mmcse.errors import MmcseError, naming_os_errors
+from mmcse.hub import missing_path_message
+from mmcse.pooling import ST_MODULES_FILE, StModule, resolve_encoding
+from mmcse.reports.model_card import model_card, random_teachers
+from mmcse.rundir import Checkpoint, atomic_dir, resolve_model_dir
+
+logger = logging.getLogger(__name__)
 
 ST_POOLING_MODE = {"cls_before_pooler": "cls", "cls": "cls", "avg": "mean", "max": "max"}
 _LEGACY_KEY = {
@@ -45,20 +54,33 @@ _LEGACY_KEY = {
     "mean": "pooling_mode_mean_tokens",
     "max": "pooling_mode_max_tokens",
 }
+_ST_TYPE = "sentence_transformers.models."
+
+
+def _check_not_source(out: Path, sources: list[Path]) -> None:
+    """Refuse an OUT that is, lies inside or contains what is exported (symlinks resolved):
+    ``--overwrite`` would delete the checkpoint being read."""
+    target = out.resolve()
+    for source in sources:
+        real = source.resolve()
+        if target == real or real in target.parents or target in real.parents:
+            relation = (
+                "is" if target == real else "is inside" if real in target.parents else "contains"
+            )
+            raise MmcseError(
+                f"{out} {relation} {source}, which is being exported; write OUT elsewhere"
+            )
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise MmcseError(f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise MmcseError(f"{out} is not empty; pass --overwrite to replace it")
-        shutil.rmtree(out)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise MmcseError(f"{out} is not empty; pass --overwrite to replace it")
 
 
-def _run_dir(run: Path, model_dir: Path) -> RunDir:
-    """The training run whose results are the checkpoint's (its best/), else ``run`` itself."""
-    return run_of_checkpoint(model_dir) or RunDir(run)
+def _module(idx: int, kind: str, path: str) -> dict:
+    return {"idx": idx, "name": str(idx), "path": path, "type": _ST_TYPE + kind}
 
 
 def _pooling_modules(out: Path, mode: str, dim: int) -> list[dict]:
@@ -67,23 +89,15 @@ def _pooling_modules(out: Path, mode: str, dim: int) -> list[dict]:
     pooling[_LEGACY_KEY[mode]] = True
     (out / "1_Pooling").mkdir()
     (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
-    return [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-    ]
+    return [_module(0, "Transformer", ""), _module(1, "Pooling", "1_Pooling")]
 
 
-def _dense_from_pooler(out: Path, backbone_pooler) -> dict:
+def _dense_from_pooler(out: Path, backbone_pooler, idx: int) -> dict:
     """BERT's pooler (dense + tanh over [CLS]) as a sentence-transformers Dense module."""
     from safetensors.torch import save_file
 
     dense = backbone_pooler.dense
-    folder = out / "2_Dense"
+    folder = out / f"{idx}_Dense"
     folder.mkdir()
     config = {
         "in_features": dense.in_features,
@@ -96,7 +110,17 @@ def _dense_from_pooler(out: Path, backbone_pooler) -> dict:
     if dense.bias is not None:
         weights["linear.bias"] = dense.bias.detach().contiguous()
     save_file(weights, str(folder / "model.safetensors"))
-    return {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    return _module(idx, "Dense", folder.name)
+
+
+def _student_module(out: Path, module: StModule, idx: int) -> dict:
+    """One of the source's own modules after pooling, copied as it is."""
+    folder = out / f"{idx}_{module.kind}"
+    if module.folder.is_dir():
+        shutil.copytree(module.folder, folder)
+    else:  # Normalize has no files (all-MiniLM-L6-v2 ships no folder for it)
+        folder.mkdir()
+    return _module(idx, module.kind, folder.name)
 
 
 def export_run(
@@ -104,16 +128,21 @@ def export_run(
 ):
     """Write the sentence-transformers directory ``out`` for a run / checkpoint / HF model dir.
 
-    Returns ``(out, pooler)``. ``pooler=None`` exports the pooler ``mmcse eval`` would use.
+    Returns ``(out, pooler)``. ``pooler=None`` exports the encoding ``mmcse eval`` would use.
+    Everything is checked before anything is written; nothing is deleted before the new OUT is
+    complete.
     """
-    from mmcse.evaluation.encode import model_max_length
-    from mmcse.evaluation.sts import load_encoder
+    from mmcse.evaluation.evaluate import unfinished_warning
 
+    if not Path(run).exists():
+        raise MmcseError(
+            missing_path_message(str(run))
+            or f"{run}: no such folder (export reads a local run or model folder, not a hub id)"
+        )
     run, out = Path(run), Path(out)
-    if not run.exists():
-        raise MmcseError(f"{run} does not exist")
-    model_dir = Path(resolve_model_dir(str(run)))
-    pooler, _ = resolve_pooler(pooler, model_dir)
+    model_dir = Path(resolve_model_dir(str(run)))  # a run without best/ is refused here
+    _check_not_source(out, [run, model_dir])
+    pooler, _, student_modules = resolve_encoding(pooler, model_dir)
     if pooler not in ST_POOLING_MODE:
         raise MmcseError(
             f"pooler {pooler} has no faithful sentence-transformers equivalent (it averages two "
@@ -121,92 +150,44 @@ def export_run(
             f"encodes differently from what mmcse scored"
         )
     _check_out(out, overwrite)
-    encoder, tokenizer, _, _ = load_encoder(model_dir, pooler, "cpu")
-    backbone = encoder.backbone
-    out.mkdir(parents=True, exist_ok=True)
-    backbone.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    max_len = model_max_length(tokenizer, backbone)  # what mmcse eval truncates to
-    (out / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": max_len, "do_lower_case": False}, indent=2) + "\n"
-    )
-    modules = _pooling_modules(out, ST_POOLING_MODE[pooler], backbone.config.hidden_size)
-    backbone_pooler = getattr(backbone, "pooler", None)
-    if pooler == "cls" and backbone_pooler is not None:
-        modules.append(_dense_from_pooler(out, backbone_pooler))
-    (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
     info = Checkpoint(model_dir).read_info() or {}
-    info["pooler"] = pooler  # so `mmcse eval OUT` uses the same pooling
-    Checkpoint(out).write_info(info)
-    (out / "README.md").write_text(model_card(run, model_dir, pooler, modules, info, max_len))
+    unfinished = unfinished_warning(model_dir)
+    if unfinished:
+        logger.warning(unfinished + "; the model card says so")
+    for key, teacher in random_teachers(info):
+        logger.warning(
+            f"{key} of this run came from a teacher with random weights ({teacher}): the "
+            "exported model is not a real result; the model card says so"
+        )
+    target = out.resolve() if out.is_symlink() else out
+    with naming_os_errors(out), atomic_dir(target) as tmp:
+        _write(tmp, model_dir, pooler, student_modules, info, run, unfinished)
     return out, pooler
 
 
-def _score_lines(results: dict | None) -> list[str]:
-    from mmcse.evaluation.report import COLUMN_TITLES
+def _write(
+    tmp: Path, model_dir: Path, pooler: str, student_modules: list[StModule], info: dict,
+    run: Path, unfinished: str | None,
+) -> None:  # fmt: skip
+    from mmcse.evaluation.encode import model_max_length
+    from mmcse.evaluation.sts import load_encoder
 
-    if not results:
-        return [f"No `{RESULTS_FILE}` in the run: no test scores recorded (run `mmcse eval`)."]
-    tasks = [t for t in COLUMN_TITLES if t in results]
-    titles = [COLUMN_TITLES[t] for t in tasks] + ["Avg."]
-    values = [f"{results[t]:.2f}" if results[t] is not None else "-" for t in tasks]
-    values.append(f"{results['avg']:.2f}" if results.get("avg") is not None else "-")
-    details = results.get("details", {})
-    return [
-        "SentEval STS, Spearman x 100 ('all' setting), as `mmcse eval` reported "
-        f"(mode {details.get('mode', '?')}, pooler {details.get('pooler', '?')}):",
-        "",
-        "| " + " | ".join(titles) + " |",
-        "|" + "|".join("---:" for _ in titles) + "|",
-        "| " + " | ".join(values) + " |",
-    ]
-
-
-def model_card(run: Path, model_dir: Path, pooler: str, modules, info: dict, max_len: int) -> str:
-    config = info.get("config", {})
-    method = info.get("method", {})
-    name = method.get("name") or config.get("method") or "unknown (not an mmcse training run)"
-    settings = {k: v for k, v in method.items() if k != "name"}
-    chain = " → ".join(m["type"].rsplit(".", 1)[-1] for m in modules)
-    lines = [
-        "---",
-        "library_name: sentence-transformers",
-        "pipeline_tag: sentence-similarity",
-        "tags: [sentence-transformers, sentence-similarity, mmcse]",
-        "---",
-        "",
-        f"# {run.name} (mmcse export)",
-        "",
-        f"- method: `{name}`" + (f" with {json.dumps(settings)}" if settings else ""),
-        f"- student: `{config.get('model', model_dir)}`",
-        f"- checkpoint: `{model_dir}` (step {info.get('step', '?')}, "
-        f"STS-B dev {info.get('stsb_dev', '?')})",
-        f"- pooling: `{pooler}` as {chain}; max sequence length {max_len}; not normalised "
-        "(the scores below are cosines of these vectors)",
-        f"- text corpus: `{config.get('text_corpus')}`; caption corpus: "
-        f"`{config.get('caption_corpus')}`; mixing `{config.get('mixing', '?')}`",
-        f"- training: batch {config.get('batch_size', '?')}, lr {config.get('learning_rate', '?')}, "
-        f"epochs {config.get('epochs', '?')}, max steps {config.get('max_steps', '?')}, "
-        f"seed {config.get('seed', '?')}",
-        "",
-        "## Training cache fingerprints",
-        "",
-    ]
-    fingerprints = info.get("fingerprints") or {}
-    lines += [
-        f"- `{key}`: `{value.get('fingerprint')}` ({value.get('path', '-')})"
-        for key, value in fingerprints.items()
-    ] or ["- none recorded"]
-    lines += ["", "## Scores", "", *_score_lines(_run_dir(run, model_dir).read_results("sts"))]
-    lines += [
-        "",
-        "## Usage",
-        "",
-        "```python",
-        "from sentence_transformers import SentenceTransformer",
-        "model = SentenceTransformer('PATH/TO/THIS/DIR')",
-        "vectors = model.encode(['A man is playing a guitar.'])",
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
+    encoder, tokenizer, _, _ = load_encoder(model_dir, pooler, "cpu")  # the bare encoder
+    backbone = encoder.backbone
+    backbone.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    max_len = model_max_length(tokenizer, backbone)  # what mmcse eval truncates to
+    (tmp / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_len, "do_lower_case": False}, indent=2) + "\n"
+    )
+    modules = _pooling_modules(tmp, ST_POOLING_MODE[pooler], backbone.config.hidden_size)
+    backbone_pooler = getattr(backbone, "pooler", None)
+    if pooler == "cls" and backbone_pooler is not None:
+        modules.append(_dense_from_pooler(tmp, backbone_pooler, len(modules)))
+    for module in student_modules:
+        modules.append(_student_module(tmp, module, len(modules)))
+    (tmp / ST_MODULES_FILE).write_text(json.dumps(modules, indent=2) + "\n")
+    exported = {**info, "pooler": pooler}  # a student trained from OUT pools the same way
+    Checkpoint(tmp).write_info(exported)
+    card = model_card(run, model_dir, pooler, modules, info, max_len, unfinished=unfinished)
+    (tmp / "README.md").write_text(card)

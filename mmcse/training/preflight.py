@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import socket
 from pathlib import Path
 
 from mmcse import distributed
@@ -35,10 +33,6 @@ from mmcse.methods import Method, build_method
 from mmcse.textfiles import decode_text
 from mmcse.training.config import SettingError, TrainConfig
 
-#: a hub id is ``name`` or ``org/name``; anything else that does not exist is a missing path
-HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")
-HUB_PROBE_SECONDS = 3.0
-TRUE_WORDS = ("1", "true", "yes", "on")
 #: files one of which holds a local model's weights (single file or sharded index)
 WEIGHT_FILES = (
     "model.safetensors",
@@ -196,6 +190,7 @@ def check_eval_data(cfg: TrainConfig) -> None:
 
 def check_model(name: str, max_seq_length: int | None = None) -> None:
     """A local HF model folder (or training run), or a hub id that can resolve now."""
+    from mmcse.hub import check_hub_id, local_or_hub_id
     from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
 
     path = Path(name).expanduser()
@@ -212,9 +207,11 @@ def check_model(name: str, max_seq_length: int | None = None) -> None:
         check_weights(local, name)
         check_tokenizer(local, name)
         return
-    if not HUB_ID.fullmatch(name):
-        raise MmcseError(f"--model {name}: no such folder (and not a hub id)")
-    cached = _check_hub_id(name)
+    try:
+        local_or_hub_id(name)  # a local path that does not exist is refused, not looked up
+    except MmcseError as exc:
+        raise MmcseError(f"--model {exc}") from None
+    cached = check_hub_id(name, "--model")
     if cached is not None:
         check_positions(cached, name, max_seq_length)
 
@@ -257,35 +254,6 @@ def check_tokenizer(local: Path, name: str) -> None:
             f"--model {name}: its tokenizer has no vocabulary beyond its special tokens; are the "
             f"tokenizer files (tokenizer.json or vocab.txt) missing from {local}?"
         )
-
-
-def _check_hub_id(name: str) -> Path | None:
-    """The cached config of a hub id, or None when the hub answers (it will download)."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    cached = try_to_load_from_cache(name, "config.json")
-    if isinstance(cached, str):
-        return Path(cached)
-    fix = "download it where there is network, or pass --model DIR (a local HF model folder)"
-    offline = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if _env_true(v)]
-    if offline:
-        raise MmcseError(
-            f"--model {name}: not a local folder, not in the Hugging Face cache, and "
-            f"{offline[0]} is set; {fix}"
-        )
-    host = re.sub(r"^https?://", "", constants.ENDPOINT).split("/")[0]
-    try:
-        socket.create_connection((host, 443), timeout=HUB_PROBE_SECONDS).close()
-    except OSError as exc:
-        raise MmcseError(
-            f"--model {name}: not a local folder, not in the Hugging Face cache, and {host} "
-            f"cannot be reached ({exc.strerror or exc}); {fix}"
-        ) from None
-    return None
-
-
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in TRUE_WORDS
 
 
 # ---- output --------------------------------------------------------------------------------

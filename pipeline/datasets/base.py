@@ -10,8 +10,10 @@ keeps its id whichever caption policy picks it. Rows a loader cannot read become
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +23,7 @@ from mmcse.registry import Registry
 from mmcse.textfiles import read_text_lines
 
 DATASETS = Registry("dataset")
+logger = logging.getLogger(__name__)
 
 CAPTION_POLICIES = ("random-one", "all", "longest")
 
@@ -50,6 +53,17 @@ class RecordError:
         return {"id": self.id, "path": self.path, "reason": self.reason}
 
 
+@dataclass(frozen=True)
+class SplitInfo:
+    """How a loader chose ``--split`` (checked by :func:`check_split`): by the split field its
+    entries carry (``marks``: value → entries, ``""`` for unmarked ones), by a per-split file or
+    list (``listed_by``), or -- neither -- not at all: the file carries no split, every entry
+    was taken."""
+
+    marks: dict[str, int] = field(default_factory=dict)
+    listed_by: Path | None = None
+
+
 @dataclass
 class DatasetRecords:
     dataset: str
@@ -59,6 +73,7 @@ class DatasetRecords:
     errors: list[RecordError] = field(default_factory=list)
     #: where the captions came from (file name / format), recorded in the manifest extra
     source: str = ""
+    split_info: SplitInfo = field(default_factory=SplitInfo)
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,7 @@ def load_dataset(name: str, source: DataSource, split: str) -> DatasetRecords:
         ) from None
     if source.images is not None and records.images:
         records = confine_images(records, source.images)
+    check_split(records, split, where)
     if not records.images and not records.sentences:
         raise MmcseError(no_records_message(name, split, where, records.errors))
     return records
@@ -109,6 +125,70 @@ def no_records_message(name: str, split: str, where: Path | None, errors: list) 
         located = first.id if first.path == str(where) else f"{first.path} {first.id}"
         message += f"; {len(errors)} entries left out, the first: {located}: {first.reason}"
     return message + " (check the paths and split)"
+
+
+#: split names by family: a file or entry naming one of these belongs to that split
+SPLIT_FAMILIES = {
+    "train": ("train", "restval"),
+    "val": ("val", "dev", "valid", "validation"),
+    "test": ("test",),
+}
+HELD_OUT = ("val", "test")
+
+
+def split_family(name: str) -> str | None:
+    """``"dev"`` → ``"val"``, ``"restval"`` → ``"train"``; None for a name of no family."""
+    lowered = name.lower()
+    return next((family for family, names in SPLIT_FAMILIES.items() if lowered in names), None)
+
+
+def named_split(path: Path) -> str | None:
+    """The split family a file's name says when it names exactly one (``captions_val2017.json``,
+    ``coco_test.json``, ``Flickr_8k.trainImages.txt``), else None."""
+    words = re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", path.name)
+    families = {split_family(word) for word in words} - {None}
+    return families.pop() if len(families) == 1 else None
+
+
+def check_split(records: DatasetRecords, split: str, where: Path | None) -> None:
+    """Refuse a ``--split`` the captions contradict, warn when nothing marks it held out.
+
+    Refused: entries carry split fields and none is ``split`` (``marked: train 3``); the file
+    or list that chose the images is named for another split (``captions_train2017.json`` with
+    ``--split val``). Warned: a held-out split (val, test) taken from a file with no split
+    information, whose every entry is then used. Splits of no family (``all``) are not checked.
+    """
+    family = split_family(split)
+    info = records.split_info
+    if family is None or (records.sentences and not records.images):
+        return
+    if info.marks:
+        chosen = sum(n for mark, n in info.marks.items() if split_family(mark) == family)
+        marked = ", ".join(f"{mark} {n}" for mark, n in sorted(info.marks.items()) if mark)
+        unmarked = info.marks.get("", 0)
+        if chosen or not marked:
+            return
+        if not unmarked:
+            raise MmcseError(f"{where}: no entry is marked as split {split!r} (marked: {marked})")
+        if family in HELD_OUT:
+            logger.warning(
+                f"{where}: no entry is marked as split {split!r} (marked: {marked}); its "
+                f"{unmarked} unmarked entries are taken as {split!r}"
+            )
+        return
+    named_by = info.listed_by or where
+    named = named_split(named_by) if named_by is not None else None
+    if named is not None and named != family:
+        raise MmcseError(
+            f"{named_by}: its name says split {named!r} but --split is {split!r}; give the "
+            f"{split} file, or --split {named}"
+        )
+    if info.listed_by is None and named is None and family in HELD_OUT:
+        logger.warning(
+            f"{where} carries no split information: all {len(records.images)} images in it are "
+            f"taken as split {split!r}, nothing marks them held out (pass --split-file, the "
+            f"list of the {split} images)"
+        )
 
 
 def confine_images(records: DatasetRecords, root: Path) -> DatasetRecords:

@@ -25,6 +25,7 @@ from pipeline.datasets.base import (
     DataSource,
     ImageRecord,
     RecordError,
+    SplitInfo,
     image_stem,
     read_name_list,
     register_dataset,
@@ -38,6 +39,7 @@ from pipeline.datasets.formats import (
     read_json,
     read_karpathy_json,
     read_parquet_rows,
+    split_marks,
     unreadable,
 )
 
@@ -48,16 +50,22 @@ NAME = "coco"
 def load_coco(source: DataSource, split: str) -> DatasetRecords:
     images = require_path(source.images, "--images (the COCO image root)", NAME)
     captions = require_path(source.captions, "--captions", NAME)
-    if captions.is_dir() and not any(captions.rglob("*.parquet")):
+    chosen_by_name = captions.is_dir() and not any(captions.rglob("*.parquet"))
+    if chosen_by_name:
         captions = _annotation_file(captions, split)
     if captions.suffix == ".parquet" or captions.is_dir():
-        records, errors = _parquet(captions, images, split)
+        records, errors, split_info = _parquet(captions, images, split)
     else:
-        records, errors = _json(captions, images, split)
+        records, errors, split_info = _json(captions, images, split)
+    if chosen_by_name:  # captions_<split><year>.json, picked for --split
+        split_info = SplitInfo(listed_by=captions)
     if source.split_file is not None:
         wanted = {_coco_id(n) for n in read_name_list(source.split_file)}
         records = [r for r in records if r.image_id in wanted]
-    return DatasetRecords(NAME, split, records, errors=errors, source=captions.name)
+        split_info = SplitInfo(split_info.marks, listed_by=source.split_file)
+    return DatasetRecords(
+        NAME, split, records, errors=errors, source=captions.name, split_info=split_info
+    )
 
 
 def _annotation_file(folder: Path, split: str) -> Path:
@@ -67,14 +75,16 @@ def _annotation_file(folder: Path, split: str) -> Path:
     raise MmcseError(f"{folder}: no captions_{split}2017.json or captions_{split}2014.json")
 
 
-def _json(path: Path, images: Path, split: str) -> tuple[list[ImageRecord], list[RecordError]]:
+def _json(path: Path, images: Path, split: str) -> tuple[list, list, SplitInfo]:
+    """Records, errors and how the split was chosen (the ALBEF list and an official captions
+    file carry no split field: their file name is the only split information)."""
     data = read_json(path)
     if isinstance(data, list):
-        return _albef(data, path, images)
+        return (*_albef(data, path, images), SplitInfo())
     if not isinstance(data, dict):
         raise MmcseError(f"{path}: expected a JSON object or list of captions")
     if "annotations" in data:
-        return _coco_captions(data, path, images)
+        return (*_coco_captions(data, path, images), SplitInfo())
     return read_karpathy_json(
         path,
         split,
@@ -138,9 +148,11 @@ def _albef(entries: list, path: Path, images: Path) -> tuple[list, list]:
     return records, errors
 
 
-def _parquet(path: Path, images: Path, split: str) -> tuple[list, list]:
+def _parquet(path: Path, images: Path, split: str) -> tuple[list, list, SplitInfo]:
     rows = read_parquet_rows(path)
+    split_info = SplitInfo()
     if rows and "split" in rows[0]:
+        split_info = SplitInfo(marks=split_marks(rows))
         wanted = karpathy_splits(split)
         rows = [r for r in rows if r["split"] in wanted]
     records, errors = [], []
@@ -151,7 +163,7 @@ def _parquet(path: Path, images: Path, split: str) -> tuple[list, list]:
             records.append(ImageRecord(str(coco_id), image_path, parquet_captions(row)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             errors.append(RecordError(f"row {n}", str(path), unreadable(exc)))
-    return records, errors
+    return records, errors, split_info
 
 
 def _coco_id(name: str) -> str:

@@ -21,6 +21,7 @@ from pipeline.datasets.base import (
     DataSource,
     ImageRecord,
     RecordError,
+    SplitInfo,
     image_stem,
     parse_token_file,
     read_name_list,
@@ -54,10 +55,12 @@ def load_flickr30k(source: DataSource, split: str) -> DatasetRecords:
     if captions.is_dir():
         return _multi30k(captions, images, split)
     if captions.suffix == ".json":
-        records, errors = read_karpathy_json(
+        records, errors, split_info = read_karpathy_json(
             captions, split, lambda e: images / e["filename"], lambda e: image_stem(e["filename"])
         )
-        return DatasetRecords(NAME, split, records, errors=errors, source=captions.name)
+        return DatasetRecords(
+            NAME, split, records, errors=errors, source=captions.name, split_info=split_info
+        )
     return _token_file(captions, images, split, source.split_file)
 
 
@@ -68,7 +71,10 @@ def _token_file(path: Path, images: Path, split: str, split_file: Path | None) -
     else:
         names, list_path = read_name_list(split_file), split_file
     records, missing = records_from_split(names, captions, file_names, images, list_path)
-    return DatasetRecords(NAME, split, records, errors=errors + missing, source=path.name)
+    split_info = SplitInfo(listed_by=split_file)  # no split file: the token file has no split
+    return DatasetRecords(
+        NAME, split, records, errors=errors + missing, source=path.name, split_info=split_info
+    )
 
 
 def _multi30k(folder: Path, images: Path, split: str) -> DatasetRecords:
@@ -90,7 +96,10 @@ def _multi30k(folder: Path, images: Path, split: str) -> DatasetRecords:
             errors.append(RecordError(image_stem(name), str(list_path), "unreadable caption row"))
             continue
         records.append(ImageRecord(image_stem(name), images / name, captions))
-    return DatasetRecords(NAME, split, records, errors=errors, source=f"multi30k:{prefix}")
+    return DatasetRecords(
+        NAME, split, records, errors=errors, source=f"multi30k:{prefix}",
+        split_info=SplitInfo(listed_by=list_path),
+    )  # fmt: skip
 
 
 def _parquet(path: Path, images: Path, split: str, split_file: Path | None) -> DatasetRecords:
@@ -108,4 +117,7 @@ def _parquet(path: Path, images: Path, split: str, split_file: Path | None) -> D
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             errors.append(RecordError(f"row {n}", str(path), unreadable(exc)))
     unpack_parquet_images(path, names, images)
-    return DatasetRecords(NAME, split, records, errors=errors, source=f"parquet:{path.name}")
+    return DatasetRecords(
+        NAME, split, records, errors=errors, source=f"parquet:{path.name}",
+        split_info=SplitInfo(listed_by=split_file),
+    )  # fmt: skip

@@ -11,6 +11,7 @@ from mmcse.errors import MmcseError
 from pipeline.datasets.base import (
     DatasetRecords,
     DataSource,
+    SplitInfo,
     parse_token_file,
     read_name_list,
     records_from_split,
@@ -36,4 +37,7 @@ def load_flickr8k(source: DataSource, split: str) -> DatasetRecords:
     records, missing = records_from_split(
         read_name_list(split_file), captions, file_names, images, split_file
     )
-    return DatasetRecords(NAME, split, records, errors=errors + missing, source=token_file.name)
+    return DatasetRecords(
+        NAME, split, records, errors=errors + missing, source=token_file.name,
+        split_info=SplitInfo(listed_by=split_file),
+    )  # fmt: skip

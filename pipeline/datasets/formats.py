@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from mmcse.errors import MmcseError
-from pipeline.datasets.base import ImageRecord, RecordError, inside
+from pipeline.datasets.base import ImageRecord, RecordError, SplitInfo, inside
 
 #: Karpathy's split names; "train" also takes "restval" (the usual 113k COCO train split)
 KARPATHY_SPLITS = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}
@@ -26,18 +27,19 @@ def read_karpathy_json(
     split: str,
     image_path: Callable[[dict], Path],
     image_id: Callable[[dict], str],
-) -> tuple[list[ImageRecord], list[RecordError]]:
+) -> tuple[list[ImageRecord], list[RecordError], SplitInfo]:
     """``dataset_{flickr30k,coco}.json``: ``images[*]`` with ``filename``, ``split``, ``sentences``."""
     wanted = karpathy_splits(split)
     data = read_json(path)
     entries = data.get("images") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise MmcseError(f"{path}: not a Karpathy split file (no 'images' list)")
-    records, errors = [], []
+    records, errors, marks = [], [], Counter()
     for n, entry in enumerate(entries):
         if not isinstance(entry, dict):
             errors.append(RecordError(f"images[{n}]", str(path), not_an_object(entry)))
             continue
+        marks[str(entry.get("split") or "")] += 1
         if entry.get("split") not in wanted:
             continue
         try:
@@ -47,7 +49,12 @@ def read_karpathy_json(
             records.append(ImageRecord(image_id(entry), image_path(entry), captions))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             errors.append(RecordError(f"images[{n}]", str(path), unreadable(exc)))
-    return records, errors
+    return records, errors, SplitInfo(marks=dict(marks))
+
+
+def split_marks(rows: list[dict]) -> dict[str, int]:
+    """How many rows carry each ``split`` value (``""``: none)."""
+    return dict(Counter(str(row.get("split") or "") for row in rows))
 
 
 def read_json(path: Path):

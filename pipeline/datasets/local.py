@@ -19,6 +19,7 @@ from pipeline.datasets.base import (
     DataSource,
     ImageRecord,
     RecordError,
+    SplitInfo,
     image_stem,
     inside,
     read_text,
@@ -26,6 +27,7 @@ from pipeline.datasets.base import (
     register_dataset,
     require_path,
 )
+from pipeline.datasets.formats import split_marks
 
 NAME = "local"
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
@@ -38,6 +40,7 @@ def load_local(source: DataSource, split: str) -> DatasetRecords:
     rows = _read_rows(captions)
     by_image: dict[str, tuple[str, list[str]]] = {}
     errors = []
+    marks = split_marks([row for _, row, _ in rows if row is not None])
     for line_no, row, problem in rows:
         if row is None:
             errors.append(RecordError(f"line {line_no}", str(captions), problem))
@@ -56,7 +59,10 @@ def load_local(source: DataSource, split: str) -> DatasetRecords:
             continue
         texts.append(caption.strip())
     records = [ImageRecord(i, images / name, tuple(c)) for i, (name, c) in by_image.items()]
-    return DatasetRecords(NAME, split, records, errors=errors, source=captions.name)
+    split_info = SplitInfo(marks=marks if set(marks) != {""} else {})  # no split column: none
+    return DatasetRecords(
+        NAME, split, records, errors=errors, source=captions.name, split_info=split_info
+    )
 
 
 def _read_rows(path: Path) -> list[tuple[int, dict | None, str]]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from support.cli import assert_one_error, run_main
 
 import cli
 from mmcse.errors import MmcseError
@@ -201,3 +202,71 @@ def test_heads_are_those_the_chosen_term_used(tiny_model, tmp_path):
     (run / "mmcse_run.json").write_text(json.dumps({"pooler": "avg"}))
     with pytest.raises(MmcseError, match="does not record which heads each loss term used"):
         load_heads(run)
+
+
+# ---- held-out images only ----------------------------------------------------------------------
+
+
+def captions_of(path: Path, images: list[int], word: str) -> Path:
+    """A caption corpus with two captions per image ``img<i>``."""
+    from mmcse.cache import write_corpus
+
+    ids = [f"img{i}" for i in images for _ in range(2)]
+    texts = [f"{word} {i} {k}" for i in images for k in range(2)]
+    write_corpus(path, [f"{im}#{k % 2}" for k, im in enumerate(ids)], texts, image_ids=ids,
+                 dataset="tiny", split="x")  # fmt: skip
+    return path
+
+
+@pytest.fixture
+def trained_run(tiny_model, tmp_path):
+    """A run that trained on the captions of img0..img5; image features of img0..img9."""
+    from mmcse.cache import Manifest, write_feature_set
+
+    rng = np.random.default_rng(0)
+    ids = [f"img{i}" for i in range(10)]
+    write_feature_set(tmp_path / "feats", ids, rng.standard_normal((10, 6)).astype(np.float32),
+                      kind="image", dim=6, dtype="float32", dataset="tiny", split="all",
+                      producer={"teacher": "test"})  # fmt: skip
+    train = captions_of(tmp_path / "train-captions", list(range(6)), "seen")
+    run = fake_run(tiny_model, tmp_path / "run", 6)
+    info_path = run / "best" / "mmcse_run.json"
+    info = json.loads(info_path.read_text())
+    info["fingerprints"] = {
+        "corpus:caption": {"path": str(train), "fingerprint": Manifest.read(train).fingerprint},
+        "feature:image": {"path": str(tmp_path / "feats"),
+                          "fingerprint": Manifest.read(tmp_path / "feats").fingerprint},
+    }  # fmt: skip
+    info_path.write_text(json.dumps(info))
+    return run, tmp_path / "feats", train
+
+
+def test_retrieval_on_the_runs_own_training_images_is_refused(
+    trained_run, tmp_path, monkeypatch, capsys
+):
+    run, feats, train = trained_run
+    same_images = captions_of(tmp_path / "recaptioned", [0, 1, 2, 3, 4, 5], "other")
+    for captions, words in ((train, ["the corpus the run trained on", "corpus:caption"]),
+                            (same_images, ["all 6 of its images", str(train)])):  # fmt: skip
+        args = ["eval", "--model", str(run), "--tasks", "retrieval", "--images-features",
+                str(feats), "--captions", str(captions), "--device", "cpu"]  # fmt: skip
+        code, stderr = run_main(args, monkeypatch, capsys)
+        assert_one_error(code, stderr, f"--captions {captions}", *words, "held-out")
+    assert not (run / "retrieval.json").exists()
+
+
+def test_retrieval_with_some_training_images_is_warned_with_the_count(
+    trained_run, tmp_path, library_log
+):
+    run, feats, train = trained_run
+    mixed = captions_of(tmp_path / "mixed", [4, 5, 6, 7, 8, 9], "mixed")
+    results = evaluate_retrieval(run, feats, mixed, device="cpu")
+    assert results["details"]["images"] == 6
+    log = library_log()
+    assert f"2 of the 6 retrieval images of {mixed} are in {train}" in log and "inflated" in log
+    held_out = captions_of(tmp_path / "held-out", [6, 7, 8, 9], "new")
+    evaluate_retrieval(run, feats, held_out, device="cpu")
+    assert "trained on" not in library_log()
+    shutil.rmtree(train)  # the training corpus moved away: nothing to compare with, said so
+    evaluate_retrieval(run, feats, held_out, device="cpu")
+    assert f"{train} (corpus:caption, which the run trained on) is gone" in library_log()

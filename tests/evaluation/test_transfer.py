@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
+from support.cli import assert_one_error, run_main
 from support.worlds import write_downstream
 from typer.testing import CliRunner
 
@@ -244,3 +247,55 @@ def assert_one_error_line(monkeypatch, capsys, args: list[str], message: str) ->
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and "\n" not in err, err
+
+
+# ---- refused before any model work ------------------------------------------------------------
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    from mmcse.model import SentenceEncoder
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was refused")
+
+    monkeypatch.setattr(SentenceEncoder, "from_pretrained", classmethod(fail))
+
+
+@pytest.mark.parametrize(
+    ("task", "edit", "fragments"),
+    [
+        ("MR", ("MR/rt-polarity.pos", None), ["MR", "rt-polarity.pos", "rt-polarity.neg 30"]),
+        ("SUBJ", ("SUBJ/subj.subjective", None), ["SUBJ", "subj.subjective 0"]),
+        ("TREC", ("TREC/TREC_10.label", "ABBR"), ["TREC", "TREC_10.label", "ABBR 0, DESC 10"]),
+        ("SST2", ("SST/binary/sentiment-dev", "\t0"), ["SST2", "sentiment-dev", "label 0 0"]),
+    ],
+)
+def test_a_split_with_an_empty_class_is_refused_with_its_counts(
+    tiny_model, tmp_path, monkeypatch, capsys, no_model_load, task, edit, fragments
+):
+    """MR from its negatives alone scored 100.00: every class must be in every split."""
+    write_downstream(tmp_path)
+    path, drop = edit
+    file = tmp_path / "downstream" / path
+    keep = [] if drop is None else [ln for ln in file.read_text().splitlines() if drop not in ln]
+    file.write_text("".join(f"{line}\n" for line in keep))
+    with pytest.raises(MmcseError, match="gives no sentence of class"):
+        load_transfer_task(tmp_path / "downstream", task)
+    args = ["eval", "--model", str(tiny_model), "--tasks", task, "--data", str(tmp_path)]
+    code, stderr = run_main(args, monkeypatch, capsys)
+    assert_one_error(code, stderr, *fragments)
+
+
+def test_an_unknown_transfer_mode_is_refused_before_any_model_work(
+    tiny_model, tmp_path, monkeypatch, capsys, no_model_load
+):
+    write_downstream(tmp_path)
+    fixture = Path(__file__).parents[1] / "fixtures" / "senteval_mini" / "downstream"
+    for folder in ("STS", "SICK"):  # STS ran first, then the mode was refused
+        shutil.copytree(fixture / folder, tmp_path / "downstream" / folder)
+    for tasks in ("sts,transfer", "MR"):
+        args = ["eval", "--model", str(tiny_model), "--tasks", tasks, "--data", str(tmp_path),
+                "--transfer-mode", "bogus"]  # fmt: skip
+        code, stderr = run_main(args, monkeypatch, capsys)
+        assert_one_error(code, stderr, "--transfer-mode 'bogus'", "fasttest or test")

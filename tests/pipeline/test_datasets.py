@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.cli import assert_one_error, run_main
 
 from mmcse.errors import MmcseError
 from pipeline.datasets import (
@@ -314,3 +315,112 @@ def test_real_wiki1m_sample():
     assert records.sentences[0].text == "YMCA in South Australia"
     for s in records.sentences[:: len(records.sentences) // 7]:
         assert lines[int(s.id.split("-")[1])].strip() == s.text
+
+
+# ---- the split a file says (refused when it contradicts --split, warned when it says nothing) --
+
+
+def test_no_entry_of_the_split_in_a_marked_file_is_refused_with_its_marks(tmp_path):
+    _karpathy(tmp_path / "dataset_flickr30k.json", coco=False)  # train 1, restval 1, test 1
+    source = DataSource(images=tmp_path, captions=tmp_path / "dataset_flickr30k.json")
+    with pytest.raises(MmcseError) as info:
+        load_dataset("flickr30k", source, "val")
+    message = str(info.value)
+    assert "dataset_flickr30k.json" in message and "no entry is marked as split 'val'" in message
+    assert "restval 1, test 1, train 1" in message
+    assert len(load_dataset("flickr30k", source, "test").images) == 1
+
+
+def _albef(path: Path) -> Path:
+    entries = [{"image": f"val2014/{s}.jpg", "caption": TRUTH[s]} for s in TRUTH]
+    path.write_text(json.dumps(entries))
+    return path
+
+
+def _official(path: Path) -> Path:
+    images = [{"id": int(s), "file_name": f"{s}.jpg"} for s in TRUTH]
+    annotations = [
+        {"id": 10 * n + k, "image_id": int(s), "caption": c}
+        for n, s in enumerate(TRUTH)
+        for k, c in enumerate(TRUTH[s])
+    ]
+    path.write_text(json.dumps({"images": images, "annotations": annotations}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "split"),
+    [
+        ("coco", lambda t: DataSource(t, _albef(t / "coco_train.json")), "val"),
+        ("coco", lambda t: DataSource(t, _official(t / "captions_train2017.json")), "val"),
+        ("coco", lambda t: DataSource(t, _official(t / "captions_val2017.json")), "train"),
+        ("flickr8k", lambda t: _flickr8k(t)[0], "val"),  # Flickr_8k.trainImages.txt as the list
+        ("flickr30k", lambda t: _token_with_list(t, "train.txt"), "test"),
+    ],
+)
+def test_a_file_named_for_another_split_is_refused(tmp_path, name, make, split):
+    source = make(tmp_path)
+    if name == "flickr8k":
+        source = DataSource(source.images, source.captions, tmp_path / "Flickr_8k.trainImages.txt")
+    named = source.split_file or source.captions
+    with pytest.raises(MmcseError) as info:
+        load_dataset(name, source, split)
+    assert str(info.value).startswith(f"{named}: its name says split")
+    assert f"--split is {split!r}" in str(info.value)
+
+
+def _token_with_list(tmp: Path, list_name: str) -> DataSource:
+    (tmp / "results.token").write_text(_token_lines(list(TRUTH)))
+    (tmp / list_name).write_text("".join(f"{s}\n" for s in TRAIN))
+    return DataSource(tmp, tmp / "results.token", tmp / list_name)
+
+
+def test_a_held_out_split_from_a_file_without_split_information_is_warned(tmp_path, library_log):
+    (tmp_path / "results.token").write_text(_token_lines(list(TRUTH)))
+    token = DataSource(images=tmp_path, captions=tmp_path / "results.token")
+    assert len(load_dataset("flickr30k", token, "test").images) == 3
+    warning = library_log()
+    assert "results.token carries no split information" in warning
+    assert "all 3 images" in warning and "'test'" in warning and "--split-file" in warning
+    for split in ("train", "all"):  # a training set or everything: nothing to warn about
+        load_dataset("flickr30k", token, split)
+        assert library_log() == ""
+    load_dataset("coco", DataSource(tmp_path, _albef(tmp_path / "captions.json")), "val")
+    assert "captions.json carries no split information" in library_log()
+    # local rows: some marked train, the rest unmarked, --split val takes the unmarked ones
+    rows = [{"image": f"{s}.jpg", "caption": TRUTH[s][0], "split": "train"} for s in TRAIN]
+    rows += [{"image": f"{s}.jpg", "caption": TRUTH[s][0]} for s in TEST]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = load_dataset("local", DataSource(tmp_path, tmp_path / "rows.jsonl"), "val")
+    assert [r.image_id for r in records.images] == TEST
+    assert "no entry is marked as split 'val' (marked: train 2); its 1 unmarked" in library_log()
+
+
+def test_cli_val_features_from_a_train_file_are_one_line_and_nothing_is_written(
+    tmp_path, monkeypatch, capsys
+):
+    images = [{"filename": f"{s}.jpg", "split": "train", "sentences": [{"raw": "c"}]} for s in TRUTH]
+    (tmp_path / "dataset_flickr30k.json").write_text(json.dumps({"images": images}))
+    out = tmp_path / "out"
+    code, stderr = run_main(
+        ["extract-images", "--dataset", "flickr30k", "--split", "val", "--images", str(tmp_path),
+         "--captions", str(tmp_path / "dataset_flickr30k.json"), "--teacher", "resnet50",
+         "--weights", "random", "--teacher-size", "tiny", "--device", "cpu", "--workers", "0",
+         "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert_one_error(code, stderr, "dataset_flickr30k.json", "'val'", "train 3")
+    assert not out.exists()
+
+
+@needs_shared
+def test_real_caption_files_refuse_another_split():
+    val2017 = CAPTIONS / "coco_val2017" / "captions_val2017.json"
+    with pytest.raises(MmcseError, match="its name says split 'val' but --split is 'train'"):
+        load_dataset("coco", DataSource(COCO_MINI, val2017), "train")
+    albef = CAPTIONS / "coco_karpathy_test_albef" / "coco_test.json"
+    with pytest.raises(MmcseError, match="its name says split 'test' but --split is 'val'"):
+        load_dataset("coco", DataSource(COCO_MINI, albef), "val")
+    folder = CAPTIONS / "flickr8k"
+    source = DataSource(COCO_MINI, folder / "Flickr8k.token.txt")
+    assert len(load_dataset("flickr8k", source, "val").images) == 1000  # its dev list

