@@ -279,6 +279,15 @@ class TrainData:
                 out[key] = {"path": str(fs.path), "fingerprint": fs.fingerprint}
         return out
 
+    def teachers(self) -> dict[str, dict]:
+        """The provenance of every feature set (:meth:`mmcse.cache.Manifest.provenance`), keyed
+        as in :meth:`fingerprints`."""
+        return {
+            f"feature:{role}" + (f"[{i}]" if len(sets) > 1 else ""): fs.manifest.provenance()
+            for role, sets in self.role_sets.items()
+            for i, fs in enumerate(sets)
+        }
+
 
 def train_mix_counts(text_batches: int, caption_batches: int) -> dict[str, int]:
     """Batches per kind in one epoch of MCSE's ``train_mix.py`` schedule.

@@ -33,12 +33,13 @@ from torch import Tensor, nn
 
 from mmcse import distributed as dist
 from mmcse.devices import pick_device
+from mmcse.environment import environment
 from mmcse.errors import MmcseError, naming_os_errors
 from mmcse.hub import load_tokenizer
 from mmcse.losses.base import LossInputs
 from mmcse.methods import Method, build_heads, build_losses, build_method
 from mmcse.model import SentenceEncoder
-from mmcse.rundir import Checkpoint, RunDir, atomic_dir, resolve_model_dir, write_json
+from mmcse.rundir import FINAL, Checkpoint, RunDir, atomic_dir, resolve_model_dir, write_json
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch, TrainData
@@ -242,6 +243,7 @@ class Run:
         dims = {role: int(fs.dim) for role, fs in self.data.feature_sets.items()}
         self.student = Student(encoder, self.method, dims).to(self.device)
         apply_fast_paths(cfg, encoder, self.device)
+        self.environment = environment(self.device, precision_name(self.device, cfg.precision))
         self.model = self.student
         if dist.is_distributed():
             self.model = nn.parallel.DistributedDataParallel(
@@ -461,11 +463,15 @@ class Run:
             "pooler_source": self.pooler_source,
             "fingerprints": self.data.fingerprints(),
             "term_heads": self.student.term_heads,  # which heads of mmcse_heads each term used
+            "teachers": self.data.teachers(),
+            "environment": self.environment,
         }
         if self.aux is not None:
             info["fingerprints"].update(
                 {f"feature:{k}": {"fingerprint": v} for k, v in self.aux.fingerprint.items()}
             )
+            examples = self.aux.examples.manifest.provenance()
+            info["teachers"].update({f"feature:{k}": examples for k in self.aux.fingerprint})
         return info
 
     def _heads(self) -> nn.ModuleDict:
@@ -555,7 +561,7 @@ class Run:
             test = evaluate_sts(
                 best, data_dir=self.eval_dir, device=str(self.device), progress=True
             )
-            self.run_dir.write_results("sts", test)
+            self.run_dir.write_results("sts", test, source=FINAL)
         if dist.is_main():
             for checkpoint in (self.run_dir.best, self.run_dir.last):
                 checkpoint.mark_finished()

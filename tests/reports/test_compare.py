@@ -35,7 +35,8 @@ def make_run(path: Path, sts: dict | None = None, transfer: dict | None = None, 
     if sts is not None:
         (path / "results.json").write_text(json.dumps({**sts, "details": {}}))
     if transfer is not None:
-        (path / "transfer.json").write_text(json.dumps({**transfer, "details": {}}))
+        details = {"mode": "test", "pooler": "cls"}
+        (path / "transfer.json").write_text(json.dumps({**transfer, "details": details}))
     if retrieval is not None:
         (path / "retrieval.json").write_text(json.dumps(retrieval))
     return path
@@ -57,7 +58,8 @@ def runs(tmp_path) -> dict[str, Path]:
 
 
 def test_means_stds_best_and_published_rows(runs):
-    rows, columns, measured = comparison([runs["recipe"], runs["single"]])
+    result = comparison([runs["recipe"], runs["single"]])
+    rows, columns, measured = result.rows, result.columns, result.measured
     seeds = [sts_result(0, 2.0), sts_result(1, 2.0)]
     recipe_row = rows[0]
     for column in COLUMNS:
