@@ -42,7 +42,7 @@ from mmcse.model import SentenceEncoder
 from mmcse.rundir import FINAL, Checkpoint, RunDir, atomic_dir, resolve_model_dir, write_json
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
-from mmcse.training.data import Batch, TrainData
+from mmcse.training.data import Batch, TrainData, random_teacher_warning
 from mmcse.training.dev_eval import DevEvaluator, resolve_eval_dir
 from mmcse.training.fastpath import apply_fast_paths, fused_adamw
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress, describe_plan, truncate_metrics
@@ -251,6 +251,9 @@ class Run:
                 find_unused_parameters=True,  # caption-only heads idle on text batches
             )
         self.aux = self.method.auxiliary_task(encoder, cfg, self.device)
+        warning = random_teacher_warning(self.teachers())
+        if warning and dist.is_main():
+            logger.warning(warning)
         self.scaler = grad_scaler_for(self.device, cfg.precision)
         self.eval_dir = resolve_eval_dir(cfg)
         self.dev_evaluator: DevEvaluator | None = None
@@ -463,16 +466,22 @@ class Run:
             "pooler_source": self.pooler_source,
             "fingerprints": self.data.fingerprints(),
             "term_heads": self.student.term_heads,  # which heads of mmcse_heads each term used
-            "teachers": self.data.teachers(),
+            "teachers": self.teachers(),
             "environment": self.environment,
         }
         if self.aux is not None:
             info["fingerprints"].update(
                 {f"feature:{k}": {"fingerprint": v} for k, v in self.aux.fingerprint.items()}
             )
-            examples = self.aux.examples.manifest.provenance()
-            info["teachers"].update({f"feature:{k}": examples for k in self.aux.fingerprint})
         return info
+
+    def teachers(self) -> dict[str, dict]:
+        """Provenance of every feature set the run reads (run info ``teachers``)."""
+        teachers = self.data.teachers()
+        if self.aux is not None:
+            examples = self.aux.examples.manifest.provenance()
+            teachers.update({f"feature:{k}": examples for k in self.aux.fingerprint})
+        return teachers
 
     def _heads(self) -> nn.ModuleDict:
         heads = nn.ModuleDict({"heads": self.student.heads})
