@@ -286,3 +286,43 @@ def assert_one_error_line(monkeypatch, capsys, args: list[str], message: str) ->
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and "\n" not in err, err
+
+
+def test_eval_records_transfer_per_task_shows_progress_and_keeps_earlier_tasks(
+    tiny_model, tmp_path, caplog
+):
+    import logging
+    import shutil
+
+    from mmcse.evaluation.evaluate import evaluate_model
+    from mmcse.rundir import BEST_DIR, RunDir, merge_results
+
+    write_downstream(tmp_path)
+    run = RunDir(tmp_path / "run")
+    shutil.copytree(tiny_model, run.best.path)
+    (run.path / BEST_DIR / "mmcse_run.json").write_text(json.dumps({"pooler": "avg"}))
+
+    def evaluate(tasks: str) -> list[str]:
+        return list(evaluate_model(str(run.path), tasks=tasks, data=str(tmp_path),
+                                   transfer_mode="fasttest", device="cpu"))  # fmt: skip
+
+    with caplog.at_level(logging.INFO, logger="mmcse.evaluation.transfer"):
+        evaluate("CR")
+    progress = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("CR (1 of 1): nested 5-fold") and "probes" in m for m in progress)
+    assert sum(m.startswith("CR fold ") for m in progress) == 5  # one line per outer fold
+    first = run.read_results("transfer")["CR"]
+
+    evaluate("TREC")  # a later TREC-only call
+    merged = merge_results(run.read_result_entries("transfer"))
+    assert len(merged) == 1 and merged[0]["CR"] == first and "TREC" in merged[0]
+    assert merged[0]["details"]["protocol"]["mode"] == "fasttest"
+    assert merged[0]["details"]["environment"]["packages"]["torch"]
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mmcse.rundir"):
+        evaluate("CR")  # the same task and protocol again: replaces its one entry
+    assert any("CR" in r.getMessage() and "replaces" in r.getMessage() for r in caplog.records)
+    entries = run.read_result_entries("transfer")
+    assert sum("CR" in e["scores"] for e in entries) == 1
+    assert set(merge_results(entries)[0]) >= {"CR", "TREC", "avg"}
