@@ -23,6 +23,7 @@ of two.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,8 @@ from mmcse.rundir import (
     merge_results,
     read_json,
 )
+
+logger = logging.getLogger(__name__)
 
 RETRIEVAL_COLUMNS = tuple(
     f"{d} R@{k}" for d in ("t2i", "i2t") for k in (1, 5, 10)
@@ -320,16 +323,22 @@ def split_by_setting(group: Group) -> list[Group]:
     if len(settings) == 1:
         return [group]
     differing = _differing_keys([s for s in known.values() if s is not None])
-    out = []
-    for key, runs in settings.items():
-        setting = known[key]
-        name = "setting not recorded" if setting is None else ", ".join(
+    names = {
+        key: "setting not recorded" if setting is None else ", ".join(
             f"{k}={_short(setting.get(k))}" for k in differing
         )  # fmt: skip
-        reason = f"{group.path} holds runs of {len(settings)} settings"
-        out.append(Group(f"{group.label} [{name}]", group.path, runs, group.recipe,
-                         group.overrides, reason))  # fmt: skip
-    return out
+        for key, setting in known.items()
+    }
+    which = "; ".join(
+        f"{', '.join(r.label for r in runs)}: {names[key]}" for key, runs in settings.items()
+    )
+    reason = f"{group.path} holds runs of {len(settings)} settings ({which})"
+    logger.warning(f"{reason}: not averaged as seeds of one setting, one row per setting")
+    return [
+        Group(f"{group.label} [{names[key]}]", group.path, runs, group.recipe, group.overrides,
+              reason)  # fmt: skip
+        for key, runs in settings.items()
+    ]
 
 
 def _differing_keys(settings: list[dict]) -> list[str]:
