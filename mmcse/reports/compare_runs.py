@@ -175,4 +175,3 @@ def compare_report(arguments, fmt: str = "md", out: str | Path | None = None) ->
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(table + "\n")
         yield f"wrote {out}"
-
