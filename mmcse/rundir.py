@@ -325,13 +325,12 @@ class RunDir:
         merged = merge_results(self.read_result_entries(suite))
         if not merged:
             return None
-        rank = {FINAL: 0, LEGACY: 1, EVAL: 2}
 
         def preference(item: tuple[int, dict]) -> tuple:
             index, result = item
             details = result["details"]
             mode = details.get("protocol", {}).get("mode", "test")
-            return rank.get(details.get("source"), 3), mode != "test", -index
+            return source_rank(suite, details.get("source")), mode != "test", -index
 
         return min(enumerate(merged), key=preference)[1]
 
@@ -539,6 +538,15 @@ def merge_results(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         result = {**scores, **({"avg": avg} if avg is not None else {})}
         out.append({**result, **latest.get("extra", {}), "details": details})
     return out
+
+
+def source_rank(suite: str, source: str | None) -> int:
+    """Which of a run's results speaks for it (lowest first): its end-of-training evaluation;
+    for STS an old-format file (only the trainer wrote one); the ``mmcse eval`` ones; an
+    old-format transfer/retrieval file (an older ``mmcse eval``)."""
+    if source == LEGACY:
+        return 1 if suite == "sts" else 3
+    return {FINAL: 0, EVAL: 2}.get(source, 4)
 
 
 def describe_protocol(protocol: dict[str, Any]) -> str:

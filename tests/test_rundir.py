@@ -405,3 +405,13 @@ def test_no_module_but_rundir_spells_a_run_file_name():
             if found:
                 spelled[path.relative_to(ROOT).as_posix()] = found
     assert spelled == {}, "use mmcse.rundir (RunDir, Checkpoint, SeedsDir) for these paths"
+
+
+def test_a_newer_eval_speaks_for_a_run_over_an_old_transfer_file(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    write_json(run.transfer, {"MR": 70.0, "avg": 70.0, "details": {"mode": "test"}})
+    run.write_results("transfer", {"MR": 75.0, "avg": 75.0,
+                                   "details": {"protocol": {"mode": "test"}}})  # fmt: skip
+    assert run.read_results("transfer")["MR"] == 75.0
+    assert [e["source"] for e in run.read_result_entries("transfer")] == ["legacy", "eval"]

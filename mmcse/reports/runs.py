@@ -35,15 +35,13 @@ from mmcse.evaluation.sts import TASKS_BY_MODE
 from mmcse.evaluation.transfer import TRANSFER_TASKS, TRANSFER_TITLES
 from mmcse.reports.published import COLUMNS as STS_COLUMNS
 from mmcse.rundir import (
-    EVAL,
-    FINAL,
-    LEGACY,
     RunDir,
     SeedsDir,
     find_runs,
     is_run_dir,
     merge_results,
     read_json,
+    source_rank,
 )
 
 logger = logging.getLogger(__name__)
@@ -71,8 +69,6 @@ SIGNATURE_KEYS = ("data", "max_length", "head", "images_features", "captions_dir
 #: was watched, on which device); any other difference makes two runs two settings
 PER_RUN_SETTINGS = ("seed", "output_dir", "overwrite", "save_every", "report_to", "device",
                     "log_every", "final_eval")  # fmt: skip
-#: which result a column takes when a run recorded several of one protocol
-_SOURCE_RANK = {FINAL: 0, EVAL: 1, LEGACY: 2}
 
 
 @dataclass(frozen=True)
@@ -184,7 +180,7 @@ class Run:
             by_protocol: dict[Protocol, list[tuple[tuple, dict]]] = {}
             for index, result in enumerate(merge_results(self.files.read_result_entries(suite))):
                 protocol = self._protocol(suite, result, own)
-                rank = (_SOURCE_RANK.get(result["details"]["source"], 3), -index)
+                rank = (source_rank(suite, result["details"]["source"]), -index)
                 by_protocol.setdefault(protocol, []).append((rank, result))
             for protocol, results in by_protocol.items():
                 out.update(_protocol_cells(protocol, [r for _, r in sorted(results)]))
@@ -218,9 +214,8 @@ class Run:
 
 
 def _protocol_cells(protocol: Protocol, results: list[dict]) -> dict[Column, Cell]:
-    """The cells of one protocol: each task from the most preferred result that has it (the
-    end-of-training evaluation, then the latest ``mmcse eval``, then an old file), and the
-    average of those tasks."""
+    """The cells of one protocol: each task from the most preferred result that has it
+    (:func:`mmcse.rundir.source_rank`, then the latest), and the average of those tasks."""
     values: dict[str, float] = {}
     signatures: dict[str, str] = {}
     for result in results:
