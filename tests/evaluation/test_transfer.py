@@ -326,3 +326,22 @@ def test_eval_records_transfer_per_task_shows_progress_and_keeps_earlier_tasks(
     entries = run.read_result_entries("transfer")
     assert sum("CR" in e["scores"] for e in entries) == 1
     assert set(merge_results(entries)[0]) >= {"CR", "TREC", "avg"}
+
+
+def test_the_progress_total_is_the_number_of_probes_each_scheme_fits():
+    x, y = blobs(150, 4, seed=4, shift=0.5, classes=3)
+    settings = replace(probe.SETTINGS["fasttest"], kfold=3, backend="sklearn")
+    counted, milestones = [], []
+    progress = probe.Progress(fitted=lambda: counted.append(1), milestone=milestones.append)
+
+    probe.inner_kfold(x[:60], y[:60], settings, progress)
+    assert len(counted) == probe.fits("inner_kfold", settings) == 3 * (3 * 6 + 1)
+    assert [m.split(":")[0] for m in milestones] == ["fold 1/3", "fold 2/3", "fold 3/3"]
+    counted.clear()
+    probe.kfold(x[:100], y[:100], x[100:], y[100:], settings, progress)
+    assert len(counted) == probe.fits("kfold", settings) == 3 * 7 + 1
+    counted.clear()
+    parts = {"train": slice(0, 80), "valid": slice(80, 110), "test": slice(110, 150)}
+    probe.split({k: x[s] for k, s in parts.items()}, {k: y[s] for k, s in parts.items()},
+                settings, progress)  # fmt: skip
+    assert len(counted) == probe.fits("split", settings) == 6 + 1
