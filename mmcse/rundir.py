@@ -9,16 +9,16 @@
       tensorboard/           the same scalars for TensorBoard (--report-to tensorboard)
       best/                  a checkpoint: the best one by STS-B dev
       last/                  a checkpoint: the resumable one (adds trainer_state.pt)
-      results.json           STS test scores of best/ (end of training, with final_eval)
-      transfer.json          SentEval transfer results (mmcse eval --tasks transfer)
-      retrieval.json         cross-modal retrieval results (mmcse eval --tasks retrieval)
+      results.json           STS results of best/: the end-of-training test scores (final_eval)
+                             and every mmcse eval since (see "Recorded results" below)
+      transfer.json          SentEval transfer results (mmcse eval --tasks transfer), the same way
+      retrieval.json         cross-modal retrieval results (mmcse eval --tasks retrieval), same
       align_uniform.json     alignment and uniformity on STS-B (mmcse plot --align-uniform)
       training_curves.png    loss terms, lr and STS-B dev against the step (mmcse plot)
 
     CHECKPOINT/              best/ or last/: an ordinary HF model directory (save_pretrained) plus
       mmcse_heads.safetensors  the loss heads (training-only)
-      mmcse_run.json           run info: config, method, step, STS-B dev, pooler, fingerprints of
-                               every set it trained on, and "finished" (false until the run ends)
+      mmcse_run.json           run info (keys below)
       trainer_state.pt         last/ only: optimizer, scheduler, RNG states, data position
 
     SEEDS/                   mmcse recipes run (mmcse ablate: one per row, named by the row)
@@ -29,6 +29,46 @@
     ABLATION/                mmcse ablate: one SEEDS folder per row, and
       ablation.md .json      the table and the full record (by default; --out moves them)
       ablation.png           its bar chart (mmcse plot)
+
+Run info (``mmcse_run.json``, :meth:`Checkpoint.read_info`), one JSON object:
+
+* ``config`` (the resolved TrainConfig), ``method`` (its weights), ``step``, ``total_steps``,
+  ``finished`` (false until the run completes), ``stsb_dev``, ``pooler``, ``pooler_source``,
+  ``term_heads`` (which heads each loss term used);
+* ``fingerprints``: ``{key: {"path", "fingerprint"}}`` of every corpus (``corpus:text``,
+  ``corpus:caption``) and feature set (``feature:<role>``, ``feature:<role>[i]`` when a role
+  has several sets) it trained on;
+* ``teachers``: ``{key: provenance}`` for every feature set, keyed as in ``fingerprints``; the
+  provenance is what the set's manifest says produced it
+  (:meth:`mmcse.cache.manifest.Manifest.provenance`): ``teacher``, ``weights`` (``default``,
+  ``random``, ``path``), ``weights_source``, ``weights_sha256``, ``revision``, ``dtype`` (the
+  teacher's compute dtype), ``stored_dtype``, ``kind``, ``dataset``, ``split``,
+  ``fingerprint`` and the whole ``producer``; a value the manifest lacks is null;
+* ``environment``: the process that wrote the checkpoint (:mod:`mmcse.environment` lists the
+  keys: mmcse version and git commit, Python and library versions, CUDA/cuDNN, device,
+  precision and determinism settings, OS/CPU). A resumed run's checkpoints carry the resuming
+  process's environment.
+
+Recorded results (``results.json``, ``transfer.json``, ``retrieval.json``; :meth:`RunDir.
+write_results` / :meth:`RunDir.read_result_entries`) accumulate, one entry per evaluation::
+
+    {"format": "mmcse.results/2", "suite": "transfer", "entries": [
+      {"source": "eval",                  final: the training run's own end-of-training
+                                          evaluation; eval: mmcse eval; legacy: a file from
+                                          before this format (read, never rewritten away)
+       "protocol": {"mode": "test", "pooler": "cls", "data": "/.../downstream"},
+       "scores": {"CR": 85.1, ...},       per task (retrieval: per space, an object)
+       "avg": 85.1,                       the evaluation's own average of its tasks
+       "tasks": {"CR": {...}, ...},       per-task details (folds, subsets, ...)
+       "details": {...},                  the evaluation's other details (model, seconds, ...)
+       "extra": {...},                    anything else it returned (STS: align_uniform)
+       "environment": {...},              :mod:`mmcse.environment`'s record of the evaluation
+       "recorded": "2025-01-01T12:00:00+00:00"}]}
+
+A new entry replaces, task by task, what an entry of the same source and protocol holds
+(logged); every other result stays. :meth:`RunDir.read_results` gives the run's own result as
+one flat evaluator-style dict (the end-of-training one first), :func:`merge_results` one such
+dict per (source, protocol). A file in the old flat format is read as one ``legacy`` entry.
 
 Nothing is ever half-written: a checkpoint is written in a hidden ``.tmp-<name>-*`` directory
 beside it and renamed into place (:func:`atomic_dir`; a kill between the two renames leaves the
@@ -43,6 +83,7 @@ Everything else reads and writes a run through :class:`RunDir`, :class:`Checkpoi
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import secrets
@@ -51,10 +92,13 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 from mmcse.errors import MmcseError
+
+logger = logging.getLogger(__name__)
 
 # ---- names ------------------------------------------------------------------------------------
 
@@ -84,6 +128,9 @@ ABLATION_TABLE = "ablation.md"
 ABLATION_RECORD = "ablation.json"
 ABLATION_PLOT = "ablation.png"
 
+RESULTS_FORMAT = "mmcse.results/2"
+#: who recorded an entry (see "Recorded results" in the module docstring)
+FINAL, EVAL, LEGACY = "final", "eval", "legacy"
 #: where each evaluation suite's results of a run's best/ are kept
 RESULT_FILES = {"sts": RESULTS_FILE, "transfer": TRANSFER_FILE, "retrieval": RETRIEVAL_FILE}
 #: what a training run writes, every record added to the layout included (``--overwrite``
@@ -311,12 +358,61 @@ class RunDir:
 
     # -- reading and writing -------------------------------------------------------------------
     def read_results(self, suite: str) -> dict[str, Any] | None:
-        """The recorded results of ``suite`` (sts, transfer, retrieval); None when not run."""
-        return read_json(self.result_file(suite))
+        """The run's own result of ``suite`` (sts, transfer, retrieval) as one evaluator-style
+        dict (``{task: score, "avg", "details"}``): the end-of-training evaluation when there is
+        one, else an old-format file's, else the latest ``mmcse eval`` (test mode first).
+        None when ``suite`` was never run; every result is :meth:`read_result_entries`."""
+        merged = merge_results(self.read_result_entries(suite))
+        if not merged:
+            return None
 
-    def write_results(self, suite: str, results: dict[str, Any]) -> Path:
-        """Record ``suite``'s results of best/, replacing earlier ones (atomically)."""
-        return write_json(self.result_file(suite), results)
+        def preference(item: tuple[int, dict]) -> tuple:
+            index, result = item
+            details = result["details"]
+            mode = details.get("protocol", {}).get("mode", "test")
+            return source_rank(suite, details.get("source")), mode != "test", -index
+
+        return min(enumerate(merged), key=preference)[1]
+
+    def read_result_entries(self, suite: str) -> list[dict[str, Any]]:
+        """Every recorded evaluation of ``suite``, oldest first (an old flat file: one legacy
+        entry); a malformed file is one error line naming it."""
+        path = self.result_file(suite)
+        data = read_json(path)
+        if data is None:
+            return []
+        if "format" not in data:
+            return [result_entry(data, LEGACY, recorded=None)]
+        entries = data.get("entries")
+        if data["format"] != RESULTS_FORMAT:
+            raise MmcseError(
+                f"{path}: results format {data['format']!r} is not {RESULTS_FORMAT!r} "
+                "(written by another mmcse version)"
+            )
+        if not isinstance(entries, list) or not all(_is_entry(e) for e in entries):
+            raise MmcseError(f"{path}: 'entries' must be a list of result entries")
+        return entries
+
+    def write_results(self, suite: str, results: dict[str, Any], source: str = EVAL) -> Path:
+        """Add an evaluation of best/ to ``suite``'s record (atomically). Its tasks replace those
+        of earlier entries with the same source and protocol (a log line says which); every
+        other result is kept."""
+        path = self.result_file(suite)
+        new = result_entry(results, source)
+        kept = []
+        for entry in self.read_result_entries(suite):
+            same = entry["source"] == source and _same(entry["protocol"], new["protocol"])
+            replaced = [task for task in entry["scores"] if same and task in new["scores"]]
+            if replaced:
+                logger.info(
+                    f"{path}: the new {', '.join(replaced)} ({describe_protocol(new['protocol'])},"
+                    f" {source}) replaces the one recorded {entry.get('recorded') or 'earlier'}"
+                )
+                entry = _without_tasks(entry, replaced)
+            if entry["scores"]:
+                kept.append(entry)
+        payload = {"format": RESULTS_FORMAT, "suite": suite, "entries": [*kept, new]}
+        return write_json(path, payload, default=str)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """The training/eval records of ``metrics.jsonl``: records without a numeric step are
@@ -410,6 +506,119 @@ class AblationDir:
 
     def is_ablation(self) -> bool:
         return self.record.is_file()
+
+
+# ---- recorded results -------------------------------------------------------------------------
+
+#: what an old flat file's details say of how it was measured (it has no "protocol")
+_LEGACY_PROTOCOL = ("mode", "pooler", "head", "images_features", "captions_dir")
+
+
+def result_entry(results: dict[str, Any], source: str, recorded: str | None = "now") -> dict:
+    """An evaluator's result (``{task: score, ..., "avg", "details"}``; its details may hold
+    ``protocol``, ``environment`` and per-task ``tasks``) as one recorded entry."""
+    from datetime import datetime
+
+    details = dict(results.get("details") or {})
+    per_task = details.pop("tasks", None)
+    protocol = details.pop("protocol", None)
+    if protocol is None:
+        protocol = {key: details[key] for key in _LEGACY_PROTOCOL if key in details}
+    environment = details.pop("environment", None)
+    if isinstance(per_task, dict):
+        tasks = [task for task in per_task if task in results]
+    else:
+        tasks = [key for key in results if key not in ("avg", "details")]
+    others = [key for key in results if key not in (*tasks, "avg", "details")]
+    if recorded == "now":
+        recorded = datetime.now(UTC).isoformat(timespec="seconds")
+    return {
+        "source": source,
+        "protocol": protocol,
+        "scores": {task: results[task] for task in tasks},
+        "avg": results.get("avg"),
+        "tasks": {task: per_task[task] for task in tasks} if isinstance(per_task, dict) else {},
+        "details": details,
+        "extra": {key: results[key] for key in others},
+        "environment": environment,
+        "recorded": recorded,
+    }
+
+
+def merge_results(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One evaluator-style result per (source, protocol), in order of first appearance: every
+    task its entries measured, ``avg`` (the entry's own when one entry holds all the tasks, else
+    the mean of the scores as printed, 2 decimals), and ``details`` with ``source``,
+    ``protocol``, ``recorded`` and ``environment`` of the latest entry and the per-task
+    ``tasks``."""
+    groups: dict[str, list[dict]] = {}
+    for entry in entries:
+        key = _canonical({"source": entry["source"], "protocol": entry["protocol"]})
+        groups.setdefault(key, []).append(entry)
+    out = []
+    for group in groups.values():
+        latest = group[-1]
+        scores = {task: s for entry in group for task, s in entry["scores"].items()}
+        per_task = {task: d for entry in group for task, d in entry.get("tasks", {}).items()}
+        whole = [e for e in group if set(e["scores"]) == set(scores) and e.get("avg") is not None]
+        if whole:
+            avg = whole[-1]["avg"]
+        elif scores and all(_finite_number(v) for v in scores.values()):
+            avg = sum(round(float(v), 2) for v in scores.values()) / len(scores)
+        else:
+            avg = None
+        details = {
+            **latest.get("details", {}),
+            "tasks": per_task,
+            "source": latest["source"],
+            "protocol": latest["protocol"],
+            "recorded": latest.get("recorded"),
+            "environment": latest.get("environment"),
+        }
+        result = {**scores, **({"avg": avg} if avg is not None else {})}
+        out.append({**result, **latest.get("extra", {}), "details": details})
+    return out
+
+
+def source_rank(suite: str, source: str | None) -> int:
+    """Which of a run's results speaks for it (lowest first): its end-of-training evaluation;
+    for STS an old-format file (only the trainer wrote one); the ``mmcse eval`` ones; an
+    old-format transfer/retrieval file (an older ``mmcse eval``)."""
+    if source == LEGACY:
+        return 1 if suite == "sts" else 3
+    return {FINAL: 0, EVAL: 2}.get(source, 4)
+
+
+def describe_protocol(protocol: dict[str, Any]) -> str:
+    """``mode test, pooler cls, data /x`` (unset settings left out)."""
+    return ", ".join(f"{key} {value}" for key, value in protocol.items() if value is not None)
+
+
+def _without_tasks(entry: dict[str, Any], tasks: list[str]) -> dict[str, Any]:
+    """``entry`` less ``tasks`` (its own average no longer covers what it keeps)."""
+    return {
+        **entry,
+        "scores": {t: v for t, v in entry["scores"].items() if t not in tasks},
+        "tasks": {t: v for t, v in entry.get("tasks", {}).items() if t not in tasks},
+        "avg": None,
+    }
+
+
+def _is_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("scores"), dict)
+        and isinstance(entry.get("protocol"), dict)
+        and isinstance(entry.get("source"), str)
+    )
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(finite_or_none(value), sort_keys=True, default=str)
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return _canonical(a) == _canonical(b)
 
 
 # ---- atomic writes ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -23,6 +24,7 @@ from mmcse.rundir import (
     is_checkpoint_dir,
     is_model_dir,
     is_run_dir,
+    merge_results,
     read_json,
     resolve_model_dir,
     run_of_checkpoint,
@@ -239,8 +241,61 @@ def test_results_are_recorded_per_suite(tmp_path):
     run = RunDir(tmp_path / "run")
     assert run.read_results("transfer") is None
     written = run.write_results("transfer", {"MR": 80.0, "avg": 80.0})
-    assert written == run.transfer and run.read_results("transfer") == {"MR": 80.0, "avg": 80.0}
+    result = run.read_results("transfer")
+    assert written == run.transfer and (result["MR"], result["avg"]) == (80.0, 80.0)
+    assert result["details"]["source"] == "eval"
     assert read_json(run.results) is None
+
+
+def _transfer(scores: dict, mode: str = "test") -> dict:
+    protocol = {"mode": mode, "pooler": "cls", "data": "/data"}
+    details = {"tasks": {t: {"acc": v} for t, v in scores.items()}, "protocol": protocol}
+    return {**scores, "avg": sum(scores.values()) / len(scores), "details": details}
+
+
+def test_results_accumulate_per_task_and_protocol_and_a_rerun_replaces_its_task(
+    tmp_path, caplog
+):
+    run = RunDir(tmp_path / "run")
+    run.write_results("transfer", _transfer({"CR": 85.0, "MR": 80.0}))
+    run.write_results("transfer", _transfer({"TREC": 90.0}))  # a TREC-only call
+    run.write_results("transfer", _transfer({"CR": 70.0}, mode="fasttest"))
+    merged = {r["details"]["protocol"]["mode"]: r for r in merge_results(
+        run.read_result_entries("transfer"))}  # fmt: skip
+    assert {k: merged["test"][k] for k in ("CR", "MR", "TREC")} == {
+        "CR": 85.0, "MR": 80.0, "TREC": 90.0
+    }  # fmt: skip
+    assert merged["test"]["avg"] == pytest.approx((85.0 + 80.0 + 90.0) / 3)
+    assert merged["fasttest"]["CR"] == 70.0  # another protocol: kept apart
+
+    with caplog.at_level(logging.INFO, logger="mmcse.rundir"):
+        run.write_results("transfer", _transfer({"CR": 86.0}))  # the same task, same protocol
+    assert "CR" in caplog.text and "replaces" in caplog.text
+    entries = run.read_result_entries("transfer")
+    test_cr = [e["scores"]["CR"] for e in entries if e["protocol"]["mode"] == "test"
+               and "CR" in e["scores"]]  # fmt: skip
+    assert test_cr == [86.0]  # replaced, not duplicated
+    assert [e["scores"] for e in entries if e["protocol"]["mode"] == "fasttest"] == [{"CR": 70.0}]
+    assert merge_results(entries)[0]["MR"] == 80.0  # the rest of the first call survives
+
+
+def test_an_old_flat_results_file_is_read_and_kept_as_legacy(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    write_json(run.results, {"STS12": 70.0, "avg": 70.0, "details": {"mode": "test"}})
+    assert run.read_results("sts")["STS12"] == 70.0
+    run.write_results("sts", {"STS12": 75.0, "avg": 75.0, "details": {"protocol": {"mode": "dev"}}})
+    sources = [e["source"] for e in run.read_result_entries("sts")]
+    assert sources == ["legacy", "eval"]
+    assert run.read_results("sts")["STS12"] == 70.0  # the run's own result is preferred
+
+
+def test_a_malformed_results_file_is_one_error_line_naming_it(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    write_json(run.transfer, {"format": "mmcse.results/2", "entries": [{"scores": 1}]})
+    with pytest.raises(MmcseError, match=r"transfer.json: 'entries' must be a list"):
+        run.read_result_entries("transfer")
 
 
 def test_metrics_skip_a_torn_last_line_and_refuse_a_bad_middle_one(tmp_path):
@@ -389,3 +444,13 @@ def test_no_module_but_rundir_spells_a_run_file_name():
             if found:
                 spelled[path.relative_to(ROOT).as_posix()] = found
     assert spelled == {}, "use mmcse.rundir (RunDir, Checkpoint, SeedsDir) for these paths"
+
+
+def test_a_newer_eval_speaks_for_a_run_over_an_old_transfer_file(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    write_json(run.transfer, {"MR": 70.0, "avg": 70.0, "details": {"mode": "test"}})
+    run.write_results("transfer", {"MR": 75.0, "avg": 75.0,
+                                   "details": {"protocol": {"mode": "test"}}})  # fmt: skip
+    assert run.read_results("transfer")["MR"] == 75.0
+    assert [e["source"] for e in run.read_result_entries("transfer")] == ["legacy", "eval"]

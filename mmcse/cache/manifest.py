@@ -98,6 +98,25 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def provenance(self) -> dict[str, Any]:
+        """Who produced the rows, for a run's record (``teachers`` in its run info): the
+        producer's ``teacher``, ``weights`` (default / random / path), ``weights_source``,
+        ``weights_sha256``, ``revision`` and compute ``dtype`` (null where the producer did not
+        record one), the stored ``stored_dtype``, ``kind``, ``dataset``, ``split``, the set's
+        ``fingerprint`` and the whole ``producer``."""
+        producer = self.producer
+        named = ("teacher", "weights", "weights_source", "weights_sha256", "revision")
+        return {
+            **{key: producer.get(key) for key in named},
+            "dtype": producer.get("compute_dtype"),
+            "stored_dtype": self.dtype,
+            "kind": self.kind,
+            "dataset": self.dataset,
+            "split": self.split,
+            "fingerprint": self.fingerprint,
+            "producer": producer,
+        }
+
     def write(self, directory: Path) -> None:
         write_json_atomically(Path(directory) / MANIFEST_NAME, self.to_dict())
 

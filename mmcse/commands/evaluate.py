@@ -29,7 +29,8 @@ def eval_command(
     captions: str = Opt(None, help="Retrieval: their caption corpus (--caption-policy all)."),
     head: str = Opt(None, help="Retrieval: which loss term's heads [default: first]."),
 ) -> None:  # fmt: skip
-    """SentEval STS (Spearman x 100, 'all'), transfer tasks and cross-modal retrieval."""
+    """SentEval STS (Spearman x 100, 'all'), transfer tasks and cross-modal retrieval; a run
+    directory keeps every result beside its earlier ones, per task and protocol."""
     from mmcse.evaluation.evaluate import evaluate_model
 
     show(evaluate_model(

@@ -54,6 +54,18 @@ def _autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
+def precision_name(device: torch.device) -> str:
+    """What :func:`encode_sentences` computes in on ``device``."""
+    return "bf16 autocast" if device.type == "cuda" else "fp32"
+
+
+def encoder_device(encoder: nn.Module, device: str | torch.device | None) -> torch.device:
+    """Where :func:`encode_sentences` runs ``encoder`` for this ``device`` argument."""
+    if device is not None:
+        return torch.device(device)
+    return next(getattr(encoder, "backbone", encoder).parameters()).device
+
+
 def encode_sentences(
     encoder: nn.Module,
     tokenizer,

@@ -30,10 +30,13 @@ def evaluate_model(
 ) -> Iterator[str]:
     """Score ``model`` on ``tasks`` (``"sts,transfer,retrieval"``, see
     :func:`~mmcse.evaluation.suites.parse_suites`); yields each table as soon as it is scored,
-    then the files written. A checkpoint of an unfinished run is evaluated with a warning."""
-    from mmcse.evaluation import evaluate_sts, format_table, write_report
+    then the files written. A run directory (or its best/) records each suite's result as soon as
+    it is scored, beside the earlier ones (:func:`~mmcse.evaluation.suites.record`); every
+    result's details hold its protocol and environment. A checkpoint of an unfinished run is
+    evaluated with a warning."""
+    from mmcse.evaluation import evaluate_sts, format_table
     from mmcse.evaluation.probe import check_mode
-    from mmcse.evaluation.suites import parse_suites, run_extra_suites
+    from mmcse.evaluation.suites import parse_suites, record, run_extra_suites, write_out
     from mmcse.hub import resolve_model_source
 
     suites = parse_suites(tasks, images_features, captions, data)
@@ -41,26 +44,26 @@ def evaluate_model(
     warning = unfinished_warning(resolve_model_source(model))
     if warning:
         logger.warning(warning)
-    extra = (model, suites, data, out, pooler, batch_size, device, transfer_mode,
-             images_features, captions, head)  # fmt: skip
-    if "sts" not in suites:
-        yield from run_extra_suites(*extra)
-        return
-    results = evaluate_sts(
-        model,
-        data_dir=data,
-        mode=mode,
-        pooler=pooler,
-        batch_size=batch_size,
-        device=device,
-        with_align_uniform=align_uniform,
-        progress=True,
-    )
-    yield format_table(results)
-    if len(suites) > 1:
-        yield from run_extra_suites(*extra, sts=results)
-    elif out:
-        yield f"wrote {write_report(results, out)}"
+    collected: dict = {}
+    if "sts" in suites:
+        collected["sts"] = evaluate_sts(
+            model,
+            data_dir=data,
+            mode=mode,
+            pooler=pooler,
+            batch_size=batch_size,
+            device=device,
+            with_align_uniform=align_uniform,
+            progress=True,
+        )
+        yield format_table(collected["sts"])
+        yield from record(model, "sts", collected["sts"])
+    yield from run_extra_suites(
+        model, suites, data, pooler, batch_size, device, transfer_mode, images_features,
+        captions, head, collected,
+    )  # fmt: skip
+    if out:
+        yield write_out(collected, out)
 
 
 def unfinished_warning(model_dir: str | Path) -> str | None:

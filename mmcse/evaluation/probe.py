@@ -28,6 +28,10 @@ reseeds its own NumPy stream and torch's initialisation with 1111 (SentEval call
 give the same streams without touching global state). Accuracies are rounded to 2 decimals where
 SentEval rounds them.
 
+A probe run takes minutes (CR in test mode: 410 probes); :class:`Progress` is told after every
+probe fitted and at every milestone (an outer fold, a regulariser tried), which
+:mod:`mmcse.evaluation.transfer` shows as a bar and log lines.
+
 ``backend="sklearn"`` is SentEval's ``usepytorch=False`` path
 (``LogisticRegression(C=reg, random_state=seed)``, ``C`` in ``2^-2 ... 2^3``, or ``2^-1 ... 2^5``
 for :func:`kfold`); it exists so the validation loops can be checked against scikit-learn.
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +89,26 @@ def check_mode(mode: str) -> ProbeSettings:
             f"--transfer-mode {mode!r}: unknown transfer mode; choose {' or '.join(SETTINGS)}"
         )
     return SETTINGS[mode]
+def _nothing(*_args) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a validation loop reports: ``fitted()`` after each probe trained, ``milestone(text)``
+    when an outer fold or a regulariser's cross-validation is done (``"fold 3/10: 79.10"``)."""
+
+    fitted: Callable[[], None] = _nothing
+    milestone: Callable[[str], None] = _nothing
+
+
+SILENT = Progress()
+
+
+def fits(scheme: str, settings: ProbeSettings) -> int:
+    """Probes that ``scheme`` (``inner_kfold``, ``kfold``, ``split``) trains: the bar's total."""
+    k, regs = settings.kfold, len(_grid(settings, kfold_grid=scheme == "kfold"))
+    return {"inner_kfold": k * (k * regs + 1), "kfold": k * regs + 1, "split": regs + 1}[scheme]
 
 
 def one_thread(function):
@@ -212,7 +237,9 @@ def _folds(settings: ProbeSettings, x: np.ndarray, y: np.ndarray):
     return skf.split(x, y)
 
 
-def _kfold_score(settings: ProbeSettings, x: np.ndarray, y: np.ndarray, classes, reg) -> float:
+def _kfold_score(
+    settings: ProbeSettings, x: np.ndarray, y: np.ndarray, classes, reg, progress: Progress
+) -> float:
     """Mean held-out accuracy x 100 (rounded as SentEval does) of probes with L2 ``reg`` over
     the stratified folds of ``(x, y)``, each stopped early on its held-out fold."""
     fold_scores = []
@@ -221,23 +248,30 @@ def _kfold_score(settings: ProbeSettings, x: np.ndarray, y: np.ndarray, classes,
         held_out = (x[test_idx], y[test_idx])
         probe.fit(x[train_idx], y[train_idx], validation_data=held_out)
         fold_scores.append(probe.score(*held_out))
+        progress.fitted()
     return round(100 * float(np.mean(fold_scores)), 2)
 
 
 @one_thread
-def inner_kfold(x: np.ndarray, y: np.ndarray, settings: ProbeSettings) -> dict:
+def inner_kfold(
+    x: np.ndarray, y: np.ndarray, settings: ProbeSettings, progress: Progress = SILENT
+) -> dict:
     """MR/CR/SUBJ/MPQA: nested stratified k-fold; ``{"devacc", "acc"}`` x 100."""
     regs, classes = _grid(settings), _classes(y)
     dev_results, test_results, chosen = [], [], []
-    for train_idx, test_idx in _folds(settings, x, y):
+    for fold, (train_idx, test_idx) in enumerate(_folds(settings, x, y), start=1):
         x_train, y_train = x[train_idx], y[train_idx]
-        scores = [_kfold_score(settings, x_train, y_train, classes, reg) for reg in regs]
+        scores = [_kfold_score(settings, x_train, y_train, classes, r, progress) for r in regs]
         best = regs[int(np.argmax(scores))]
         chosen.append(best)
         dev_results.append(max(scores))
         probe = make_probe(settings, x.shape[1], classes, best)
         probe.fit(x_train, y_train, validation_split=0.05)
+        progress.fitted()
         test_results.append(round(100 * probe.score(x[test_idx], y[test_idx]), 2))
+        progress.milestone(
+            f"fold {fold}/{settings.kfold}: test {test_results[-1]:.2f} (reg {best:g})"
+        )
     return {
         "devacc": round(float(np.mean(dev_results)), 2),
         "acc": round(float(np.mean(test_results)), 2),
@@ -252,13 +286,18 @@ def kfold(
     test_x: np.ndarray,
     test_y: np.ndarray,
     settings: ProbeSettings,
+    progress: Progress = SILENT,
 ) -> dict:
     """TREC/MRPC: k-fold on train picks the regulariser; ``{"devacc", "acc", "predictions"}``."""
     regs, classes = _grid(settings, kfold_grid=True), _classes(train_y, test_y)
-    scores = [_kfold_score(settings, train_x, train_y, classes, reg) for reg in regs]
+    scores = []
+    for reg in regs:
+        scores.append(_kfold_score(settings, train_x, train_y, classes, reg, progress))
+        progress.milestone(f"reg {reg:g}: {settings.kfold}-fold {scores[-1]:.2f}")
     best = regs[int(np.argmax(scores))]
     probe = make_probe(settings, train_x.shape[1], classes, best)
     probe.fit(train_x, train_y, validation_split=0.05)
+    progress.fitted()
     predictions = probe.predict(test_x)
     return {
         "devacc": max(scores),
@@ -269,7 +308,12 @@ def kfold(
 
 
 @one_thread
-def split(x: dict[str, np.ndarray], y: dict[str, np.ndarray], settings: ProbeSettings) -> dict:
+def split(
+    x: dict[str, np.ndarray],
+    y: dict[str, np.ndarray],
+    settings: ProbeSettings,
+    progress: Progress = SILENT,
+) -> dict:
     """SST-2: the regulariser picked on ``valid``; ``{"devacc", "acc"}`` x 100."""
     regs, classes = _grid(settings), _classes(*y.values())
     dim = x["train"].shape[1]
@@ -278,9 +322,12 @@ def split(x: dict[str, np.ndarray], y: dict[str, np.ndarray], settings: ProbeSet
         probe = make_probe(settings, dim, classes, reg)
         probe.fit(x["train"], y["train"], validation_data=(x["valid"], y["valid"]))
         scores.append(round(100 * probe.score(x["valid"], y["valid"]), 2))
+        progress.fitted()
+        progress.milestone(f"reg {reg:g}: dev {scores[-1]:.2f}")
     best = regs[int(np.argmax(scores))]
     probe = make_probe(settings, dim, classes, best)
     probe.fit(x["train"], y["train"], validation_data=(x["valid"], y["valid"]))
+    progress.fitted()
     return {
         "devacc": max(scores),
         "acc": round(100 * probe.score(x["test"], y["test"]), 2),

@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmcse.environment import environment
 from mmcse.errors import MmcseError
-from mmcse.evaluation.encode import encode_sentences
+from mmcse.evaluation.encode import encode_sentences, encoder_device, precision_name
 from mmcse.evaluation.sts import load_encoder
 from mmcse.rundir import HEADS_FILE, Checkpoint
 
@@ -217,7 +218,8 @@ def evaluate_retrieval(
     head: str | None = None,
     progress: bool = False,
 ) -> dict:
-    """Recall@1/5/10 and median rank both ways, grounded space and raw zero-shot baseline."""
+    """Recall@1/5/10 and median rank both ways, grounded space and raw zero-shot baseline;
+    ``details`` has the ``protocol`` (pooler, head, the two folders) and the ``environment``."""
     from mmcse.hub import local_or_hub_id
 
     started = time.perf_counter()
@@ -235,6 +237,7 @@ def evaluate_retrieval(
         encoder, tokenizer, texts, batch_size=batch_size, device=device, pooler=pooler,
         progress=progress,
     )  # fmt: skip
+    used = encoder_device(encoder, device)
     grounded = score_space(heads.image(features), heads.text(sentences), caption_image)
     if sentences.shape[1] == features.shape[1]:
         raw = score_space(features, sentences, caption_image)
@@ -253,6 +256,13 @@ def evaluate_retrieval(
             "images_features": str(images_features),
             "captions_dir": str(captions),
             "seconds": round(time.perf_counter() - started, 2),
+            "protocol": {
+                "pooler": pooler,
+                "head": heads.term,
+                "images_features": str(Path(images_features).resolve()),
+                "captions_dir": str(Path(captions).resolve()),
+            },
+            "environment": environment(used, precision_name(used)),
         },
     }
 

@@ -47,9 +47,10 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from mmcse.devices import check_device, default_device_name
+from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation.align_uniform import align_uniform
-from mmcse.evaluation.encode import encode_sentences
+from mmcse.evaluation.encode import encode_sentences, encoder_device, precision_name
 from mmcse.pooling import check_pooler, resolve_encoding, resolve_pooler
 
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
@@ -350,8 +351,9 @@ def evaluate_sts(
 
     Returns ``{task: 'all' Spearman x 100, ..., "avg": ..., "details": {...}}`` with SentEval task
     names (``STS12`` ... ``STS16``, ``STSBenchmark``, ``SICKRelatedness``; dev mode: the last
-    two); ``details`` holds per-subset Spearman, ``wmean``, ``mean``, pair counts, pooler, model
-    and seconds. ``with_align_uniform`` adds ``"align_uniform"`` (see
+    two); ``details`` holds per-subset Spearman, ``wmean``, ``mean``, pair counts, pooler, model,
+    seconds, the ``protocol`` (mode, pooler, data folder: what makes two results comparable)
+    and the ``environment`` (:mod:`mmcse.environment`). ``with_align_uniform`` adds ``"align_uniform"`` (see
     :mod:`mmcse.evaluation.align_uniform`). ``pooler=None`` keeps the run's (or the encoder's)
     pooler; ``device=None`` keeps an in-memory encoder where it is.
     """
@@ -393,6 +395,8 @@ def evaluate_sts(
             **align_uniform(pairs, gold, vectors, row),
             "stsb_splits": list(STSB_FILES),
         }
+    used = encoder_device(encoder, device)
+    protocol = {"mode": mode, "pooler": pooler, "data": str(resolve_downstream(data_dir).resolve())}
     results["details"] = {
         "model": str(model_name),
         "pooler": pooler,
@@ -400,6 +404,8 @@ def evaluate_sts(
         "sentences_encoded": len(row),
         "seconds": round(time.perf_counter() - started, 2),
         "tasks": scores,
+        "protocol": protocol | ({"max_length": max_length} if max_length else {}),
+        "environment": environment(used, precision_name(used)),
     }
     return results
 

@@ -1,18 +1,20 @@
 """``mmcse eval --tasks sts,transfer,retrieval``: the suites beyond STS, run and saved together.
 
-Results of a training run directory are also recorded in it
-(:meth:`mmcse.rundir.RunDir.write_results`; the trainer records STS), which is where
-``mmcse compare`` and ``mmcse plot`` look for them.
+Results of a training run directory (or of its best/) are also recorded in it, each suite as
+soon as it is scored (:meth:`mmcse.rundir.RunDir.write_results`: they accumulate per task and
+protocol beside the trainer's own end-of-training STS result), which is where ``mmcse compare``
+and ``mmcse plot`` look for them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.report import write_report
 from mmcse.evaluation.transfer import TRANSFER_TASKS, check_task_folders, parse_tasks
-from mmcse.rundir import run_of_model
+from mmcse.rundir import EVAL, RunDir, is_run_dir, run_of_checkpoint, run_of_model
 
 SUITES = ("sts", "transfer", "retrieval")
 
@@ -53,31 +55,46 @@ def parse_suites(
 
 
 def run_extra_suites(
-    model, suites, data, out, pooler, batch_size, device, transfer_mode,
-    images_features, captions, head, sts: dict | None = None,
+    model, suites, data, pooler, batch_size, device, transfer_mode, images_features, captions,
+    head, collected: dict,
 ) -> Iterator[str]:  # fmt: skip
-    """Run transfer/retrieval as asked and save them; yields their tables and the files written."""
+    """Run retrieval and transfer as asked (retrieval first: cheap, and its inputs are the
+    likeliest to be wrong), each recorded in the run as soon as it is scored (see
+    :func:`record`); yields each table and file written; ``collected`` gets each result."""
     from mmcse.evaluation.retrieval import evaluate_retrieval, format_retrieval_table
     from mmcse.evaluation.transfer import evaluate_transfer, format_transfer_table
 
-    results: dict = {} if sts is None else {"sts": sts}
-    if "retrieval" in suites:  # cheap, and its inputs are the likeliest to be wrong: first
-        results["retrieval"] = evaluate_retrieval(
+    if "retrieval" in suites:
+        collected["retrieval"] = evaluate_retrieval(
             model, images_features, captions, pooler=pooler, batch_size=batch_size,
             device=device, head=head, progress=True,
         )  # fmt: skip
+        yield format_retrieval_table(collected["retrieval"])
+        yield from record(model, "retrieval", collected["retrieval"])
     if "transfer" in suites:
-        results["transfer"] = evaluate_transfer(
+        collected["transfer"] = evaluate_transfer(
             model, data_dir=data, mode=transfer_mode, tasks=suites["transfer"], pooler=pooler,
             batch_size=batch_size, device=device, progress=True,
         )  # fmt: skip
-        yield format_transfer_table(results["transfer"])
-    if "retrieval" in results:
-        yield format_retrieval_table(results["retrieval"])
-    run = run_of_model(model)
+        yield format_transfer_table(collected["transfer"])
+        yield from record(model, "transfer", collected["transfer"])
+
+
+def recording_run(model: str | Path) -> RunDir | None:
+    """The training run whose results ``model`` adds to: a run directory, or its best/."""
+    run = run_of_model(model) or run_of_checkpoint(model)
+    return run if run is not None and is_run_dir(run.path) else None
+
+
+def record(model: str | Path, suite: str, results: dict) -> Iterator[str]:
+    """Add ``results`` to the run ``model`` is (:meth:`mmcse.rundir.RunDir.write_results`:
+    they join the earlier ones, replacing only the same tasks measured the same way)."""
+    run = recording_run(model)
     if run is not None:
-        for suite in ("transfer", "retrieval"):
-            if suite in results:
-                yield f"wrote {run.write_results(suite, results[suite])}"
-    if out:
-        yield f"wrote {write_report(results, out)}"
+        yield f"wrote {run.write_results(suite, results, source=EVAL)}"
+
+
+def write_out(collected: dict, out: str | Path) -> str:
+    """``--out``: the one suite's result when only STS ran, else ``{suite: result}``."""
+    payload = collected["sts"] if list(collected) == ["sts"] else collected
+    return f"wrote {write_report(payload, out)}"

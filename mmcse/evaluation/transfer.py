@@ -19,6 +19,9 @@ Protocol per task (SentEval ``binary.py``, ``sst.py``, ``trec.py``, ``mrpc.py``)
   themselves are not concatenated); k-fold on train, test on the test file; accuracy is the
   table's number, F1 is kept in the details.
 
+With ``progress``, each task logs what it will train and its result, shows a bar of the probes
+fitted (CR in test mode: 410, minutes on a CPU) and logs every outer fold or regulariser tried.
+
 Each split is sorted by (token count, label) before embedding, as SentEval does; the order
 decides the folds, so it is kept to reproduce SentEval's splits exactly. Sentences reach the
 encoder joined with single spaces (SimCSE's batcher).
@@ -27,17 +30,21 @@ encoder joined with single spaces (SimCSE's batcher).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from sklearn.metrics import f1_score
+from tqdm.auto import tqdm
 
+from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation import probe
-from mmcse.evaluation.encode import encode_sentences
+from mmcse.evaluation.encode import encode_sentences, encoder_device, precision_name
 from mmcse.evaluation.sts import (
     average_of_printed,
     checked_pooler,
@@ -231,20 +238,38 @@ def mrpc_features(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.c_[np.abs(a - b), a * b]
 
 
+def scheme_of(task: TransferTask) -> str:
+    """The validation loop of ``task`` (:mod:`mmcse.evaluation.probe`)."""
+    if "all" in task.splits:
+        return "inner_kfold"
+    return "split" if task.name == "SST2" else "kfold"
+
+
+SCHEMES = {
+    "inner_kfold": "nested {k}-fold cross-validation",
+    "kfold": "{k}-fold cross-validation on train, then the test set",
+    "split": "regulariser chosen on dev, then the test set",
+}
+
+
 def probe_task(
-    task: TransferTask, vectors: np.ndarray, row: dict[str, int], settings: probe.ProbeSettings
+    task: TransferTask,
+    vectors: np.ndarray,
+    row: dict[str, int],
+    settings: probe.ProbeSettings,
+    progress: probe.Progress = probe.SILENT,
 ) -> dict:
     """Run SentEval's classifier of ``task`` on precomputed ``vectors[row[sentence]]``."""
     s = task.splits
     if "all" in s:
         x, y = _embed(s["all"], vectors, row), s["all"].labels
-        out = probe.inner_kfold(x, y, settings)
+        out = probe.inner_kfold(x, y, settings, progress)
         return {**out, "ndev": len(y), "ntest": len(y)}
     if task.name == "SST2":
         x = {name: _embed(s[key], vectors, row) for name, key in
              (("train", "train"), ("valid", "dev"), ("test", "test"))}  # fmt: skip
         y = {"train": s["train"].labels, "valid": s["dev"].labels, "test": s["test"].labels}
-        out = probe.split(x, y, settings)
+        out = probe.split(x, y, settings, progress)
         return {**out, "ndev": len(y["valid"]), "ntest": len(y["test"])}
     if task.name == "MRPC":
         feats = {
@@ -253,7 +278,9 @@ def probe_task(
         }
     else:
         feats = {k: _embed(s[k], vectors, row) for k in ("train", "test")}
-    out = probe.kfold(feats["train"], s["train"].labels, feats["test"], s["test"].labels, settings)
+    out = probe.kfold(
+        feats["train"], s["train"].labels, feats["test"], s["test"].labels, settings, progress
+    )
     predictions = out.pop("predictions")
     if task.name == "MRPC":
         out["f1"] = round(100 * float(f1_score(s["test"].labels, predictions)), 2)
@@ -334,14 +361,20 @@ def evaluate_transfer(
     row = {sentence: i for i, sentence in enumerate(unique)}
     encoded = time.perf_counter()
     details = {}
-    for task in loaded:
+    for number, task in enumerate(loaded, start=1):
         t0 = time.perf_counter()
-        details[task.name] = probe_task(task, vectors, row, settings)
+        with _reporting(task, f"{number} of {len(loaded)}", settings, progress) as report:
+            details[task.name] = probe_task(task, vectors, row, settings, report)
         details[task.name]["seconds"] = round(time.perf_counter() - t0, 2)
         if progress:
-            logger.info(f"{task.name}: {details[task.name]['acc']:.2f}")
+            logger.info(
+                f"{task.name}: {details[task.name]['acc']:.2f} "
+                f"(dev {details[task.name]['devacc']:.2f}, {details[task.name]['seconds']:.0f} s)"
+            )
     results: dict = {name: details[name]["acc"] for name in details}
     results["avg"] = average_of_printed(results[name] for name in details)
+    used = encoder_device(encoder, device)
+    data = str(resolve_transfer_dir(data_dir).resolve())
     results["details"] = {
         "model": str(model_name),
         "pooler": pooler,
@@ -351,8 +384,29 @@ def evaluate_transfer(
         "encode_seconds": round(encoded - started, 2),
         "seconds": round(time.perf_counter() - started, 2),
         "tasks": details,
+        "protocol": {"mode": mode, "pooler": pooler, "data": data},
+        "environment": environment(used, precision_name(used)),
     }
     return results
+
+
+@contextmanager
+def _reporting(task: TransferTask, ordinal: str, settings: probe.ProbeSettings, shown: bool):
+    """The task's progress: a log line, a bar of probes fitted, a log line per milestone."""
+    if not shown:
+        yield probe.SILENT
+        return
+    scheme, total = scheme_of(task), probe.fits(scheme_of(task), settings)
+    how = SCHEMES[scheme].format(k=settings.kfold)
+    logger.info(f"{task.name} ({ordinal}): {how}, {total} logistic-regression probes to train")
+    with tqdm(total=total, desc=f"{task.name} probes", unit="probe", file=sys.stderr,
+              leave=False) as bar:  # fmt: skip
+
+        def milestone(text: str) -> None:
+            bar.set_postfix_str(text.split(":")[0], refresh=False)
+            logger.info(f"{task.name} {text}")
+
+        yield probe.Progress(fitted=bar.update, milestone=milestone)
 
 
 def format_transfer_table(results: dict) -> str:

@@ -26,7 +26,7 @@ from scipy import stats
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
 from mmcse.recipes.recipe import Recipe
-from mmcse.recipes.runs import SeedRuns, check_seed_dirs, run_seeds
+from mmcse.recipes.runs import SeedRuns, check_seed_dirs, environment_record, run_seeds
 from mmcse.reports.compare import Row, markdown_table
 from mmcse.reports.published import PUBLISHED_ABLATIONS
 from mmcse.rundir import AblationDir, write_json
@@ -97,13 +97,14 @@ class Ablation:
     overrides: dict[str, Any] = field(default_factory=dict)  # departures from the recipe
 
     def notes(self) -> list[str]:
-        """Why p-values are missing, and how the run differs from the recipe, if it does."""
-        from mmcse.recipes.runs import departure_note, missing_p_reason
+        """Why p-values are missing, how the run differs from the recipe (if it does), and which
+        environment made it."""
+        from mmcse.recipes.runs import departure_note, environment_notes, missing_p_reason
 
         full = self.rows[0].avgs
         out = sorted({missing_p_reason(r.avgs, full) for r in self.rows[1:] if r.p_value is None})
         note = departure_note(self.overrides)
-        return out + ([note] if note else [])
+        return out + ([note] if note else []) + environment_notes([r.runs for r in self.rows])
 
     def table_rows(self) -> list[Row]:
         published = PUBLISHED_ABLATIONS.get(self.recipe.name, {})
@@ -139,6 +140,7 @@ class Ablation:
             "test": "Welch two-sided t-test of per-seed STS avg vs the full method",
             "overrides": self.overrides,  # {} = the recipe's own setting
             "notes": self.notes(),
+            **environment_record([r.runs for r in self.rows]),
             "rows": [
                 {
                     "drop": list(row.terms),
@@ -234,8 +236,9 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
 
     extra = ["p (Welch vs full)", "published avg"]
     write_tables(
-        ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex")
-    )
+        ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex"),
+        notes=ablation.notes(),
+    )  # fmt: skip
     return md, write_json(md.with_suffix(".json"), ablation.to_dict())
 
 

@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmcse.environment import differences, record_notes
 from mmcse.errors import MmcseError
 from mmcse.recipes.recipe import Recipe
-from mmcse.reports.compare import Row, delta, markdown_table, published_row, scores_of, summarize
-from mmcse.rundir import SeedsDir, write_json
+from mmcse.reports.compare import (
+    Row,
+    delta,
+    departure_note,
+    markdown_table,
+    published_row,
+    scores_of,
+    summarize,
+)
+from mmcse.rundir import RunDir, SeedsDir, write_json
 from mmcse.training.config import TrainConfig, parse_pairs, parse_value
 
 logger = logging.getLogger(__name__)
@@ -79,22 +88,6 @@ def pooling_hint(recipe, *, cache_root, seeds, model=None, max_steps=None, overr
         f"Note: student {cfg.model} ships its own pooling ({own}) but this run pools with "
         f"{cfg.pooler} ({origin}); --set pooler=auto trains and evaluates with the student's."
     )
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return ",".join(map(str, value))
-    return str(value)
-
-
-def departure_note(changes: dict[str, dict[str, Any]]) -> str:
-    """One line for under a table; empty when the run is the recipe's setting."""
-    if not changes:
-        return ""
-    items = [
-        f"{key}={_value(c['run'])} (recipe: {_value(c['recipe'])})" for key, c in changes.items()
-    ]
-    return "Not the published setting; this run overrides the recipe: " + "; ".join(items) + "."
 
 
 def describe_plan(
@@ -187,9 +180,15 @@ class SeedRuns:
     output_dir: Path
     seeds: tuple[int, ...]
     results: list[dict | None]  # per seed: STS test numbers, or None without eval data
+    environments: list[dict | None] = field(default_factory=list)  # per seed, as recorded
 
     def summary(self) -> Row:
         return summarize(self.label, [r for r in self.results if r is not None])
+
+    def labelled_environments(self) -> dict[str, dict | None]:
+        """``{"<label> seed <k>": environment record}`` of the seeds that recorded one."""
+        seeds = [f"{self.label} seed {s}" for s in self.seeds]
+        return dict(zip(seeds, self.environments, strict=False))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -216,7 +215,7 @@ def run_seeds(
     recipe.check_cache(cache_root, set(overrides or {}))
     out = SeedsDir(output_dir)
     check_seed_dirs(out.path, seeds, overrides)
-    results = []
+    results, environments = [], []
     for i, seed in enumerate(seeds, start=1):
         run = out.seed(seed).path
         logger.info(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {run}")
@@ -229,7 +228,23 @@ def run_seeds(
             overrides=overrides,
         )
         results.append(train_one(cfg))
-    return SeedRuns(label or recipe.name, out.path, tuple(seeds), results)
+        environments.append((RunDir(run).best.read_info() or {}).get("environment"))
+    return SeedRuns(label or recipe.name, out.path, tuple(seeds), results, environments)
+
+
+def environment_record(runs: list[SeedRuns]) -> dict[str, Any]:
+    """For a recipe or ablation record: the first seed's environment (``mmcse_run.json``'s
+    ``environment``) and where any other seed's differs from it."""
+    labelled = {k: v for r in runs for k, v in r.labelled_environments().items() if v}
+    return {
+        "environment": next(iter(labelled.values()), None),
+        "environment_differences": differences(labelled),
+    }
+
+
+def environment_notes(runs: list[SeedRuns]) -> list[str]:
+    """The table notes saying which environment made the runs (nothing when none recorded)."""
+    return record_notes({k: v for r in runs for k, v in r.labelled_environments().items()})
 
 
 def check_seed_dirs(
@@ -273,16 +288,18 @@ def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tupl
         "overrides": changes,  # {} = the recipe's own setting
         "runs": runs.to_dict(),
         "comparison": [r.to_dict() for r in rows],
+        **environment_record([runs]),
     }
     seeds_dir = SeedsDir(output_dir)
     write_json(seeds_dir.results, report)
     from mmcse.reports.published import COLUMNS
     from mmcse.reports.tables import write_tables  # results.md/.csv/.tex, as mmcse compare
 
-    this_run = [i for i, r in enumerate(rows) if r.label.startswith("this run")]
-    write_tables(rows, COLUMNS, seeds_dir.tables, ("source",), this_run)
-    table = markdown_table(rows, extra_columns=("source",))
     notes = [n for n in (departure_note(changes), pooling_hint(recipe, **given)) if n]
+    notes += environment_notes([runs])
+    this_run = [i for i, r in enumerate(rows) if r.label.startswith("this run")]
+    write_tables(rows, COLUMNS, seeds_dir.tables, ("source",), this_run, notes=notes)
+    table = markdown_table(rows, extra_columns=("source",))
     return runs, table + "".join(f"\n\n{n}" for n in notes)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,9 +30,12 @@ class Row:
     n: int | None = None  # runs summarised (None: not a summary of runs)
     extra: dict[str, str] = field(default_factory=dict)  # extra column → cell text
     signed: bool = False  # a difference: cells print their sign
+    counts: dict[str, int] = field(default_factory=dict)  # runs behind a cell, when fewer than n
 
     def to_dict(self) -> dict:
-        return {"label": self.label, "mean": self.mean, "std": self.std, "n": self.n, **self.extra}
+        counts = {"counts": self.counts} if self.counts else {}
+        return {"label": self.label, "mean": self.mean, "std": self.std, "n": self.n, **counts,
+                **self.extra}  # fmt: skip
 
 
 def scores_of(result: dict) -> dict[str, float]:
@@ -60,6 +64,23 @@ def delta(label: str, ours: Row, reference: Row) -> Row:
     """``ours − reference`` on the columns both have."""
     shared = [c for c in COLUMNS if c in ours.mean and c in reference.mean]
     return Row(label, {c: ours.mean[c] - reference.mean[c] for c in shared}, signed=True)
+
+
+def departure_note(changes: dict[str, dict[str, Any]]) -> str:
+    """One line for under a table saying how a run left its recipe (``{setting: {"recipe",
+    "run"}}``, :func:`mmcse.recipes.runs.departures`); empty when it did not."""
+    if not changes:
+        return ""
+    items = [
+        f"{key}={_value(c['run'])} (recipe: {_value(c['recipe'])})" for key, c in changes.items()
+    ]
+    return "Not the published setting; this run overrides the recipe: " + "; ".join(items) + "."
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 def _cell(row: Row, column: str) -> str:

@@ -3,68 +3,206 @@
 A *run* is a training output directory; a *group* is what one command-line argument names: a run,
 or a directory of seed runs (``recipes run`` writes ``seed<k>/``; ``ablate`` writes one such
 directory per row). The layout, and how runs are found, is :mod:`mmcse.rundir`'s; here the
-recorded results become table columns. A group made by ``recipes run`` has the recipe's name in
-its record, so its published numbers can be shown beside it.
+recorded results become table columns. A group made by ``recipes run`` has the recipe's name and
+its overrides in its record, so its published numbers can be shown beside it, honestly.
+
+Only like is compared with like. Every number belongs to a :class:`Protocol` — the suite, its
+split or mode (STS ``test``/``dev``, transfer ``test``/``fasttest``) and the pooler when it is not
+the run's own — and each protocol has its own columns: the papers' ones (STS test, transfer
+test, retrieval) keep their plain titles, every other protocol's titles carry a tag
+(``STS-B [dev]``, ``MR [fasttest]``, ``Avg. [test, pooler avg]``). An average covers a task
+set: one over a subset of the tasks is a column of its own (``Transfer Avg. (MR, CR)``). The
+remaining settings of a protocol (data folder, retrieval head and folders) travel with each
+number as its *signature*, so a table can refuse to rank numbers measured on different data.
+
+A folder holding runs of different settings (another method, another learning rate) is split
+into one group per setting (:func:`find_groups`): seeds of one setting are averaged, never runs
+of two.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mmcse.errors import MmcseError
-from mmcse.evaluation.transfer import TRANSFER_TASKS
+from mmcse.evaluation.report import COLUMN_TITLES
+from mmcse.evaluation.sts import TASKS_BY_MODE
+from mmcse.evaluation.transfer import TRANSFER_TASKS, TRANSFER_TITLES
 from mmcse.reports.published import COLUMNS as STS_COLUMNS
-from mmcse.rundir import RunDir, SeedsDir, find_runs, is_run_dir, read_json
+from mmcse.rundir import (
+    RunDir,
+    SeedsDir,
+    find_runs,
+    is_run_dir,
+    merge_results,
+    read_json,
+    source_rank,
+)
+
+logger = logging.getLogger(__name__)
 
 RETRIEVAL_COLUMNS = tuple(
     f"{d} R@{k}" for d in ("t2i", "i2t") for k in (1, 5, 10)
 )  # grounded space
 TRANSFER_COLUMNS = (*TRANSFER_TASKS, "transfer avg")
+SUITES = ("sts", "transfer", "retrieval")
+#: the protocol of the papers' tables, whose columns keep their plain titles
+STANDARD_MODE = {"sts": "test", "transfer": "test", "retrieval": None}
+#: the tasks an average of the standard set covers, per (suite, mode)
+FULL_TASKS = {
+    ("sts", "test"): TASKS_BY_MODE["test"],
+    ("sts", "dev"): TASKS_BY_MODE["dev"],
+    ("transfer", "test"): TRANSFER_TASKS,
+    ("transfer", "fasttest"): TRANSFER_TASKS,
+}
+TASK_TITLES = {**COLUMN_TITLES, **TRANSFER_TITLES}
+AVG_KEY = {"sts": "avg", "transfer": "transfer avg"}
+AVG_TITLE = {"sts": "Avg.", "transfer": "Transfer Avg."}
+#: protocol settings that make two numbers incomparable without changing their column
+SIGNATURE_KEYS = ("data", "max_length", "head", "images_features", "captions_dir")
+#: config fields that differ between seeds of one setting by design (where a run went, how it
+#: was watched, on which device); any other difference makes two runs two settings
+PER_RUN_SETTINGS = ("seed", "output_dir", "overwrite", "save_every", "report_to", "device",
+                    "log_every", "final_eval")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """What makes numbers comparable: the suite, its mode, and a pooler other than the run's."""
+
+    suite: str
+    mode: str | None
+    pooler: str | None = None  # None: each run's own pooler
+
+    @property
+    def tag(self) -> str:
+        """Empty for the papers' protocol, else what differs (``dev``, ``pooler avg``, ...)."""
+        parts = [] if self.mode == STANDARD_MODE[self.suite] else [self.mode or "mode unknown"]
+        return ", ".join(parts + ([f"pooler {self.pooler}"] if self.pooler else []))
+
+    def order(self) -> tuple:
+        return SUITES.index(self.suite), bool(self.tag), self.tag
+
+    def describe(self) -> str:
+        """What this protocol's numbers are (the legend's line)."""
+        what = {
+            ("sts", "test"): "SentEval STS test sets, Spearman x 100 ('all'); Avg. of the 7 "
+            "tasks as the papers' Table 1",
+            ("sts", "dev"): "STS-B dev and SICK-R trial, Spearman x 100: the split training "
+            "selects checkpoints on, not test scores",
+            ("transfer", "test"): "SentEval transfer, test accuracy x 100, logistic-regression "
+            "probe, 10-fold, Adam (the papers' protocol)",
+            ("transfer", "fasttest"): "SentEval transfer, test accuracy x 100, 5-fold RMSprop "
+            "probe (SimCSE's fasttest, not the papers' protocol)",
+            ("retrieval", None): "cross-modal retrieval in the grounding heads' space, recall@k %",
+        }.get((self.suite, self.mode), f"{self.suite}, mode {self.mode or 'not recorded'}")
+        pooler = f"pooled with {self.pooler}" if self.pooler else "each run's own pooler"
+        return f"{what}; {pooler}."
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: its key (a Row's), its protocol and its place."""
+
+    key: str
+    protocol: Protocol
+    position: int  # within the protocol: tasks, then averages
+
+    def order(self) -> tuple:
+        return *self.protocol.order(), self.position, self.key
+
+
+def column(protocol: Protocol, name: str, subset: tuple[str, ...] | None = None) -> Column:
+    """The column of task ``name`` (or ``"avg"`` of the tasks ``subset``, None: the full set)
+    measured by ``protocol``."""
+    suite = protocol.suite
+    if name == "avg":
+        base, title = AVG_KEY[suite], AVG_TITLE[suite]
+        if subset is not None:
+            title += f" ({', '.join(TASK_TITLES.get(t, t) for t in subset)})"
+            base = title
+        position = 1000 + (len(subset) if subset else 0)
+    else:
+        base, title = name, TASK_TITLES.get(name, name)
+        order = (*STS_COLUMNS, *TRANSFER_TASKS, *RETRIEVAL_COLUMNS)
+        position = order.index(name) if name in order else 999
+    key = f"{title} [{protocol.tag}]" if protocol.tag else base
+    return Column(key, protocol, position)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One number of a run and the settings it was measured with beyond its protocol."""
+
+    value: float
+    signature: str  # canonical JSON of the SIGNATURE_KEYS it recorded ("{}": none recorded)
 
 
 @dataclass
 class Run:
     path: Path
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.path.name
 
     @property
     def files(self) -> RunDir:
         return RunDir(self.path)
 
-    @property
-    def label(self) -> str:
-        return self.path.name
+    def info(self) -> dict[str, Any]:
+        """The run info of best/ (else last/); empty when neither was saved."""
+        for checkpoint in (self.files.best, self.files.last):
+            info = checkpoint.read_info()
+            if info:
+                return info
+        return {}
 
-    def sts(self) -> dict[str, float]:
-        data = self.files.read_results("sts") or {}
-        return {c: float(data[c]) for c in STS_COLUMNS if _number(data.get(c))}
+    def config(self) -> dict[str, Any] | None:
+        return read_json(self.files.config)
 
-    def transfer(self) -> dict[str, float]:
-        data = self.files.read_results("transfer") or {}
-        out = {t: float(data[t]) for t in TRANSFER_TASKS if _number(data.get(t))}
-        if _number(data.get("avg")):
-            out["transfer avg"] = float(data["avg"])
+    def environment(self) -> dict[str, Any] | None:
+        return self.info().get("environment")
+
+    def own_pooler(self) -> str | None:
+        return self.info().get("pooler") or (self.config() or {}).get("pooler")
+
+    def cells(self) -> dict[Column, Cell]:
+        """Every number this run recorded, in its column (see the module docstring)."""
+        own = self.own_pooler()
+        out: dict[Column, Cell] = {}
+        for suite in SUITES:
+            by_protocol: dict[Protocol, list[tuple[tuple, dict]]] = {}
+            for index, result in enumerate(merge_results(self.files.read_result_entries(suite))):
+                protocol = self._protocol(suite, result, own)
+                rank = (source_rank(suite, result["details"]["source"]), -index)
+                by_protocol.setdefault(protocol, []).append((rank, result))
+            for protocol, results in by_protocol.items():
+                out.update(_protocol_cells(protocol, [r for _, r in sorted(results)]))
         return out
 
-    def retrieval(self) -> dict[str, float]:
-        data = (self.files.read_results("retrieval") or {}).get("grounded")
-        if not isinstance(data, dict):
-            return {}
-        return {
-            f"{d} R@{k}": float(data[d][f"R@{k}"])
-            for d in ("t2i", "i2t")
-            for k in (1, 5, 10)
-            if d in data
-        }
-
     def scores(self) -> dict[str, float]:
-        return {**self.sts(), **self.transfer(), **self.retrieval()}
+        """``{column key: value}`` of :meth:`cells`."""
+        return {c.key: cell.value for c, cell in self.cells().items()}
+
+    @staticmethod
+    def _protocol(suite: str, result: dict, own: str | None) -> Protocol:
+        protocol = result["details"].get("protocol") or {}
+        mode = protocol.get("mode")
+        if suite == "sts" and mode is None and all(t in result for t in TASKS_BY_MODE["test"]):
+            mode = "test"  # an old hand-made file: the 7 test tasks are the test split
+        pooler = protocol.get("pooler")
+        return Protocol(suite, mode, pooler if own and pooler and pooler != own else None)
 
     def align_uniform(self) -> dict | None:
         """From the STS results (``mmcse eval --align-uniform``), else from ``mmcse plot``'s."""
-        for path in (self.files.results, self.files.align_uniform):
-            data = read_json(path) or {}
+        results = merge_results(self.files.read_result_entries("sts"))
+        for data in [*reversed(results), read_json(self.files.align_uniform) or {}]:
             au = data.get("align_uniform", data if "alignment" in data else None)
             if au and _number(au.get("alignment")) and _number(au.get("uniformity")):
                 return au
@@ -75,33 +213,135 @@ class Run:
         return self.files.read_metrics()
 
 
+def _protocol_cells(protocol: Protocol, results: list[dict]) -> dict[Column, Cell]:
+    """The cells of one protocol: each task from the most preferred result that has it
+    (:func:`mmcse.rundir.source_rank`, then the latest), and the average of those tasks."""
+    values: dict[str, float] = {}
+    signatures: dict[str, str] = {}
+    for result in results:
+        signature = _signature(result["details"].get("protocol") or {})
+        for task, value in _task_values(protocol.suite, result).items():
+            if task not in values:
+                values[task], signatures[task] = value, signature
+    out = {column(protocol, t): Cell(v, signatures[t]) for t, v in values.items()}
+    if protocol.suite in AVG_KEY and values:
+        tasks = tuple(t for t in (*TASKS_BY_MODE["test"], *TRANSFER_TASKS) if t in values)
+        full = FULL_TASKS.get((protocol.suite, protocol.mode))
+        own = [r for r in results if _task_values(protocol.suite, r) == values]
+        if own and _number(own[0].get("avg")):
+            avg = float(own[0]["avg"])
+        else:  # as the evaluators print it: the mean of the 2-decimal scores
+            avg = sum(round(values[t], 2) for t in tasks) / len(tasks)
+        subset = None if full is not None and set(tasks) == set(full) else tasks
+        mixed = {signatures[t] for t in tasks}
+        out[column(protocol, "avg", subset)] = Cell(avg, next(iter(mixed)) if len(mixed) == 1
+                                                    else json.dumps(sorted(mixed)))  # fmt: skip
+    return out
+
+
+def _task_values(suite: str, result: dict) -> dict[str, float]:
+    if suite == "retrieval":
+        grounded = result.get("grounded")
+        if not isinstance(grounded, dict):
+            return {}
+        return {
+            f"{d} R@{k}": float(grounded[d][f"R@{k}"])
+            for d in ("t2i", "i2t")
+            for k in (1, 5, 10)
+            if isinstance(grounded.get(d), dict) and _number(grounded[d].get(f"R@{k}"))
+        }
+    names = TASKS_BY_MODE["test"] if suite == "sts" else TRANSFER_TASKS
+    return {t: float(result[t]) for t in names if _number(result.get(t))}
+
+
+def _signature(protocol: dict) -> str:
+    known = {k: protocol[k] for k in SIGNATURE_KEYS if protocol.get(k) is not None}
+    return json.dumps(known, sort_keys=True)
+
+
 def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
 class Group:
-    """Runs of one argument (seeds), and the recipe they came from if any."""
+    """Runs of one argument (seeds of one setting), and the recipe they came from if any."""
 
     label: str
     path: Path
     runs: list[Run] = field(default_factory=list)
     recipe: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)  # the recipe run's departures
+    split_from: str | None = None  # why this is one of several groups of its folder
 
 
 def find_group(argument: str | Path) -> Group:
+    """Every run the argument names, whatever their settings (``plot`` draws each run)."""
     path = Path(argument)
     runs = [Run(run.path) for run in find_runs(path)]
     seeds_dir = path.parent if is_run_dir(path) else path  # a single run: its recipe folder
-    return Group(path.name, path, runs, SeedsDir(seeds_dir).recipe_name())
+    record = read_json(SeedsDir(seeds_dir).results) or {}
+    overrides = record.get("overrides") if isinstance(record.get("overrides"), dict) else {}
+    return Group(path.name, path, runs, SeedsDir(seeds_dir).recipe_name(), overrides)
 
 
 def find_groups(arguments) -> list[Group]:
+    """A group per argument, or per setting where an argument's folder mixes settings."""
     if not arguments:
         raise MmcseError("give at least one run directory")
-    groups = [find_group(a) for a in arguments]
+    groups = [g for a in arguments for g in split_by_setting(find_group(a))]
     labels = [g.label for g in groups]
     for g in groups:  # same folder name twice (e.g. two seed0): use the parent too
         if labels.count(g.label) > 1:
             g.label = f"{g.path.parent.name}/{g.label}"
     return groups
+
+
+def setting_of(run: Run) -> dict[str, Any] | None:
+    """What a run trained with, less what differs between seeds by design (None: no config)."""
+    config = run.config()
+    if config is None:
+        return None
+    return {k: v for k, v in config.items() if k not in PER_RUN_SETTINGS}
+
+
+def split_by_setting(group: Group) -> list[Group]:
+    """``group`` itself when its runs share one setting, else one group per setting, labelled
+    by what tells them apart (the method first)."""
+    settings: dict[str, list[Run]] = {}
+    known: dict[str, dict | None] = {}
+    for run in group.runs:
+        setting = setting_of(run)
+        key = json.dumps(setting, sort_keys=True, default=str)
+        settings.setdefault(key, []).append(run)
+        known[key] = setting
+    if len(settings) == 1:
+        return [group]
+    differing = _differing_keys([s for s in known.values() if s is not None])
+    names = {
+        key: "setting not recorded" if setting is None else ", ".join(
+            f"{k}={_short(setting.get(k))}" for k in differing
+        )  # fmt: skip
+        for key, setting in known.items()
+    }
+    which = "; ".join(
+        f"{', '.join(r.label for r in runs)}: {names[key]}" for key, runs in settings.items()
+    )
+    reason = f"{group.path} holds runs of {len(settings)} settings ({which})"
+    logger.warning(f"{reason}: not averaged as seeds of one setting, one row per setting")
+    return [
+        Group(f"{group.label} [{names[key]}]", group.path, runs, group.recipe, group.overrides,
+              reason)  # fmt: skip
+        for key, runs in settings.items()
+    ]
+
+
+def _differing_keys(settings: list[dict]) -> list[str]:
+    keys = sorted({k for s in settings for k in s}, key=lambda k: (k != "method", k))
+    differing = [k for k in keys if len({json.dumps(s.get(k), default=str) for s in settings}) > 1]
+    return differing[:3] if differing else ["config"]
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -2,7 +2,11 @@
 
 Rows are :class:`mmcse.reports.compare.Row` (mean, sample std over seeds, ``n``, extra text
 columns). The best mean of each column among *measured* rows (not published rows, not
-differences) is marked: bold in markdown and LaTeX, listed in CSV's ``best`` column. Every
+differences) is marked: bold in markdown and LaTeX, listed in CSV's ``best`` column; a column
+whose numbers are not comparable (``unranked``) marks none. A column compares one protocol only
+(the callers give each protocol its own columns), so a mark never crosses protocols. A cell that
+summarises fewer runs than its row says so (``(1 of 2)``). Notes (a legend, what a run changed,
+where environments differ) follow the table in markdown and are ``%`` comments in LaTeX. Every
 metric here is higher-is-better (Spearman, accuracy, recall). ``mmcse compare``, ``recipes run``
 and ``ablate`` all write through :func:`render` / :func:`write_tables`.
 """
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,24 +30,31 @@ ALL_TITLES = {**TITLES, **TRANSFER_TITLES, "transfer avg": "Transfer Avg."}
 
 def summarize_columns(label: str, scores: Sequence[dict[str, float]], columns) -> Row:
     """Mean and sample std (ddof 1) per column, over the runs that have the column."""
-    mean, std = {}, {}
+    mean, std, counts = {}, {}, {}
     for column in columns:
         values = np.array([s[column] for s in scores if column in s], dtype=np.float64)
         if values.size:
             mean[column] = float(values.mean())
             if values.size > 1:
                 std[column] = float(values.std(ddof=1))
-    return Row(label, mean, std, len(scores))
+            if values.size < len(scores):
+                counts[column] = int(values.size)
+    return Row(label, mean, std, len(scores), counts=counts)
 
 
 def present_columns(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
     return [c for c in order if any(c in r.mean for r in rows)]
 
 
-def best_cells(rows: Sequence[Row], columns: Sequence[str], measured) -> set[tuple[int, str]]:
-    """``(row index, column)`` of each column's highest mean among ``measured`` row indices."""
+def best_cells(
+    rows: Sequence[Row], columns: Sequence[str], measured, unranked: Collection[str] = ()
+) -> set[tuple[int, str]]:
+    """``(row index, column)`` of each column's highest mean among ``measured`` row indices
+    (none in an ``unranked`` column)."""
     out = set()
     for column in columns:
+        if column in unranked:
+            continue
         candidates = [(rows[i].mean[column], i) for i in measured if column in rows[i].mean]
         if len(candidates) > 1:
             top = max(v for v, _ in candidates)
@@ -59,6 +70,8 @@ def _cell(row: Row, column: str, fmt: str) -> str:
     if column in row.std:
         text += r" $\pm$ " if fmt == "latex" else " ± "
         text += f"{row.std[column]:.2f}"
+    if column in row.counts and fmt != "csv":
+        text += f" ({row.counts[column]} of {row.n})"
     return text
 
 
@@ -74,12 +87,15 @@ def render(
     fmt: str = "md",
     extra_columns: Sequence[str] = (),
     measured: Sequence[int] | None = None,
+    unranked: Collection[str] = (),
+    notes: Sequence[str] = (),
 ) -> str:
-    """The table as ``md``, ``csv`` or ``latex`` text; ``measured`` rows compete for best."""
+    """The table as ``md``, ``csv`` or ``latex`` text; ``measured`` rows compete for best in
+    every column but the ``unranked`` ones; ``notes`` follow (md, latex)."""
     if fmt not in FORMATS:
         raise MmcseError(f"unknown table format {fmt!r}; choose md, csv or latex")
     measured = range(len(rows)) if measured is None else measured
-    best = best_cells(rows, columns, measured)
+    best = best_cells(rows, columns, measured, unranked)
     titles = [ALL_TITLES.get(c, c) for c in columns]
     if fmt == "csv":
         return _csv(rows, columns, extra_columns, best)
@@ -99,13 +115,16 @@ def render(
     header = ["", *titles, *extra_columns]
     if fmt == "md":
         rule = ["---", *("---:" for _ in columns), *("---" for _ in extra_columns)]
-        return "\n".join("| " + " | ".join(c) + " |" for c in [header, rule, *lines])
+        table = "\n".join("| " + " | ".join(c) + " |" for c in [header, rule, *lines])
+        return "\n\n".join([table, *notes])
     spec = "l" + "r" * len(columns) + "l" * len(extra_columns)
     body = [" & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]
     body += [" & ".join(cells) + r" \\" for cells in lines]
+    comments = [f"% {line}" for note in notes for line in note.splitlines()]
     return "\n".join(
-        [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", *body, r"\bottomrule", r"\end{tabular}"]
-    )
+        [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", *body, r"\bottomrule", r"\end{tabular}",
+         *comments]
+    )  # fmt: skip
 
 
 def _csv(rows, columns, extra_columns, best) -> str:
@@ -132,13 +151,16 @@ def write_tables(
     extra_columns: Sequence[str] = (),
     measured: Sequence[int] | None = None,
     formats: Sequence[str] = tuple(FORMATS),
+    notes: Sequence[str] = (),
 ) -> list[Path]:
-    """``<stem>.md``, ``<stem>.csv`` and ``<stem>.tex`` of the same table (those in ``formats``)."""
+    """``<stem>.md``, ``<stem>.csv`` and ``<stem>.tex`` of the same table (those in ``formats``);
+    ``notes`` under the markdown and LaTeX ones."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in formats:
         path = stem.with_suffix(FORMATS[fmt])
-        path.write_text(render(rows, columns, fmt, extra_columns, measured) + "\n")
+        text = render(rows, columns, fmt, extra_columns, measured, notes=notes)
+        path.write_text(text + "\n")
         paths.append(path)
     return paths

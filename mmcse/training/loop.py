@@ -39,15 +39,16 @@ from torch import Tensor, nn
 
 from mmcse import distributed as dist
 from mmcse.devices import pick_device
+from mmcse.environment import environment
 from mmcse.errors import MmcseError, naming_os_errors
 from mmcse.hub import load_tokenizer
 from mmcse.losses.base import LossInputs
 from mmcse.methods import Method, build_heads, build_losses, build_method
 from mmcse.model import SentenceEncoder
-from mmcse.rundir import Checkpoint, RunDir, atomic_dir, resolve_model_dir, write_json
+from mmcse.rundir import FINAL, Checkpoint, RunDir, atomic_dir, resolve_model_dir, write_json
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
-from mmcse.training.data import Batch, TrainData
+from mmcse.training.data import Batch, TrainData, random_teacher_warning
 from mmcse.training.dev_eval import DevEvaluator, resolve_eval_dir
 from mmcse.training.fastpath import (
     apply_fast_paths,
@@ -273,6 +274,7 @@ class Run:
         if self.captured:
             fresh_capture_cache()
             capture(self.student, self.device)  # inside DDP: its hooks stay eager
+        self.environment = environment(self.device, precision_name(self.device, cfg.precision))
         self.model = self.student
         if dist.is_distributed():
             self.model = nn.parallel.DistributedDataParallel(
@@ -282,6 +284,9 @@ class Run:
         self.aux = self.method.auxiliary_task(encoder, cfg, self.device)
         if self.captured and self.aux is not None:
             self.aux.capture(lambda module: capture(module, self.device))
+        warning = random_teacher_warning(self.teachers())
+        if warning and dist.is_main():
+            logger.warning(warning)
         self.scaler = grad_scaler_for(self.device, cfg.precision)
         self.eval_dir = resolve_eval_dir(cfg)
         self.dev_evaluator: DevEvaluator | None = None
@@ -507,12 +512,22 @@ class Run:
             "pooler_source": self.pooler_source,
             "fingerprints": self.data.fingerprints(),
             "term_heads": self.student.term_heads,  # which heads of mmcse_heads each term used
+            "teachers": self.teachers(),
+            "environment": self.environment,
         }
         if self.aux is not None:
             info["fingerprints"].update(
                 {f"feature:{k}": {"fingerprint": v} for k, v in self.aux.fingerprint.items()}
             )
         return info
+
+    def teachers(self) -> dict[str, dict]:
+        """Provenance of every feature set the run reads (run info ``teachers``)."""
+        teachers = self.data.teachers()
+        if self.aux is not None:
+            examples = self.aux.examples.manifest.provenance()
+            teachers.update({f"feature:{k}": examples for k in self.aux.fingerprint})
+        return teachers
 
     def _heads(self) -> nn.ModuleDict:
         heads = nn.ModuleDict({"heads": self.student.heads})
@@ -594,7 +609,7 @@ class Run:
             test = evaluate_sts(
                 best, data_dir=self.eval_dir, device=str(self.device), progress=True
             )
-            self.run_dir.write_results("sts", test)
+            self.run_dir.write_results("sts", test, source=FINAL)
         if dist.is_main():
             for checkpoint in (self.run_dir.best, self.run_dir.last):
                 checkpoint.mark_finished()

@@ -299,3 +299,60 @@ def test_an_unknown_transfer_mode_is_refused_before_any_model_work(
                 "--transfer-mode", "bogus"]  # fmt: skip
         code, stderr = run_main(args, monkeypatch, capsys)
         assert_one_error(code, stderr, "--transfer-mode 'bogus'", "fasttest or test")
+def test_eval_records_transfer_per_task_shows_progress_and_keeps_earlier_tasks(
+    tiny_model, tmp_path, caplog
+):
+    import logging
+    import shutil
+
+    from mmcse.evaluation.evaluate import evaluate_model
+    from mmcse.rundir import BEST_DIR, RunDir, merge_results
+
+    write_downstream(tmp_path)
+    run = RunDir(tmp_path / "run")
+    shutil.copytree(tiny_model, run.best.path)
+    (run.path / BEST_DIR / "mmcse_run.json").write_text(json.dumps({"pooler": "avg"}))
+
+    def evaluate(tasks: str) -> list[str]:
+        return list(evaluate_model(str(run.path), tasks=tasks, data=str(tmp_path),
+                                   transfer_mode="fasttest", device="cpu"))  # fmt: skip
+
+    with caplog.at_level(logging.INFO, logger="mmcse.evaluation.transfer"):
+        evaluate("CR")
+    progress = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("CR (1 of 1): nested 5-fold") and "probes" in m for m in progress)
+    assert sum(m.startswith("CR fold ") for m in progress) == 5  # one line per outer fold
+    first = run.read_results("transfer")["CR"]
+
+    evaluate("TREC")  # a later TREC-only call
+    merged = merge_results(run.read_result_entries("transfer"))
+    assert len(merged) == 1 and merged[0]["CR"] == first and "TREC" in merged[0]
+    assert merged[0]["details"]["protocol"]["mode"] == "fasttest"
+    assert merged[0]["details"]["environment"]["packages"]["torch"]
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mmcse.rundir"):
+        evaluate("CR")  # the same task and protocol again: replaces its one entry
+    assert any("CR" in r.getMessage() and "replaces" in r.getMessage() for r in caplog.records)
+    entries = run.read_result_entries("transfer")
+    assert sum("CR" in e["scores"] for e in entries) == 1
+    assert set(merge_results(entries)[0]) >= {"CR", "TREC", "avg"}
+
+
+def test_the_progress_total_is_the_number_of_probes_each_scheme_fits():
+    x, y = blobs(150, 4, seed=4, shift=0.5, classes=3)
+    settings = replace(probe.SETTINGS["fasttest"], kfold=3, backend="sklearn")
+    counted, milestones = [], []
+    progress = probe.Progress(fitted=lambda: counted.append(1), milestone=milestones.append)
+
+    probe.inner_kfold(x[:60], y[:60], settings, progress)
+    assert len(counted) == probe.fits("inner_kfold", settings) == 3 * (3 * 6 + 1)
+    assert [m.split(":")[0] for m in milestones] == ["fold 1/3", "fold 2/3", "fold 3/3"]
+    counted.clear()
+    probe.kfold(x[:100], y[:100], x[100:], y[100:], settings, progress)
+    assert len(counted) == probe.fits("kfold", settings) == 3 * 7 + 1
+    counted.clear()
+    parts = {"train": slice(0, 80), "valid": slice(80, 110), "test": slice(110, 150)}
+    probe.split({k: x[s] for k, s in parts.items()}, {k: y[s] for k, s in parts.items()},
+                settings, progress)  # fmt: skip
+    assert len(counted) == probe.fits("split", settings) == 6 + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -15,9 +16,11 @@ import pytest
 import cli
 import mmcse.recipes.ablate as ablate_mod
 import mmcse.recipes.runs as recipes_mod
+from mmcse.errors import MmcseError
 from mmcse.recipes import Recipe, get_recipe
 from mmcse.reports.compare_runs import compare_table, comparison
 from mmcse.reports.published import COLUMNS, PUBLISHED
+from mmcse.rundir import RunDir, SeedsDir, write_json
 
 STS = [c for c in COLUMNS if c != "avg"]
 
@@ -35,7 +38,8 @@ def make_run(path: Path, sts: dict | None = None, transfer: dict | None = None, 
     if sts is not None:
         (path / "results.json").write_text(json.dumps({**sts, "details": {}}))
     if transfer is not None:
-        (path / "transfer.json").write_text(json.dumps({**transfer, "details": {}}))
+        details = {"mode": "test", "pooler": "cls"}
+        (path / "transfer.json").write_text(json.dumps({**transfer, "details": details}))
     if retrieval is not None:
         (path / "retrieval.json").write_text(json.dumps(retrieval))
     return path
@@ -57,7 +61,8 @@ def runs(tmp_path) -> dict[str, Path]:
 
 
 def test_means_stds_best_and_published_rows(runs):
-    rows, columns, measured = comparison([runs["recipe"], runs["single"]])
+    result = comparison([runs["recipe"], runs["single"]])
+    rows, columns, measured = result.rows, result.columns, result.measured
     seeds = [sts_result(0, 2.0), sts_result(1, 2.0)]
     recipe_row = rows[0]
     for column in COLUMNS:
@@ -148,3 +153,185 @@ def test_recipes_run_and_ablate_write_md_csv_latex(monkeypatch, tmp_path):
     assert "avg" in rows[0]["best"].split(";")  # the full method wins: nothing was dropped
     assert "78.24" in rows[1]["published avg"]
     assert r"\textbf" in md.with_suffix(".tex").read_text()
+
+
+# ---- like with like ----------------------------------------------------------------------------
+
+
+def recorded_run(path: Path, config: dict | None = None, environment: dict | None = None):
+    """A run folder with its config and best/ run info, results added with write_results."""
+    run = RunDir(path)
+    make_run(path)
+    write_json(run.config, {"method": "simcse", "seed": 0, **(config or {})})
+    run.best.path.mkdir()
+    write_json(run.best.run_info, {"pooler": "cls", "environment": environment})
+    return run
+
+
+def with_protocol(scores: dict, mode: str = "test", data: str = "/data") -> dict:
+    values = [v for k, v in scores.items() if k != "avg"]
+    protocol = {"mode": mode, "pooler": "cls", "data": data}
+    return {**scores, "avg": sum(values) / len(values), "details": {"protocol": protocol}}
+
+
+def header_and_cells(table: str) -> tuple[list[str], list[list[str]]]:
+    lines = [line for line in table.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    return header, [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
+
+
+def test_a_dev_score_never_lands_in_a_test_column(tmp_path):
+    test_run = recorded_run(tmp_path / "tested")
+    test_run.write_results("sts", with_protocol({t: 70.0 for t in STS}), source="final")
+    dev_run = recorded_run(tmp_path / "dev-only")
+    dev_run.write_results("sts", with_protocol({"STSBenchmark": 85.0, "SICKRelatedness": 80.0},
+                                               mode="dev"))  # fmt: skip
+    table = compare_table([test_run.path, dev_run.path])
+    header, cells = header_and_cells(table)
+    dev_row = cells[1]
+    assert dev_row[header.index("STS-B")] == "–" and dev_row[header.index("Avg.")] == "–"
+    assert dev_row[header.index("STS-B [dev]")] == "85.00"
+    assert dev_row[header.index("Avg. [dev]")] == "82.50"
+    assert "not test scores" in table  # the legend says what [dev] is
+
+
+def test_an_average_over_fewer_tasks_is_its_own_column_and_never_ranked_against_all(tmp_path):
+    full = recorded_run(tmp_path / "full")
+    seven = {"MR": 80.0, "CR": 80.0, "SUBJ": 80.0, "MPQA": 80.0, "SST2": 80.0, "TREC": 80.0,
+             "MRPC": 80.0}  # fmt: skip
+    full.write_results("transfer", with_protocol(seven))
+    two = recorded_run(tmp_path / "two")
+    two.write_results("transfer", with_protocol({"MR": 90.0, "CR": 95.0}))
+    fast = recorded_run(tmp_path / "fast")
+    fast.write_results("transfer", with_protocol({**seven, "MR": 99.0}, mode="fasttest"))
+    result = comparison([full.path, two.path, fast.path])
+    header, cells = header_and_cells(result.render())
+    whole, subset = header.index("Transfer Avg."), header.index("Transfer Avg. (MR, CR)")
+    assert cells[0][whole] == "80.00" and cells[1][whole] == "–"
+    assert cells[1][subset] == "92.50" and cells[0][subset] == "–"
+    assert "**" not in cells[0][whole]  # alone in its column: nothing to beat
+    fasttest = header.index("MR [fasttest]")
+    assert cells[2][fasttest] == "99.00" and cells[2][header.index("MR")] == "–"
+    assert cells[1][header.index("MR")] == "**90.00**"  # the fasttest 99 does not compete
+    assert any("fasttest" in n and "not the papers' protocol" in n for n in result.notes)
+
+
+def test_numbers_measured_on_different_data_are_not_ranked_and_the_note_says_why(tmp_path):
+    runs = []
+    for name, data, value in (("x", "/data/a", 70.0), ("y", "/data/b", 75.0)):
+        runs.append(recorded_run(tmp_path / name))
+        runs[-1].write_results("sts", with_protocol({t: value for t in STS}, data=data))
+    result = comparison([r.path for r in runs])
+    assert "avg" in result.unranked and "**" not in result.render()
+    note = next(n for n in result.notes if n.startswith("avg: not comparable"))
+    assert "/data/a (x)" in note and "/data/b (y)" in note
+
+
+def test_a_folder_of_two_methods_is_not_averaged_as_seeds(tmp_path, caplog):
+    folder = tmp_path / "mixed"
+    for seed, method, value in ((0, "simcse", 60.0), (1, "mcse", 70.0)):
+        run = recorded_run(folder / f"seed{seed}", {"method": method, "seed": seed})
+        run.write_results("sts", with_protocol({t: value for t in STS}), source="final")
+    with caplog.at_level(logging.WARNING, logger="mmcse.reports.runs"):
+        result = comparison([folder])
+    labels = [r.label for r in result.rows]
+    assert labels == ["mixed [method=simcse]", "mixed [method=mcse]"]
+    assert [r.mean["avg"] for r in result.rows] == [60.0, 70.0]  # never their mean, 65
+    warning = caplog.records[0].getMessage()
+    assert "seed0: method=simcse" in warning and "seed1: method=mcse" in warning
+    assert any("holds runs of 2 settings" in n for n in result.notes)
+
+
+def test_seeds_of_one_setting_are_still_averaged(tmp_path):
+    folder = tmp_path / "seeds"
+    for seed, value in ((0, 60.0), (1, 70.0)):
+        run = recorded_run(folder / f"seed{seed}", {"seed": seed, "output_dir": f"/o/{seed}"})
+        run.write_results("sts", with_protocol({t: value for t in STS}), source="final")
+    (row,) = comparison([folder]).rows
+    assert row.mean["avg"] == 65.0 and row.n == 2
+
+
+def test_an_overridden_recipe_run_is_marked_beside_the_published_rows(tmp_path):
+    folder = tmp_path / "mcse-run"
+    run = recorded_run(folder / "seed0")
+    run.write_results("sts", with_protocol({t: 70.0 for t in STS}), source="final")
+    write_json(SeedsDir(folder).results, {
+        "recipe": {"name": "mcse/wiki+flickr/bert"},
+        "overrides": {"learning_rate": {"recipe": 3e-5, "run": 1e-4}},
+    })  # fmt: skip
+    result = comparison([folder])
+    assert result.rows[0].label.endswith("[overridden]")
+    assert result.rows[1].label.startswith("published")
+    note = next(n for n in result.notes if "[overridden]" in n)
+    assert "learning_rate=0.0001 (recipe: 3e-05)" in note
+
+
+def test_compare_lists_where_the_environments_differ(tmp_path):
+    def env(torch_version: str) -> dict:
+        return {"python": {"version": "3.11.9"}, "packages": {"torch": torch_version},
+                "device": {"name": "cpu", "model": "Xeon", "count": 1}}  # fmt: skip
+
+    runs = [recorded_run(tmp_path / n, environment=env(v)) for n, v in (("p", "2.14.1"),
+            ("q", "2.13.0"))]  # fmt: skip
+    for run in runs:
+        run.write_results("sts", with_protocol({t: 70.0 for t in STS}), source="final")
+    notes = comparison([r.path for r in runs]).notes
+    (line,) = [n for n in notes if n.startswith("Environments differ")]
+    assert "torch 2.14.1 (p) vs 2.13.0 (q)" in line and "python" not in line
+    same = [recorded_run(tmp_path / n, environment=env("2.14.1")) for n in ("r", "s")]
+    for run in same:
+        run.write_results("sts", with_protocol({t: 70.0 for t in STS}), source="final")
+    assert not any("Environments" in n for n in comparison([r.path for r in same]).notes)
+
+
+def test_mmcse_eval_records_sts_in_the_run_so_compare_counts_it_scored(tmp_path):
+    from mmcse.evaluation.evaluate import evaluate_model
+    from mmcse.evaluation.sts import load_tasks
+    from mmcse.tiny import build_tiny_bert
+
+    fixture = Path(__file__).parents[1] / "fixtures" / "senteval_mini"
+    texts = [s for task in load_tasks(fixture, "test") for s in task.sentences()]
+    run = RunDir(tmp_path / "run")
+    build_tiny_bert(run.best.path, texts=texts)
+    write_json(run.best.run_info, {"pooler": "cls"})
+    with pytest.raises(MmcseError, match="none of these runs has results"):
+        compare_table([run.path])
+    list(evaluate_model(str(run.path), data=str(fixture), device="cpu"))
+    entry = run.read_result_entries("sts")[-1]
+    assert entry["source"] == "eval" and entry["protocol"]["mode"] == "test"
+    assert entry["environment"]["packages"]["torch"]
+    header, cells = header_and_cells(compare_table([run.path]))
+    assert cells[0][header.index("source")] == "1 of 1 runs scored"
+    assert cells[0][header.index("Avg.")] == f"{entry['avg']:.2f}"
+
+
+def test_recipes_run_and_ablate_record_the_environment_of_their_runs(monkeypatch, tmp_path):
+    def train_recording(cfg):
+        torch_version = "2.13.0" if cfg.seed == 1 else "2.14.1"
+        environment = {"packages": {"torch": torch_version}, "python": {"version": "3.11.9"}}
+        best = RunDir(cfg.output_dir).best
+        best.path.mkdir(parents=True)
+        write_json(best.run_info, {"environment": environment})
+        return fake_train(cfg)
+
+    monkeypatch.setattr(recipes_mod, "train_one", train_recording)
+    monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
+    recipe = get_recipe("mcse/wiki+flickr/bert")
+    recipes_mod.run_recipe(recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r")
+    record = json.loads(SeedsDir(tmp_path / "r").results.read_text())
+    assert record["environment"]["packages"]["torch"] == "2.14.1"
+    (difference,) = record["environment_differences"]
+    assert difference.startswith("torch 2.14.1") and "2.13.0" in difference and "seed 1" in difference
+    table = (tmp_path / "r" / "results.md").read_text()
+    assert "Environment: " in table and "Environments differ: torch 2.14.1" in table
+
+    result = ablate_mod.ablate(
+        get_recipe("dalr/wiki+flickr/bert"),
+        ablate_mod.parse_drops("image_text"),
+        cache_root=tmp_path,
+        seeds=(0,),
+        output_dir=tmp_path / "abl",
+    )
+    md, record_path = ablate_mod.write_ablation(result, tmp_path / "abl" / "ablation.md")
+    assert json.loads(record_path.read_text())["environment"]["packages"]["torch"] == "2.14.1"
+    assert "Environment: " in md.read_text()

@@ -74,7 +74,7 @@ def test_model_card_states_method_data_fingerprints_and_scores(tiny_run, tmp_pat
     out, _ = export_run(tiny_run, tmp_path / "st")
     card = (out / "README.md").read_text()
     info = json.loads((tiny_run / "best" / "mmcse_run.json").read_text())
-    results = json.loads((tiny_run / "results.json").read_text())
+    results = RunDir(tiny_run).read_results("sts")  # the run's own end-of-training scores
     assert "method: `mcse`" in card and "image_text_weight" in card
     for entry in info["fingerprints"].values():
         assert entry["fingerprint"] in card
@@ -282,8 +282,14 @@ def test_card_reads_teachers_as_training_records_them(run_copy, tmp_path):
         assert "**Random teacher weights**: `feature:image`" in card
 
 
-def test_card_reads_the_teacher_from_the_feature_set_manifest_when_not_recorded(tiny_run, tmp_path):
-    """The tiny world's image features are random numbers (producer teacher ``random``)."""
-    card = (export_run(tiny_run, tmp_path / "st")[0] / "README.md").read_text()
+def test_card_reads_the_teacher_from_the_feature_set_manifest_when_not_recorded(run_copy, tmp_path):
+    """The tiny world's image features are random numbers (producer teacher ``random``); a run
+    from before runs recorded teachers and environments gets them from the manifests, or
+    "not recorded"."""
+    checkpoint = Checkpoint(RunDir(run_copy).best.path)
+    info = checkpoint.read_info()
+    assert info["teachers"] and info["environment"]["packages"]["torch"]  # runs record both now
+    checkpoint.write_info({k: v for k, v in info.items() if k not in ("teachers", "environment")})
+    card = (export_run(run_copy, tmp_path / "st")[0] / "README.md").read_text()
     assert "- `feature:image`: teacher `random`" in card and "**Random teacher weights**" in card
     assert "## Environment" in card and "not recorded by this run" in card
