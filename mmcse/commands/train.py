@@ -16,7 +16,9 @@ Opt = typer.Option
 @app.command()
 @with_flags(TrainConfig, into="settings")
 def train(
-    config: str = Opt(None, "--config", help="JSON/TOML file of training settings"),
+    config: str = Opt(
+        None, "--config", help="settings file: .json or .toml (top level, or one [train] table)"
+    ),
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
     resume: str = Opt(None, help="continue the run in RUN_DIR from its last/ checkpoint"),
     settings: dict | None = None,
