@@ -211,7 +211,12 @@ def ablation_plan(
     output_dir: str | Path,
     overrides: dict[str, Any] | None = None,
 ) -> list[tuple[tuple[str, ...], tuple[str, ...], Path, dict[str, Any]]]:
-    """``(terms, zeroed fields, row dir, row overrides)`` per row, the full method first."""
+    """``(terms, zeroed fields, row dir, row overrides)`` per row, the full method first.
+
+    Every row's method is built with its overrides first, so that a row a real run would refuse
+    (an unknown ``method_args`` key; every term dropped) is refused before any row trains."""
+    from mmcse.training.preflight import checked_method
+
     method = build_method(recipe.method, **recipe.method_args)
     plan = [((), ())] + [(terms, tuple(resolve_term(method, t) for t in terms)) for terms in drops]
     base = dict(overrides or {})
@@ -220,6 +225,13 @@ def ablation_plan(
     for terms, fields in plan:
         zeroed = {f: 0.0 for f in fields}
         row_overrides = {**base, "method_args": {**base.get("method_args", {}), **zeroed}}
+        try:
+            checked_method(
+                base.get("method", recipe.method),
+                {**recipe.method_args, **row_overrides["method_args"]},
+            )
+        except MmcseError as exc:
+            raise MmcseError(f"ablation row {label_of(terms)!r}: {exc}") from None
         rows.append((terms, fields, out.row(row_dir(terms)).path, row_overrides))
     return rows
 

@@ -133,6 +133,8 @@ def describe_plan(
     lines += [hint] if hint else []
     base = recipe.config(cache_root, seed=seeds[0], output_dir="-").to_dict() if seeds else {}
     for label, out, row_overrides in rows:
+        row = recipe.config(cache_root, seed=0, output_dir="-", overrides=row_overrides)
+        check_method(row, label)  # what the real run refuses, the dry run refuses
         for seed in seeds:
             cfg = recipe.config(
                 cache_root,
@@ -151,6 +153,27 @@ def describe_plan(
     except MmcseError as exc:
         lines.append(f"cache: {exc}")
     return "\n".join(lines)
+
+
+def check_method(cfg: TrainConfig, label: str) -> None:
+    """The run's method builds with its overrides and has a term to train, as a real run
+    checks before its first step; the error names ``label`` (the recipe or ablation row)."""
+    from mmcse.training.preflight import checked_method
+
+    try:
+        checked_method(cfg.method, cfg.method_args)
+    except MmcseError as exc:
+        raise MmcseError(f"{label}: {exc}") from None
+
+
+def check_unique_seeds(seeds: tuple[int, ...]) -> None:
+    """Each seed trains once, into its own ``seed<k>/``: a seed given twice is refused."""
+    twice = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if twice:
+        raise MmcseError(
+            f"--seeds {','.join(map(str, seeds))}: seed {', '.join(map(str, twice))} given more "
+            "than once (each seed trains once, into its own folder); give distinct seeds"
+        )
 
 
 def missing_p_reason(row_avgs: list[float], full_avgs: list[float]) -> str:
@@ -238,6 +261,7 @@ def check_seed_dirs(
     """Refuse a used ``seed<k>`` folder before the first seed trains (unless overwrite=true)."""
     from mmcse.training.preflight import check_output_path
 
+    check_unique_seeds(tuple(seeds))
     overwrite = bool((overrides or {}).get("overwrite"))
     for seed in seeds:
         check_output_path(SeedsDir(output_dir).seed(seed).path, overwrite=overwrite)
@@ -294,9 +318,11 @@ def parse_seeds(recipe: Recipe, text: str | None) -> tuple[int, ...]:
     if not text:
         return recipe.seeds
     try:
-        return tuple(int(s) for s in text.split(","))
+        seeds = tuple(int(s) for s in text.split(","))
     except ValueError:
         raise MmcseError(f"--seeds expects comma-separated integers, got {text!r}") from None
+    check_unique_seeds(seeds)
+    return seeds
 
 
 def set_overrides(items: list[str] | None, overwrite: bool = False) -> dict[str, Any]:

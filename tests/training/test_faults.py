@@ -260,9 +260,26 @@ def test_dalr_default_teachers_point_at_teachers_on_caption(
         args += ["--feature", f"{role}={path}"]
     code, errors, _ = run_main([*args, "--method", "dalr"], monkeypatch, capsys)
     assert code == 0 and not errors
-    args += ["--method", "dalr-paper"]
+    args += ["--method", "dalr-paper", "--method-arg", "simcse_weight=1"]
     refused(args, monkeypatch, capsys, "are not in", "teachers_on=caption")
     code, errors, _ = run_main([*args, "--method-arg", "teachers_on=caption"], monkeypatch, capsys)
+    assert code == 0 and not errors
+
+
+def test_dalr_paper_on_captions_only_leaves_text_batches_nothing_to_learn(
+    tiny_model, tiny_world, caption_teachers, tmp_path, monkeypatch, capsys
+):
+    """dalr-paper has no ℓ_text: with teachers_on=caption no term applies to a text batch, and
+    the real run used to end in "element 0 of tensors does not require grad" at its first one;
+    so it is refused, and the teachers_on hint is not given for it."""
+    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--dry-run", "--method", "dalr-paper")
+    for role, path in caption_teachers.items():
+        args += ["--feature", f"{role}={path}"]
+    line = refused(args, monkeypatch, capsys, "are not in")
+    assert "teachers_on" not in line
+    args += ["--method-arg", "teachers_on=caption"]
+    refused(args, monkeypatch, capsys, "'dalr-paper' has no active loss term for text batches")
+    code, errors, _ = run_main([*args, "--mixing", "caption-only"], monkeypatch, capsys)
     assert code == 0 and not errors
 
 
