@@ -405,7 +405,7 @@ class Run:
             "save_every": self.save_every,
             "resumed_from_step": self.step if self.resume_state is not None else None,
             "extended_from": self.extended_from,
-            **mixing_plan(self.data, cfg.mixing, global_batch, self.total, cfg.epochs),
+            **mixing_plan(self.data, global_batch, self.total),
         }
 
     def _eval_steps(self) -> list[int]:

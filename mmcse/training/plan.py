@@ -18,11 +18,11 @@ from mmcse.training.data import CAPTION, TEXT, TrainData, train_mix_counts
 RECIPES_MIXING = "mcse-train-mix"
 
 
-def mixing_plan(
-    data: TrainData, mixing: str, global_batch: int, total: int, epochs: int
-) -> dict[str, Any]:
+def mixing_plan(data: TrainData, global_batch: int, total: int) -> dict[str, Any]:
     """``mixing_rule``, ``batches_in_run`` and, when it differs, ``recipes_mixing`` (the
-    recipes' mixing and its batches per epoch here; None where it cannot run)."""
+    recipes' mixing and its batches per epoch here; None where it cannot run). The mixing and
+    epochs are the data's run's (``data.cfg``), so the rule and the counts cannot disagree."""
+    mixing, epochs = data.cfg.mixing, data.cfg.epochs
     passes = data.batches_per_pass(global_batch)
     plan: dict[str, Any] = {
         "mixing_rule": mixing_rule(mixing, passes),
