@@ -156,12 +156,13 @@ def describe_plan(
 
 
 def check_method(cfg: TrainConfig, label: str) -> None:
-    """The run's method builds with its overrides and has a term to train, as a real run
-    checks before its first step; the error names ``label`` (the recipe or ablation row)."""
-    from mmcse.training.preflight import checked_method
+    """The run's method builds with its overrides and has a term for every batch kind it
+    trains on, as preflight checks before a run's first step; here before the first seed (or
+    ablation row) trains, and in the dry run alike. The error names ``label`` (recipe or row)."""
+    from mmcse.training.preflight import check_terms, checked_method
 
     try:
-        checked_method(cfg.method, cfg.method_args)
+        check_terms(cfg, checked_method(cfg.method, cfg.method_args))
     except MmcseError as exc:
         raise MmcseError(f"{label}: {exc}") from None
 
@@ -238,19 +239,15 @@ def run_seeds(
     """Train ``recipe`` once per seed into ``<output_dir>/seed<k>`` (cache checked first)."""
     recipe.check_cache(cache_root, set(overrides or {}))
     out = SeedsDir(output_dir)
+    given = dict(model=model, max_steps=max_steps, overrides=overrides)
+    first = recipe.config(cache_root, seed=seeds[0] if seeds else 0, output_dir=out.path, **given)
+    check_method(first, label or recipe.name)
     check_seed_dirs(out.path, seeds, overrides)
     results = []
     for i, seed in enumerate(seeds, start=1):
         run = out.seed(seed).path
         logger.info(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {run}")
-        cfg = recipe.config(
-            cache_root,
-            seed=seed,
-            output_dir=run,
-            model=model,
-            max_steps=max_steps,
-            overrides=overrides,
-        )
+        cfg = recipe.config(cache_root, seed=seed, output_dir=run, **given)
         results.append(train_one(cfg))
     return SeedRuns(label or recipe.name, out.path, tuple(seeds), results)
 
