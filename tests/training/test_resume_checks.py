@@ -181,5 +181,19 @@ def test_resuming_a_finished_run_trains_nothing_and_exits_0(run, monkeypatch, ca
     refused_resume(run, monkeypatch, capsys, "does not extend", args=["--max-steps", "3"])
 
 
+def test_a_larger_max_steps_extends_a_finished_run(run, monkeypatch, capsys, library_log):
+    saved = json.loads(RunDir(run).config.read_text())
+    train(TrainConfig(**{**saved, "output_dir": str(run)}), resume=True)
+    library_log()
+    result = train(TrainConfig(**{**saved, "output_dir": str(run), "max_steps": 6}), resume=True)
+    assert result.steps == 6 and RunDir(run).last.read_info()["step"] == 6
+    assert "extending the finished run" in library_log()
+    records = [json.loads(x) for x in RunDir(run).metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]  # log_every 1
+    # the run's settings are now the extended ones: a plain resume says it is finished
+    code, stderr = run_main(["train", "--resume", str(run)], monkeypatch, capsys)
+    assert code == 0 and not any(line.startswith("error") for line in stderr)
+
+
 def test_an_unfinished_run_refuses_a_new_max_steps(run, monkeypatch, capsys):
     refused_resume(run, monkeypatch, capsys, "has not finished", args=["--max-steps", "6"])
