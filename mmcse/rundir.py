@@ -20,6 +20,9 @@
       mmcse_heads.safetensors  the loss heads (training-only)
       mmcse_run.json           run info (keys below)
       trainer_state.pt         last/ only: optimizer, scheduler, RNG states, data position
+      mmcse_integrity.json     last/ only, written last: the size and sha256 of every other file,
+                               the settings and the fingerprints it was saved with (checked
+                               before a resume: :mod:`mmcse.training.checkpoint`)
 
     SEEDS/                   mmcse recipes run (mmcse ablate: one per row, named by the row)
       seed<k>/               one RUN per seed
@@ -121,6 +124,7 @@ MODEL_CONFIG_FILE = "config.json"
 RUN_INFO_FILE = "mmcse_run.json"
 HEADS_FILE = "mmcse_heads.safetensors"
 TRAINER_STATE_FILE = "trainer_state.pt"
+INTEGRITY_FILE = "mmcse_integrity.json"
 
 SEED_PREFIX = "seed"
 RESULT_TABLES = "results"  # + .md/.csv/.tex
@@ -266,6 +270,11 @@ class Checkpoint:
     @property
     def trainer_state(self) -> Path:
         return self.path / TRAINER_STATE_FILE
+
+    @property
+    def integrity(self) -> Path:
+        """last/ only: what every file of the checkpoint was when saved (its integrity record)."""
+        return self.path / INTEGRITY_FILE
 
     def saved(self) -> bool:
         """A checkpoint is here (its model loads; renamed into place, so never half of one)."""

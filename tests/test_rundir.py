@@ -68,10 +68,11 @@ def test_every_path_of_a_run(tmp_path):
         "results.json", "transfer.json", "retrieval.json",
     ]  # fmt: skip
     last = run.last
-    assert (last.heads, last.run_info, last.trainer_state) == (
+    assert (last.heads, last.run_info, last.trainer_state, last.integrity) == (
         run.path / "last" / "mmcse_heads.safetensors",
         run.path / "last" / "mmcse_run.json",
         run.path / "last" / "trainer_state.pt",
+        run.path / "last" / "mmcse_integrity.json",
     )
     assert not run.path.exists()  # naming a path creates nothing
 
@@ -340,7 +341,8 @@ def test_clear_removes_what_a_run_wrote_and_nothing_else(tmp_path):
 #: a path built by hand. (``config.json`` is also every HF model's and sentence-transformers
 #: module's file, so it cannot be told apart by spelling.)
 FILE_NAMES = (
-    rundir.RUN_INFO_FILE, rundir.HEADS_FILE, rundir.TRAINER_STATE_FILE, rundir.METRICS_FILE,
+    rundir.RUN_INFO_FILE, rundir.HEADS_FILE, rundir.TRAINER_STATE_FILE, rundir.INTEGRITY_FILE,
+    rundir.METRICS_FILE,
     rundir.PLAN_FILE, rundir.RESULTS_FILE, rundir.TRANSFER_FILE, rundir.RETRIEVAL_FILE,
     rundir.ALIGN_UNIFORM_FILE, rundir.CURVES_PLOT, rundir.ALIGN_UNIFORM_PLOT,
     rundir.ABLATION_TABLE, rundir.ABLATION_RECORD, rundir.ABLATION_PLOT,

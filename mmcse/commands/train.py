@@ -16,9 +16,15 @@ Opt = typer.Option
 @app.command()
 @with_flags(TrainConfig, into="settings")
 def train(
-    config: str = Opt(None, "--config", help="JSON/TOML file of training settings"),
+    config: str = Opt(
+        None, "--config", help="settings file: .json or .toml (top level, or one [train] table)"
+    ),
     dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
-    resume: str = Opt(None, help="continue the run in RUN_DIR from its last/ checkpoint"),
+    resume: str = Opt(
+        None,
+        help="continue the run in RUN_DIR from its last/ checkpoint (checked first); a "
+        "finished run is left as it is (exit 0) unless a larger --max-steps/--epochs extends it",
+    ),
     settings: dict | None = None,
 ) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""

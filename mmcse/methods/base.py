@@ -108,6 +108,10 @@ class Method:
         """A second task stepped before each text step (VisualCSE's image step), or None."""
         return None
 
+    def auxiliary_roles(self) -> tuple[str, ...]:
+        """Feature roles the auxiliary task reads (joined to no corpus), when it runs."""
+        return ()
+
 
 def build_method(name: str, **overrides: Any) -> Method:
     """Instantiate a registered method, refusing unknown hyperparameter names clearly."""

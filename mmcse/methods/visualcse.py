@@ -62,6 +62,9 @@ class NonLinguisticMixin:
             encoder, self, path, device, seed=cfg.seed, precision=cfg.precision
         )
 
+    def auxiliary_roles(self) -> tuple[str, ...]:
+        return (self.nonlinguistic,) if self.nonlinguistic_settings().weight != 0 else ()
+
     def describe(self) -> str:
         s = self.nonlinguistic_settings()
         line = (

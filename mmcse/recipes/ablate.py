@@ -26,7 +26,13 @@ from scipy import stats
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
 from mmcse.recipes.recipe import Recipe
-from mmcse.recipes.runs import SeedRuns, check_seed_dirs, environment_record, run_seeds
+from mmcse.recipes.runs import (
+    SeedRuns,
+    check_method,
+    check_seed_dirs,
+    environment_record,
+    run_seeds,
+)
 from mmcse.reports.compare import Row, markdown_table
 from mmcse.reports.published import PUBLISHED_ABLATIONS
 from mmcse.rundir import AblationDir, write_json
@@ -183,7 +189,10 @@ def ablate(
         overrides=overrides,
     )
     plan = ablation_plan(recipe, drops, output_dir, overrides)
-    for _terms, _fields, row_out, row_overrides in plan:  # every row checked before one trains
+    for terms, _fields, row_out, row_overrides in plan:  # every row checked before one trains
+        given = dict(model=model, max_steps=max_steps, overrides=row_overrides)
+        row = recipe.config(cache_root, seed=seeds[0], output_dir=row_out, **given)
+        check_method(row, label_of(terms))  # e.g. every term dropped, as the dry run says
         check_seed_dirs(row_out, seeds, row_overrides)
     rows = []
     for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):

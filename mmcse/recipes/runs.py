@@ -126,6 +126,8 @@ def describe_plan(
     lines += [hint] if hint else []
     base = recipe.config(cache_root, seed=seeds[0], output_dir="-").to_dict() if seeds else {}
     for label, out, row_overrides in rows:
+        row = recipe.config(cache_root, seed=0, output_dir="-", overrides=row_overrides)
+        check_method(row, label)  # what the real run refuses, the dry run refuses
         for seed in seeds:
             cfg = recipe.config(
                 cache_root,
@@ -144,6 +146,28 @@ def describe_plan(
     except MmcseError as exc:
         lines.append(f"cache: {exc}")
     return "\n".join(lines)
+
+
+def check_method(cfg: TrainConfig, label: str) -> None:
+    """The run's method builds with its overrides and has a term for every batch kind it
+    trains on, as preflight checks before a run's first step; here before the first seed (or
+    ablation row) trains, and in the dry run alike. The error names ``label`` (recipe or row)."""
+    from mmcse.training.preflight import check_terms, checked_method
+
+    try:
+        check_terms(cfg, checked_method(cfg.method, cfg.method_args))
+    except MmcseError as exc:
+        raise MmcseError(f"{label}: {exc}") from None
+
+
+def check_unique_seeds(seeds: tuple[int, ...]) -> None:
+    """Each seed trains once, into its own ``seed<k>/``: a seed given twice is refused."""
+    twice = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if twice:
+        raise MmcseError(
+            f"--seeds {','.join(map(str, seeds))}: seed {', '.join(map(str, twice))} given more "
+            "than once (each seed trains once, into its own folder); give distinct seeds"
+        )
 
 
 def missing_p_reason(row_avgs: list[float], full_avgs: list[float]) -> str:
@@ -214,19 +238,15 @@ def run_seeds(
     """Train ``recipe`` once per seed into ``<output_dir>/seed<k>`` (cache checked first)."""
     recipe.check_cache(cache_root, set(overrides or {}))
     out = SeedsDir(output_dir)
+    given = dict(model=model, max_steps=max_steps, overrides=overrides)
+    first = recipe.config(cache_root, seed=seeds[0] if seeds else 0, output_dir=out.path, **given)
+    check_method(first, label or recipe.name)
     check_seed_dirs(out.path, seeds, overrides)
     results, environments = [], []
     for i, seed in enumerate(seeds, start=1):
         run = out.seed(seed).path
         logger.info(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {run}")
-        cfg = recipe.config(
-            cache_root,
-            seed=seed,
-            output_dir=run,
-            model=model,
-            max_steps=max_steps,
-            overrides=overrides,
-        )
+        cfg = recipe.config(cache_root, seed=seed, output_dir=run, **given)
         results.append(train_one(cfg))
         environments.append((RunDir(run).best.read_info() or {}).get("environment"))
     return SeedRuns(label or recipe.name, out.path, tuple(seeds), results, environments)
@@ -253,6 +273,7 @@ def check_seed_dirs(
     """Refuse a used ``seed<k>`` folder before the first seed trains (unless overwrite=true)."""
     from mmcse.training.preflight import check_output_path
 
+    check_unique_seeds(tuple(seeds))
     overwrite = bool((overrides or {}).get("overwrite"))
     for seed in seeds:
         check_output_path(SeedsDir(output_dir).seed(seed).path, overwrite=overwrite)
@@ -311,9 +332,11 @@ def parse_seeds(recipe: Recipe, text: str | None) -> tuple[int, ...]:
     if not text:
         return recipe.seeds
     try:
-        return tuple(int(s) for s in text.split(","))
+        seeds = tuple(int(s) for s in text.split(","))
     except ValueError:
         raise MmcseError(f"--seeds expects comma-separated integers, got {text!r}") from None
+    check_unique_seeds(seeds)
+    return seeds
 
 
 def set_overrides(items: list[str] | None, overwrite: bool = False) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,34 +219,70 @@ class TrainConfig:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
+#: the config file formats read, by suffix
+CONFIG_FORMATS = {".json": "JSON", ".toml": "TOML"}
+#: the one table a config file may put its settings in (else they are at the top level)
+TRAIN_TABLE = "train"
+_TOML_WHERE = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """A JSON or TOML file of TrainConfig fields (a ``[train]`` TOML table is also accepted)."""
+    """TrainConfig fields from a JSON (``.json``) or TOML (``.toml``) file: at the top level, or
+    all in one ``[train]`` table (``{"train": {...}}`` in JSON) with nothing beside it.
+
+    Refused, one line naming the file: another suffix, a syntax error (``FILE:LINE:COL``), a key
+    outside ``[train]`` when the file has one, and any key that is not a training setting.
+    """
     p = Path(path)
     if not p.is_file():
         raise MmcseError(f"config file {p} {'is a folder' if p.is_dir() else 'does not exist'}")
+    kind = CONFIG_FORMATS.get(p.suffix.lower())
+    if kind is None:
+        raise MmcseError(
+            f"config file {p}: {p.suffix or 'a name without a suffix'} is not a format mmcse reads;"
+            " give a JSON (.json) or TOML (.toml) file of training settings"
+        )
     try:
         text = p.read_text(encoding="utf-8")
-        data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise MmcseError(f"config file {p} is not valid {p.suffix[1:] or 'JSON'}: {exc}") from None
+        data = tomllib.loads(text) if kind == "TOML" else json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MmcseError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except tomllib.TOMLDecodeError as exc:
+        where = _TOML_WHERE.search(str(exc))
+        place = f"{p}:{where[1]}:{where[2]}" if where else f"config file {p}"
+        raise MmcseError(f"{place}: not valid TOML: {_TOML_WHERE.sub('', str(exc))}") from None
     except UnicodeDecodeError as exc:
         raise MmcseError(f"config file {p} is not UTF-8 text (byte {exc.start})") from None
-    data = data.get("train", data) if isinstance(data, dict) else data
+    where = ""
+    if isinstance(data, dict) and TRAIN_TABLE in data:
+        beside = sorted(k for k in data if k != TRAIN_TABLE)
+        if beside:
+            raise MmcseError(
+                f"config file {p}: {', '.join(beside)} outside [{TRAIN_TABLE}]: the file has a "
+                f"[{TRAIN_TABLE}] table, so every setting goes in it (or drop the "
+                f"[{TRAIN_TABLE}] header and keep every setting at the top level)"
+            )
+        data, where = data[TRAIN_TABLE], f" in [{TRAIN_TABLE}]"
     if not isinstance(data, dict):
         raise MmcseError(
             f"config file {p} must hold an object of settings "
             f'(e.g. {{"batch_size": 64}}), not {type(data).__name__}'
+        )
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        tables = [k for k in unknown if isinstance(data[k], dict)]
+        hint = f" ({', '.join(tables)}: only [{TRAIN_TABLE}] is read)" if tables else ""
+        raise MmcseError(
+            f"config file {p}: unknown training setting(s){where}: {', '.join(unknown)}{hint}"
         )
     return data
 
 
 def resolve_config(file: str | Path | None = None, **overrides: Any) -> TrainConfig:
     """Defaults < config file < overrides (``None`` overrides mean 'not given')."""
-    values = read_config_file(file) if file else {}
+    values = read_config_file(file) if file else {}  # unknown keys refused there
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise MmcseError(f"config file {file}: unknown training setting(s): {', '.join(unknown)}")
     try:  # the file's own values first, so their errors name the file
         check_settings(TrainConfig, values)
     except MmcseError as exc:

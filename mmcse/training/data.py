@@ -483,22 +483,6 @@ class TrainData:
         }
 
 
-def random_teacher_warning(teachers: dict[str, dict]) -> str | None:
-    """The warning for a run whose features came from randomly initialised teachers (a smoke
-    test's cache): its numbers say nothing of the method. None when every teacher was trained."""
-    random = [
-        f"{key} ({t.get('teacher') or '?'}, {t.get('weights_source') or 'random init'})"
-        for key, t in teachers.items()
-        if t.get("weights") == "random"
-    ]
-    if not random:
-        return None
-    return (
-        f"teacher features from RANDOM weights: {', '.join(random)}; this run's scores are "
-        "not those of the method (rebuild the cache with trained teachers for real numbers)"
-    )
-
-
 def train_mix_counts(text_batches: int, caption_batches: int) -> dict[str, int]:
     """Batches per kind in one epoch of MCSE's ``train_mix.py`` schedule.
 

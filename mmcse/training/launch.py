@@ -18,18 +18,24 @@ def launch(
     dry_run: bool = False,
 ) -> Iterator[str]:
     """Resolve the config (``settings``: None = not given) and train it, or continue the run in
-    ``resume``; ``dry_run`` checks every input and trains nothing. Yields the result's lines."""
+    ``resume`` (a finished one only when a larger ``--max-steps``/``--epochs`` extends it: else
+    that it finished is said and nothing done); ``dry_run`` checks every input and trains
+    nothing. Yields the result's lines."""
     overrides = dict(settings or {})
     if resume:
-        from mmcse.training.checkpoint import resume_config
+        from mmcse.training.checkpoint import finished_note, resume_config
 
         cfg = resume_config(resume, config_file, overrides)
+        finished = finished_note(cfg.to_dict())
+        if finished is not None:  # a finished run, not extended: nothing to do
+            yield finished
+            return
     else:
         cfg = resolve_config(config_file, **overrides)
     if dry_run:
         from mmcse.training.preflight import preflight
 
-        method = preflight(cfg)  # the checks a real run makes before its first step
+        method = preflight(cfg, resuming=bool(resume))  # the checks a real run makes first
         yield json.dumps(cfg.to_dict(), indent=2)
         yield method.describe()
         yield "preflight: every input checked"

@@ -10,7 +10,8 @@ The step never waits for the device: its loss terms are summed on the device and
 per ``log_every`` window (:mod:`mmcse.training.metrics`, which also catches a non-finite loss there),
 and the next batch is gathered on a worker thread meanwhile (:mod:`mmcse.training.prefetch`). Checkpoints
 are written beside and renamed into place; ``last/`` (every ``save_every`` steps) holds what
-``--resume`` needs to continue exactly (:mod:`mmcse.training.checkpoint`). SIGINT stops after the step.
+``--resume`` needs to continue exactly, with an integrity record checked before a resume
+(:mod:`mmcse.training.checkpoint`). SIGINT stops after the step.
 What the run directory holds, and under which names, is :mod:`mmcse.rundir`'s.
 
 Whole-step capture (``capture``, on by default on CUDA; :mod:`mmcse.training.fastpath`): the
@@ -48,7 +49,7 @@ from mmcse.model import SentenceEncoder
 from mmcse.rundir import FINAL, Checkpoint, RunDir, atomic_dir, resolve_model_dir, write_json
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
-from mmcse.training.data import Batch, TrainData, random_teacher_warning
+from mmcse.training.data import Batch, TrainData
 from mmcse.training.dev_eval import DevEvaluator, resolve_eval_dir
 from mmcse.training.fastpath import (
     apply_fast_paths,
@@ -59,6 +60,7 @@ from mmcse.training.fastpath import (
     fused_adamw,
 )
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress, describe_plan, truncate_metrics
+from mmcse.training.plan import mixing_plan
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 
@@ -254,6 +256,8 @@ class Run:
         self.run_dir = RunDir(cfg.output_dir)
         self.out = self.run_dir.path
         self.resume_state = ckpt.load_trainer_state(self.out) if resume else None
+        #: a finished run given a larger --max-steps/--epochs: where it had ended
+        self.extended_from = ckpt.extension_of(cfg.to_dict()) if resume else None
         self.method = build_method(cfg.method, **cfg.method_args)
         # 'auto' becomes the student's own pooling (or the method's); the run's config records it
         pooler, self.pooler_source = resolve_training_pooler(cfg, self.method)
@@ -284,9 +288,6 @@ class Run:
         self.aux = self.method.auxiliary_task(encoder, cfg, self.device)
         if self.captured and self.aux is not None:
             self.aux.capture(lambda module: capture(module, self.device))
-        warning = random_teacher_warning(self.teachers())
-        if warning and dist.is_main():
-            logger.warning(warning)
         self.scaler = grad_scaler_for(self.device, cfg.precision)
         self.eval_dir = resolve_eval_dir(cfg)
         self.dev_evaluator: DevEvaluator | None = None
@@ -325,6 +326,11 @@ class Run:
             fused=fused_adamw(cfg, self.device),
         )
         scheduler = linear_schedule(optimizer, cfg.warmup_steps, self.total)
+        if self.extended_from and self.total <= self.extended_from["step"]:
+            raise MmcseError(
+                f"--resume {self.out}: max_steps {cfg.max_steps} and epochs {cfg.epochs} still "
+                f"end the run at step {self.total}, where it finished; nothing to extend"
+            )
         epoch0, index0 = self._start(optimizer, scheduler)
         log = self._open_log(global_batch)
         progress = Progress(self.total, self.step, f"train {cfg.method}", dist.is_main())
@@ -400,6 +406,8 @@ class Run:
             run.path.mkdir(parents=True, exist_ok=True)
             if resumed:
                 truncate_metrics(run.metrics, self.step)
+                if self.extended_from:  # the run's settings now: a later resume compares them
+                    write_json(run.config, self.cfg.to_dict())
             else:
                 if self.cfg.overwrite:
                     run.clear()  # no stale best/, last/ or results beside the new run
@@ -434,6 +442,8 @@ class Run:
             "save_every": self.save_every,
             "resumed_from_step": self.step if self.resume_state is not None else None,
             "capture": self.capture_note(),
+            "extended_from": self.extended_from,
+            **mixing_plan(self.data, global_batch, self.total),
         }
 
     def capture_note(self) -> str:
@@ -544,6 +554,9 @@ class Run:
             self.encoder.save_checkpoint(tmp, self.tokenizer, self._heads(), info)
             if trainer_state is not None:
                 ckpt.save_trainer_state(tmp, trainer_state)
+                ckpt.write_integrity(  # last: it records every file above
+                    tmp, step=step, settings=info["config"], fingerprints=info["fingerprints"]
+                )
 
     def _save_last(self, epoch: int, next_index: int, optimizer, scheduler) -> None:
         """The resumable checkpoint: everything needed to continue after this step."""
@@ -586,7 +599,25 @@ class Run:
         self.best_dev, self.best_step = state["best_dev"], state["best_step"]
         self.step = state["step"]
         ckpt.set_rng_states(state["rng"])
+        if self.extended_from:
+            self._extend_schedule(optimizer, scheduler)
         return state["epoch"], state["next_index"]
+
+    def _extend_schedule(self, optimizer, scheduler) -> None:
+        """A finished run extended: the linear decay recomputed for the new total, from now."""
+        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+        for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * factor
+        old = self.extended_from
+        logger.warning(
+            "extending the finished run %s from step %s to %s (max_steps %s -> %s, epochs %s -> "
+            "%s): its lr had decayed to 0 and the linear schedule is recomputed for %s steps, so "
+            "training continues at lr %.3g; the result is not what an uninterrupted %s-step run "
+            "trains",
+            self.out, self.step, self.total, old["max_steps"], self.cfg.max_steps,
+            old["epochs"], self.cfg.epochs, self.total, optimizer.param_groups[0]["lr"],
+            self.total,
+        )  # fmt: skip
 
     def _interrupted(self) -> None:
         message = (
@@ -611,13 +642,18 @@ class Run:
             )
             self.run_dir.write_results("sts", test, source=FINAL)
         if dist.is_main():
-            for checkpoint in (self.run_dir.best, self.run_dir.last):
-                checkpoint.mark_finished()
+            self.run_dir.best.mark_finished()
+            ckpt.mark_finished(self.run_dir.last)  # saved anew: its integrity record stays true
         return RunResult(self.out, self.best_dev, self.best_step, test, steps, self.cfg.method)
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> RunResult:
-    """Train a run; ``resume`` continues the run in ``cfg.output_dir`` from its last/."""
+    """Train a run; ``resume`` continues the run in ``cfg.output_dir`` from its last/ (a
+    finished run only when a larger ``max_steps``/``epochs`` extends it; else nothing happens)."""
+    finished = ckpt.finished_note(cfg.to_dict()) if resume else None
+    if finished is not None:
+        logger.info(finished)
+        return RunResult(Path(cfg.output_dir), None, None, None, 0, cfg.method)
     run = Run(cfg, resume)
     with naming_os_errors(run.out):  # disk full, read-only folder: one line naming the path
         return run.fit()

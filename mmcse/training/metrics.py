@@ -203,13 +203,21 @@ def describe_plan(plan: dict[str, Any]) -> str:
         if plan["eval_data"]
         else f"no dev eval (last checkpoint kept as best/ every {plan['eval_steps']} steps)"
     )
+    rule = f" ({plan['mixing_rule']})" if plan.get("mixing_rule") else ""
     lines = [
         f"plan: {plan['method']} on {plan['device']}, precision {plan['precision']}, "
         f"{plan['world_size']} process(es)",
-        f"  data: {data}; mixing {plan['mixing']}",
+        f"  data: {data}; mixing {plan['mixing']}{rule}",
         f"  per epoch: {per_epoch} batches of {plan['global_batch']} "
         f"({plan['steps_per_epoch']} steps) x {plan['epochs']} epoch(s) -> {plan['total_steps']} "
         "steps" + (f" (max_steps {plan['max_steps']})" if plan["max_steps"] else ""),
+    ]
+    if plan.get("batches_in_run"):
+        taken = " + ".join(f"{n} {kind}" for kind, n in plan["batches_in_run"].items())
+        lines.append(f"  this run: {taken} batches in {plan['total_steps']} steps")
+    if plan.get("recipes_mixing"):
+        lines.append(f"  note: {recipes_mixing_note(plan['recipes_mixing'])}")
+    lines += [
         f"  eval: {evals}; final test eval: {'yes' if plan['final_eval'] else 'no'}",
         f"  resumable checkpoint last/ every {plan['save_every']} steps",
     ]
@@ -217,7 +225,26 @@ def describe_plan(plan: dict[str, Any]) -> str:
         lines.append(f"  whole-step capture: {plan['capture']}")
     if plan.get("resumed_from_step") is not None:
         lines.append(f"  resuming after step {plan['resumed_from_step']}")
+    extended = plan.get("extended_from")
+    if extended:
+        lines.append(
+            f"  extending the finished run from step {extended['step']} (max_steps "
+            f"{extended['max_steps']}, epochs {extended['epochs']}); lr schedule recomputed"
+        )
     return "\n".join(lines)
+
+
+def recipes_mixing_note(recipes: dict[str, Any]) -> str:
+    """The plan's line on how the recipes would mix this run's two corpora."""
+    counts = recipes["batches_per_epoch"]
+    if counts is None:
+        taken = "it cannot run here (fewer text than caption batches per pass)"
+    else:
+        taken = "per epoch it would take " + " + ".join(f"{n} {k}" for k, n in counts.items())
+    return (
+        f"the two-corpus recipes mix with {recipes['mixing']} (MCSE's released train_mix.py); "
+        f"{taken}; --mixing {recipes['mixing']} to match them"
+    )
 
 
 class Progress:

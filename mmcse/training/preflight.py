@@ -6,16 +6,20 @@ overwrite an earlier run silently. :func:`preflight` looks at everything the run
 in the order of cost, and raises one :class:`~mmcse.errors.MmcseError` naming the setting (and
 the fix, where there is one):
 
-1. torchrun variables, the method and its settings, the pooler, the device;
+1. torchrun variables, the method and its settings (at least one loss term for every batch kind
+   the run trains on), the pooler, the device;
 2. corpora and feature-set folders exist and are readable (a sentence file is strict UTF-8),
-   every role the method reads is given;
+   every role the method reads is given, and every role given is one the method reads (a role
+   it never reads is refused as a typo; one switched off in this run is a warning);
 3. the SentEval folder has STS-B dev (and, with ``final_eval``, every test file), parsed;
 4. the student: a local HF folder (config, tokenizer, room for ``--max-seq-length``), or a hub
    id that resolves (cache, else a 3 s reachability probe; never the hub client's retries);
 5. the output folder: refused when it holds files, unless ``--overwrite`` or resuming;
 6. the data join: corpora opened and every role's ids matched to them, as training will
    (no tokenizer: nothing is tokenised, no text of a corpus table read), and at least one
-   global batch per corpus.
+   global batch per corpus; a set whose teacher had random weights is a warning;
+7. resuming: ``last/`` against its integrity record, the run's settings and the fingerprints of
+   every set now (:func:`mmcse.training.checkpoint.check_resumable`).
 
 Setting types and ranges are checked earlier, by the config dataclasses (:mod:`mmcse.training.config`).
 """
@@ -23,6 +27,7 @@ Setting types and ranges are checked earlier, by the config dataclasses (:mod:`m
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -31,7 +36,10 @@ from mmcse.devices import check_device
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
 from mmcse.textfiles import decode_text
+from mmcse.training.checkpoint import check_resumable
 from mmcse.training.config import SettingError, TrainConfig
+
+logger = logging.getLogger(__name__)
 
 #: files one of which holds a local model's weights (single file or sharded index)
 WEIGHT_FILES = (
@@ -52,10 +60,16 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
     check_device(cfg.device)
     check_paths(cfg)
     check_roles(cfg, method)
+    check_unread_roles(cfg, method)
+    check_terms(cfg, method)
     check_eval_data(cfg)
     check_model(cfg.model, cfg.max_seq_length)
     check_output_dir(cfg, resuming=resuming)
-    check_join(cfg, method)
+    data = check_join(cfg, method)
+    auxiliary = auxiliary_sets(cfg, method)
+    warn_random_teachers(data.role_sets | {role: [fs] for role, fs in auxiliary.items()})
+    if resuming:
+        check_resumable(cfg.to_dict(), input_fingerprints(data, auxiliary))
     return method
 
 
@@ -64,13 +78,43 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
 
 def checked_method(name: str, settings: dict) -> Method:
     """The method with its ``--method-arg`` settings. :mod:`mmcse.methods` refuses a setting
-    with a ValueError; here that is the user's error, one line naming it."""
+    with a ValueError; here that is the user's error, one line naming it. A method left with no
+    loss term (every weight 0) has nothing to train and is refused too."""
     try:
-        return build_method(name, **settings)
+        method = build_method(name, **settings)
     except MmcseError:
         raise
     except ValueError as exc:
         raise SettingError(str(exc)) from None
+    if not method.active_terms():
+        zero = [f for f in method.weight_fields() if getattr(method, f) == 0]
+        raise SettingError(
+            f"method {name!r} has no loss term left to train ({', '.join(zero)} = 0); give at "
+            "least one term a non-zero weight"
+        )
+    return method
+
+
+def termless_kinds(cfg: TrainConfig, method: Method) -> list[str]:
+    """Batch kinds this run trains on that no active term of ``method`` applies to."""
+    terms = method.active_terms()
+    return [k for k in sources_of(cfg) if not any(term.applies_to(k) for term in terms)]
+
+
+def check_terms(cfg: TrainConfig, method: Method) -> None:
+    """Every batch kind the run trains on has a term to learn from (else its loss is a
+    constant and the step fails)."""
+    for kind in termless_kinds(cfg, method):
+        active = ", ".join(f"{t.name} (on {t.on} batches)" for t in method.active_terms())
+        raise SettingError(
+            f"method {method.name!r} has no active loss term for {kind} batches, which this "
+            f"run trains on (mixing {cfg.mixing}); its active terms: {active}"
+        )
+
+
+def _released_teachers(cfg: TrainConfig) -> Method:
+    """The method with DALR's released ``teachers_on=caption``."""
+    return build_method(cfg.method, **{**cfg.method_args, "teachers_on": "caption"})
 
 
 def check_pooler(name: str) -> None:
@@ -150,9 +194,65 @@ def check_roles(cfg: TrainConfig, method: Method) -> None:
         flags = " ".join(f"--feature {r}=DIR" for r in missing)
         hint = ""
         if getattr(method, "teachers_on", None) == "all":
-            released = build_method(cfg.method, **{**cfg.method_args, "teachers_on": "caption"})
-            hint = "" if missing_roles(cfg, released) else _teachers_hint(method)
+            released = _released_teachers(cfg)
+            passes = not missing_roles(cfg, released) and not termless_kinds(cfg, released)
+            hint = _teachers_hint(method) if passes else ""
         raise MmcseError(f"method {method.name!r} needs cached features: give {flags}{hint}")
+
+
+def roles_read(cfg: TrainConfig, method: Method) -> list[str]:
+    """The feature roles this run reads: on its corpora, and by the auxiliary task."""
+    from mmcse.training.data import CAPTION
+
+    kinds = sources_of(cfg)
+    roles = [*(method.text_roles if kinds else ())]
+    roles += method.caption_roles if CAPTION in kinds else ()
+    return list(dict.fromkeys([*roles, *method.auxiliary_roles()]))
+
+
+def method_roles(method: Method) -> list[str]:
+    """The feature roles ``method`` reads on some corpus (its weights as they are)."""
+    roles = (*method.text_roles, *method.caption_roles, *method.auxiliary_roles())
+    return list(dict.fromkeys(roles))
+
+
+def _every_term_on(cfg: TrainConfig, method: Method) -> Method:
+    """The method with each zero weight made 1: the roles it knows, switched-off terms too."""
+    zero = {f: 1.0 for f in method.weight_fields() if getattr(method, f) == 0}
+    if not zero:
+        return method
+    try:
+        return build_method(cfg.method, **{**cfg.method_args, **zero})
+    except (MmcseError, ValueError):
+        return method
+
+
+def check_unread_roles(cfg: TrainConfig, method: Method) -> None:
+    """A ``--feature`` role the method never reads is refused (a typo, or another method's
+    role); one it reads only with a term or a corpus this run leaves out is a warning."""
+    read = roles_read(cfg, method)
+    unread = [role for role in cfg.features if role not in read]
+    if not unread:
+        return
+    known = method_roles(_every_term_on(cfg, method))
+    for role in unread:
+        if role not in known:
+            roles = ", ".join(known) or "none (it reads no cached features)"
+            raise MmcseError(
+                f"--feature {role}={cfg.features[role]}: method {method.name!r} reads no role "
+                f"{role!r}; its roles: {roles}"
+            )
+    for role in unread:
+        why = (
+            "it reads that role on caption batches and this run trains on none "
+            f"(mixing {cfg.mixing})"
+            if role in method_roles(method)
+            else "the terms that read it have weight 0"
+        )
+        logger.warning(
+            "--feature %s=%s is not read by this run: %s; roles read: %s",
+            role, cfg.features[role], why, ", ".join(read) or "none",
+        )  # fmt: skip
 
 
 def _teachers_hint(method: Method) -> str:
@@ -287,9 +387,10 @@ def check_output_path(out: Path, *, overwrite: bool = False) -> None:
 # ---- the data join -------------------------------------------------------------------------
 
 
-def check_join(cfg: TrainConfig, method: Method) -> None:
+def check_join(cfg: TrainConfig, method: Method):
     """Open the corpora and sets and match every role's ids, exactly as training will, without
-    tokenising (and reading only the id columns of a corpus table the join needs)."""
+    tokenising (and reading only the id columns of a corpus table the join needs); returns the
+    (untokenised) :class:`~mmcse.training.data.TrainData`."""
     from mmcse.training.data import TrainData
 
     try:
@@ -298,15 +399,54 @@ def check_join(cfg: TrainConfig, method: Method) -> None:
         exc.args = (f"{exc}{_join_hint(cfg, method)}",)
         raise
     data.batches_per_epoch(cfg.batch_size * (distributed.env_int("WORLD_SIZE", 1) or 1))
+    return data
+
+
+def auxiliary_sets(cfg: TrainConfig, method: Method) -> dict:
+    """The sets the method's auxiliary task reads (VisualCSE's images), opened, by role."""
+    from mmcse.cache import FeatureSet
+
+    return {
+        role: FeatureSet.open(cfg.features[role])
+        for role in method.auxiliary_roles()
+        if cfg.features.get(role)
+    }
+
+
+def input_fingerprints(data, auxiliary: dict) -> dict[str, dict[str, str]]:
+    """Every corpus and set the run reads, as its checkpoints record them (run info, integrity
+    record): the data's, and the auxiliary task's under ``feature:<role>``."""
+    out = data.fingerprints()
+    for role, fs in auxiliary.items():
+        out[f"feature:{role}"] = {"fingerprint": fs.fingerprint}
+    return out
+
+
+def warn_random_teachers(role_sets: dict) -> None:
+    """A prominent warning for every set whose teacher ran with random weights (its manifest's
+    ``producer`` says ``weights: random``, as ``--weights random`` extraction records)."""
+    for role, sets in role_sets.items():
+        for fs in sets:
+            producer = fs.manifest.producer
+            if producer.get("weights") == "random":
+                logger.warning(
+                    "--feature %s=%s holds features of a teacher with RANDOM weights (%s; its "
+                    "manifest's producer says weights=random): this run distils from noise and "
+                    "reproduces no published number (fine for a smoke test only)",
+                    role, fs.path, producer.get("teacher", "teacher not named"),
+                )  # fmt: skip
 
 
 def _join_hint(cfg: TrainConfig, method: Method) -> str:
-    """The teachers_on hint, when the run would pass with DALR's released setting."""
+    """The teachers_on hint, when the run would pass with DALR's released setting (its ids
+    joined, and a term for every batch kind)."""
     if getattr(method, "teachers_on", None) != "all":
         return ""
     from mmcse.training.data import TrainData
 
-    released = build_method(cfg.method, **{**cfg.method_args, "teachers_on": "caption"})
+    released = _released_teachers(cfg)
+    if termless_kinds(cfg, released):  # e.g. dalr-paper: no term left for text batches
+        return ""
     try:
         TrainData(cfg, None, released)
     except MmcseError:

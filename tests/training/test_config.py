@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import pytest
+from support.cli import assert_one_error, run_main
 
 from mmcse import distributed
 from mmcse.errors import MmcseError
@@ -88,7 +89,8 @@ def test_typo_in_expect_fingerprint_role_names_the_known_roles():
         ('"just a string"', "must hold an object of settings"),
         ('{"train": [1]}', "must hold an object of settings"),
         ('{"batch_sise": 64}', "unknown training setting.*batch_sise"),
-        ('{"batch_size": 64,}', "not valid json"),
+        ('{"batch_size": 64,}', r"run.json:1:19: not valid JSON: Expecting property name"),
+        ('{"train": {"batch_size": 8}, "lr": 1}', r"lr outside \[train\]"),
     ],
 )
 def test_bad_config_file_is_one_error_naming_the_file(tmp_path, text, words):
@@ -106,6 +108,50 @@ def test_toml_train_table_is_checked_too(tmp_path):
         resolve_config(path)
     path.write_bytes(b"\xff\xfe[train]\n")
     with pytest.raises(MmcseError, match="not UTF-8"):
+        resolve_config(path)
+
+
+def test_toml_keys_outside_train_are_refused_naming_them_and_where_they_go(
+    tmp_path, monkeypatch, capsys
+):
+    """``learning_rate = 0.5`` above ``[train]`` used to be dropped without a word."""
+    path = tmp_path / "run.toml"
+    path.write_text("learning_rate = 0.5\n\n[train]\nbatch_size = 16\n")
+    code, stderr = run_main(["train", "--config", str(path), "--dry-run"], monkeypatch, capsys)
+    assert_one_error(code, stderr, str(path), "learning_rate outside [train]", "goes in it")
+    path.write_text("[train]\nbatch_size = 16\n\n[eval]\nsteps = 3\n")
+    with pytest.raises(MmcseError, match=r"eval outside \[train\]"):
+        resolve_config(path)
+    path.write_text("[train]\nbatch_size = 16\nlearning_rat = 0.5\n")
+    with pytest.raises(MmcseError, match=r"unknown training setting\(s\) in \[train\]: learning_rat"):
+        resolve_config(path)
+    path.write_text("batch_size = 16\n\n[eval]\nsteps = 3\n")  # no [train]: a table is a key
+    with pytest.raises(MmcseError, match=r"setting\(s\): eval \(eval: only \[train\] is read\)"):
+        resolve_config(path)
+    path.write_text("learning_rate = 0.5\nbatch_size = 16\n")  # top level only: read
+    assert resolve_config(path).learning_rate == 0.5
+    path.write_text("[train]\nlearning_rate = 0.5\n")  # [train] only: read
+    assert resolve_config(path).learning_rate == 0.5
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".yml", ".cfg", ""])
+def test_config_formats_are_chosen_by_suffix(tmp_path, monkeypatch, capsys, suffix):
+    """A YAML file was "not valid yaml" after being parsed as JSON."""
+    path = tmp_path / f"run{suffix}"
+    path.write_text("batch_size: 16\n")
+    code, stderr = run_main(["train", "--config", str(path), "--dry-run"], monkeypatch, capsys)
+    line = assert_one_error(code, stderr, str(path), "JSON (.json) or TOML (.toml)")
+    assert "not valid" not in line
+
+
+def test_syntax_errors_name_file_line_and_column(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text('{\n  "batch_size": 16\n  "epochs": 2\n}\n')
+    with pytest.raises(MmcseError, match=r"run.json:3:3: not valid JSON: Expecting ','"):
+        resolve_config(path)
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nbatch_size = = 16\n")
+    with pytest.raises(MmcseError, match=r"run.toml:2:14: not valid TOML: Invalid value$"):
         resolve_config(path)
 
 

@@ -260,9 +260,28 @@ def test_dalr_default_teachers_point_at_teachers_on_caption(
         args += ["--feature", f"{role}={path}"]
     code, errors, _ = run_main([*args, "--method", "dalr"], monkeypatch, capsys)
     assert code == 0 and not errors
-    args += ["--method", "dalr-paper"]
+    args += ["--method", "dalr-paper", "--method-arg", "simcse_weight=1"]
     refused(args, monkeypatch, capsys, "are not in", "teachers_on=caption")
     code, errors, _ = run_main([*args, "--method-arg", "teachers_on=caption"], monkeypatch, capsys)
+    assert code == 0 and not errors
+
+
+def test_dalr_paper_on_captions_only_leaves_text_batches_nothing_to_learn(
+    tiny_model, tiny_world, caption_teachers, tmp_path, monkeypatch, capsys
+):
+    """dalr-paper has no ℓ_text: with teachers_on=caption no term applies to a text batch, and
+    the real run used to end in "element 0 of tensors does not require grad" at its first one;
+    so it is refused, and the teachers_on hint is not given for it."""
+    args = train_args(
+        tiny_model, tiny_world, tmp_path / "run", "--dry-run", "--method", "dalr-paper"
+    )
+    for role, path in caption_teachers.items():
+        args += ["--feature", f"{role}={path}"]
+    line = refused(args, monkeypatch, capsys, "are not in")
+    assert "teachers_on" not in line
+    args += ["--method-arg", "teachers_on=caption"]
+    refused(args, monkeypatch, capsys, "'dalr-paper' has no active loss term for text batches")
+    code, errors, _ = run_main([*args, "--mixing", "caption-only"], monkeypatch, capsys)
     assert code == 0 and not errors
 
 
@@ -599,3 +618,101 @@ def test_text_corpus_that_is_not_utf8_is_refused_naming_the_line(tmp_path):
     bad.write_bytes("first line\nsecond line\ncaf\u00e9 au lait\n".encode("latin-1"))
     with pytest.raises(MmcseError, match=f"{bad}:3: not valid utf-8 text"):
         read_corpus(str(bad))
+
+
+# ---- feature sets a run does not read, or that came from random weights ---------------------
+
+
+def test_feature_role_the_method_never_reads_is_refused(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys, no_model_load
+):
+    out = tmp_path / "run"
+    args = train_args(tiny_model, tiny_world, out, "--feature", f"imgae={tiny_world['image']}")
+    refused(args, monkeypatch, capsys, "--feature imgae=", "reads no role 'imgae'", "roles: image")
+    assert not out.exists()
+
+
+def test_feature_role_this_run_leaves_unread_is_a_warning(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    """MCSE reads image features on caption batches only; a text-only run never opens them."""
+    args = train_args(
+        tiny_model, tiny_world, tmp_path / "run", "--dry-run", "--mixing", "text-only"
+    )
+    code, errors, err = run_main(args, monkeypatch, capsys)
+    assert code == 0 and not errors, err
+    warned = [line for line in err.splitlines() if "not read by this run" in line]
+    assert len(warned) == 1 and f"--feature image={tiny_world['image']}" in warned[0]
+    assert "trains on none (mixing text-only)" in warned[0]
+    code, errors, err = run_main(args[:-2], monkeypatch, capsys)  # interleave: it is read
+    assert code == 0 and "not read by this run" not in err
+
+
+def test_features_of_a_random_weight_teacher_are_a_warning(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    random_set = tmp_path / "random-image"
+    ids = [f"img{i}" for i in range(32)]
+    write_feature_set(
+        random_set, ids, np.zeros((32, 16), np.float16), kind="image", dim=16, dtype="float16",
+        dataset="tiny", split="train",
+        producer={"teacher": "clip-vit-b32", "weights": "random", "weights_sha256": "random"},
+    )  # fmt: skip
+    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--dry-run")
+    code, errors, err = run_main(args, monkeypatch, capsys)
+    assert code == 0 and "RANDOM weights" not in err  # the tiny world's teacher is not named so
+    args[args.index("--feature") + 1] = f"image={random_set}"
+    code, errors, err = run_main(args, monkeypatch, capsys)
+    assert code == 0 and not errors, err
+    warned = [line for line in err.splitlines() if "RANDOM weights" in line]
+    assert len(warned) == 1 and str(random_set) in warned[0] and "clip-vit-b32" in warned[0]
+
+
+# ---- recipes and ablations: refused up front as the real run refuses -----------------------
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_recipe_unknown_method_arg_is_refused_in_the_dry_run_as_in_the_run(
+    dry_run, mcse_cache, tiny_model, tmp_path, monkeypatch, capsys, no_model_load
+):
+    recipe, cache = mcse_cache
+    out = tmp_path / "runs"
+    args = ["recipes", "run", recipe.name, "--cache-root", str(cache), "--model", str(tiny_model),
+            "--seeds", "0", "--output-dir", str(out), "--set", 'method_args={"lambda_": 0.1}',
+            *(["--dry-run"] if dry_run else [])]  # fmt: skip
+    refused(args, monkeypatch, capsys, recipe.name, "lambda_")
+    assert not out.exists()
+
+
+def test_recipe_seed_given_twice_is_refused_up_front(
+    mcse_cache, tmp_path, monkeypatch, capsys, no_model_load
+):
+    recipe, cache = mcse_cache
+    args = ["recipes", "run", recipe.name, "--cache-root", str(cache), "--seeds", "0,1,0",
+            "--output-dir", str(tmp_path / "runs")]  # fmt: skip
+    refused(args, monkeypatch, capsys, "--seeds 0,1,0", "seed 0 given more than once")
+    refused([*args, "--dry-run"], monkeypatch, capsys, "seed 0 given more than once")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("drop", "words"),
+    [
+        ("simcse+image_text", ["w/o simcse & image_text:", "no loss term left"]),
+        ("simcse", ["w/o simcse:", "no active loss term for text batches"]),
+    ],
+)
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_ablation_row_with_nothing_to_train_is_refused_before_any_row_trains(
+    drop, words, dry_run, mcse_cache, tmp_path, monkeypatch, capsys
+):
+    from mmcse.recipes import runs as recipes
+
+    recipe, cache = mcse_cache
+    trained = []
+    monkeypatch.setattr(recipes, "train_one", lambda cfg: trained.append(cfg.output_dir))
+    args = ["ablate", "--recipe", recipe.name, "--drop", f"image_text,{drop}",
+            "--cache-root", str(cache), "--seeds", "0", "--output-dir", str(tmp_path / "abl"),
+            *(["--dry-run"] if dry_run else [])]  # fmt: skip
+    refused(args, monkeypatch, capsys, *words)
+    assert trained == [] and not (tmp_path / "abl").exists()

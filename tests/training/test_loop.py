@@ -43,7 +43,8 @@ def metrics(run_dir) -> list[dict]:
 
 @pytest.mark.parametrize("method", ["simcse", "mcse"])
 def test_smoke_run_writes_checkpoint_and_terms(method, tiny_model, tiny_world, tmp_path):
-    result = train(config(tiny_model, tiny_world, tmp_path, method=method))
+    features = {"image": tiny_world["image"]} if method == "mcse" else {}  # simcse reads none
+    result = train(config(tiny_model, tiny_world, tmp_path, method=method, features=features))
     best = result.output_dir / BEST_DIR
     assert (best / "config.json").exists() and (best / "model.safetensors").exists()
     assert (best / HEADS_FILE).exists()
@@ -105,7 +106,9 @@ def test_proportional_random_keeps_every_batch_once():
 def test_caption_only_and_text_only(tiny_model, tiny_world, tmp_path):
     r = train(config(tiny_model, tiny_world, tmp_path / "c", method="mcse", mixing="caption-only"))
     assert {m["kind"] for m in metrics(r.output_dir)} == {"caption"}
-    r = train(config(tiny_model, tiny_world, tmp_path / "t", method="simcse", mixing="text-only"))
+    r = train(
+        config(tiny_model, tiny_world, tmp_path / "t", method="simcse", mixing="text-only", features={})
+    )
     assert {m["kind"] for m in metrics(r.output_dir)} == {"text"}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -124,6 +125,43 @@ def test_plan_is_logged_and_saved(tiny_model, tiny_world, tmp_path, library_log)
     assert plan["precision"] == "fp32" and plan["evals"] == 2 and plan["save_every"] == 2
     out = library_log()
     assert "plan: mcse on cpu" in out and "12 text, 8 caption batches of 8" in out
+    # plain `mmcse train` interleaves; the plan says so, and what the recipes' mixing would take:
+    # train_mix.py takes a caption batch at every step s with s % ⌊12/8⌋ == 0, i.e. all 20
+    assert plan["mixing_rule"] == (
+        "each corpus once per epoch, a caption batch before each text batch"
+    )
+    assert sum(plan["batches_in_run"].values()) == 3
+    assert plan["recipes_mixing"] == {
+        "mixing": "mcse-train-mix",
+        "batches_per_epoch": {"text": 0, "caption": 20},
+    }
+    assert "mixing interleave (each corpus once per epoch" in out
+    assert "note: the two-corpus recipes mix with mcse-train-mix" in out
+    assert "per epoch it would take 0 text + 20 caption; --mixing mcse-train-mix" in out
+
+
+def test_plan_counts_every_batch_of_an_epoch_and_names_the_caption_rate():
+    from mmcse.training.plan import mixing_rule
+
+    assert mixing_rule("interleave", {"text": 400, "caption": 10}).endswith(
+        "a caption batch before every 40th text batch"
+    )
+    assert "s % 40 == 0" in mixing_rule("mcse-train-mix", {"text": 400, "caption": 10})
+    assert mixing_rule("text-only", {"text": 400}) == "text batches only"
+
+
+def test_plan_of_a_run_that_mixes_as_the_recipes_has_no_note(tiny_model, tiny_world, tmp_path):
+    from mmcse.methods import build_method
+    from mmcse.training.plan import mixing_plan
+    from mmcse.training.preflight import check_join
+
+    cfg = config(tiny_model, tiny_world, tmp_path / "r", max_steps=0, mixing="mcse-train-mix")
+    data = check_join(cfg, build_method("mcse"))  # the corpora joined, nothing tokenised
+    plan = mixing_plan(data, 8, 20)
+    assert "recipes_mixing" not in plan and plan["batches_in_run"] == {"text": 0, "caption": 20}
+    cfg = dataclasses.replace(cfg, mixing="interleave", epochs=2)
+    plan = mixing_plan(check_join(cfg, build_method("mcse")), 8, 40)  # every batch twice
+    assert plan["batches_in_run"] == {"text": 24, "caption": 16}
 
 
 def test_non_tty_progress_logs_a_line_per_interval(monkeypatch, library_log):

@@ -11,7 +11,6 @@ import torch
 from mmcse.cache import FeatureSet, write_feature_set
 from mmcse.rundir import RunDir
 from mmcse.training.config import TrainConfig
-from mmcse.training.data import random_teacher_warning
 from mmcse.training.loop import train
 
 RANDOM_CLIP = {
@@ -54,10 +53,10 @@ def test_run_info_names_each_teacher_and_warns_of_random_weights(
     tiny_model, tiny_world, tmp_path, caplog
 ):
     image = _random_image_set(tiny_world, tmp_path / "random-clip")
-    with caplog.at_level(logging.WARNING, logger="mmcse.training.loop"):
+    with caplog.at_level(logging.WARNING, logger="mmcse.training.preflight"):
         result = train(_config(tiny_model, tiny_world, tmp_path, image))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("RANDOM weights" in w and "feature:image (clip-vit-b32" in w for w in warnings)
+    assert any("RANDOM weights" in w and "(clip-vit-b32" in w for w in warnings)
     info = RunDir(result.output_dir).best.read_info()
     teacher = info["teachers"]["feature:image"]
     assert teacher["teacher"] == "clip-vit-b32" and teacher["weights"] == "random"
@@ -69,7 +68,7 @@ def test_run_info_names_each_teacher_and_warns_of_random_weights(
 def test_run_info_records_the_environment_and_trained_teachers_do_not_warn(
     tiny_model, tiny_world, tmp_path, caplog
 ):
-    with caplog.at_level(logging.WARNING, logger="mmcse.training.loop"):
+    with caplog.at_level(logging.WARNING, logger="mmcse"):
         result = train(_config(tiny_model, tiny_world, tmp_path, tiny_world["image"]))
     assert not any("RANDOM" in r.getMessage() for r in caplog.records)
     info = RunDir(result.output_dir).best.read_info()
@@ -80,13 +79,3 @@ def test_run_info_records_the_environment_and_trained_teachers_do_not_warn(
     assert env["device"]["name"] == "cpu" and env["numerics"]["precision"] == "fp32"
     assert env["numerics"]["deterministic_algorithms"] == torch.are_deterministic_algorithms_enabled()
     assert set(env) >= {"mmcse", "cuda", "system"}
-
-
-def test_random_teacher_warning_names_only_the_random_sets():
-    teachers = {
-        "feature:image": {"teacher": "clip", "weights": "default", "weights_source": "hub/clip"},
-        "feature:text": {"teacher": "bert", "weights": "random", "weights_source": "bert-tiny"},
-    }
-    warning = random_teacher_warning(teachers)
-    assert "feature:text (bert, bert-tiny)" in warning and "feature:image" not in warning
-    assert random_teacher_warning({"feature:image": teachers["feature:image"]}) is None
