@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import mmcse
+from mmcse.distributed import world_size
 
 PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "scipy", "scikit-learn", "safetensors")
 PACKAGE_ROOT = Path(mmcse.__file__).resolve().parent
@@ -46,7 +47,6 @@ def environment(device: Any = None, precision: str | None = None) -> dict[str, A
     ``torch.device``; None: the CPU) in ``precision`` (as the caller names it)."""
     import torch
 
-    from mmcse.distributed import world_size
 
     device = torch.device(device if device is not None else "cpu")
     return {

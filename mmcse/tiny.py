@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from mmcse.hub import quiet_transformers
+
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 #: BERT-shaped configs by size name; ``base`` is BERT-base (random init: speed needs no weights)
@@ -48,7 +50,6 @@ def build_tiny_bert(
     import torch
     from transformers import BertConfig, BertModel, BertTokenizer
 
-    from mmcse.hub import quiet_transformers
 
     quiet_transformers()
     if vocab is None:

@@ -36,6 +36,7 @@ from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of
 from mmcse.errors import MmcseError
 from pipeline.datasets.base import inside, read_text
 from pipeline.fbank import FbankConfig, read_wav, ssast_fbank
+from pipeline.images import BadImageError, open_rgb
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,6 @@ def resize_center_crop(image: Any, size: int) -> np.ndarray:
 def image_row(example: Example, size: int) -> np.ndarray:
     if isinstance(example.source, np.ndarray):
         return resize_center_crop(example.source, size)
-    from pipeline.images import BadImageError, open_rgb
 
     try:  # Stage 1's checked decode (size limits, truncation, 16-bit modes), at full resolution
         image = open_rgb(example.source, FULL_RESOLUTION)

@@ -7,6 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mmcse.errors import MmcseError
+from mmcse.evaluation import evaluate_sts, format_table
+from mmcse.evaluation.probe import check_mode
+from mmcse.evaluation.suites import parse_suites, record, run_extra_suites, write_out
+from mmcse.hub import resolve_model_source
 from mmcse.rundir import Checkpoint
 
 logger = logging.getLogger(__name__)
@@ -34,10 +38,6 @@ def evaluate_model(
     it is scored, beside the earlier ones (:func:`~mmcse.evaluation.suites.record`); every
     result's details hold its protocol and environment. A checkpoint of an unfinished run is
     evaluated with a warning."""
-    from mmcse.evaluation import evaluate_sts, format_table
-    from mmcse.evaluation.probe import check_mode
-    from mmcse.evaluation.suites import parse_suites, record, run_extra_suites, write_out
-    from mmcse.hub import resolve_model_source
 
     suites = parse_suites(tasks, images_features, captions, data)
     check_mode(transfer_mode)  # refused now, not after the STS tasks ran

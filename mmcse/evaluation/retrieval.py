@@ -28,10 +28,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmcse.cache import Corpus, FeatureSet
+from mmcse.cache.manifest import Manifest
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation.encode import encode_sentences, encoder_device, precision_name
+from mmcse.evaluation.report import _render
 from mmcse.evaluation.sts import load_encoder
+from mmcse.hub import local_or_hub_id
 from mmcse.rundir import HEADS_FILE, Checkpoint
 
 KS = (1, 5, 10)
@@ -113,7 +117,6 @@ def _term_heads(model_dir: Path) -> dict[str, dict[str, str]]:
 
 def load_pairs(images_features: str | Path, captions: str | Path):
     """Caption texts, each caption's image index, the image ids and their features."""
-    from mmcse.cache import Corpus, FeatureSet
 
     for path, what in ((captions, "--captions"), (images_features, "--images-features")):
         if not Path(path).is_dir():
@@ -134,8 +137,6 @@ def check_held_out(model_dir: str | Path, captions: str | Path, image_ids: list[
     The run info records the fingerprint (and path) of every corpus it trained on: ``captions``
     with one of those fingerprints is refused; otherwise its images are compared with those of
     the recorded caption corpora that are still where the run read them, unchanged."""
-    from mmcse.cache import Corpus
-    from mmcse.cache.manifest import Manifest
 
     recorded = (Checkpoint(model_dir).read_info() or {}).get("fingerprints") or {}
     trained = {
@@ -220,7 +221,6 @@ def evaluate_retrieval(
 ) -> dict:
     """Recall@1/5/10 and median rank both ways, grounded space and raw zero-shot baseline;
     ``details`` has the ``protocol`` (pooler, head, the two folders) and the ``environment``."""
-    from mmcse.hub import local_or_hub_id
 
     started = time.perf_counter()
     model_dir = local_or_hub_id(model)
@@ -268,7 +268,6 @@ def evaluate_retrieval(
 
 
 def format_retrieval_table(results: dict) -> str:
-    from mmcse.evaluation.report import _render
 
     header = ["space", "t2i R@1", "R@5", "R@10", "medr", "i2t R@1", "R@5", "R@10", "medr"]
     rows = []

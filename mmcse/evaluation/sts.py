@@ -50,7 +50,14 @@ from mmcse.devices import check_device, default_device_name
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation.align_uniform import align_uniform
-from mmcse.evaluation.encode import encode_sentences, encoder_device, precision_name
+from mmcse.evaluation.encode import (
+    encode_sentences,
+    encoder_device,
+    post_pooling_modules,
+    precision_name,
+)
+from mmcse.hub import load_tokenizer, resolve_model_source
+from mmcse.model import SentenceEncoder
 from mmcse.pooling import check_pooler, resolve_encoding, resolve_pooler
 
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
@@ -296,9 +303,6 @@ def load_encoder(path: str | Path, pooler: str | None, device: str | None):
     ``pooler=None`` encodes as the model does (:func:`mmcse.pooling.resolve_encoding`): a
     sentence-transformers dir with its own modules after pooling (Dense, Normalize), a run with
     its recorded pooler; a given pooler is the bare encoder with that pooling."""
-    from mmcse.evaluation.encode import post_pooling_modules
-    from mmcse.hub import load_tokenizer, resolve_model_source
-    from mmcse.model import SentenceEncoder
 
     model_dir = resolve_model_source(str(path))
     pooler, source, modules = resolve_encoding(pooler, model_dir, DEFAULT_POOLER)

@@ -13,7 +13,14 @@ from pathlib import Path
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.report import write_report
-from mmcse.evaluation.transfer import TRANSFER_TASKS, check_task_folders, parse_tasks
+from mmcse.evaluation.retrieval import evaluate_retrieval, format_retrieval_table
+from mmcse.evaluation.transfer import (
+    TRANSFER_TASKS,
+    check_task_folders,
+    evaluate_transfer,
+    format_transfer_table,
+    parse_tasks,
+)
 from mmcse.rundir import EVAL, RunDir, is_run_dir, run_of_checkpoint, run_of_model
 
 SUITES = ("sts", "transfer", "retrieval")
@@ -61,8 +68,6 @@ def run_extra_suites(
     """Run retrieval and transfer as asked (retrieval first: cheap, and its inputs are the
     likeliest to be wrong), each recorded in the run as soon as it is scored (see
     :func:`record`); yields each table and file written; ``collected`` gets each result."""
-    from mmcse.evaluation.retrieval import evaluate_retrieval, format_retrieval_table
-    from mmcse.evaluation.transfer import evaluate_transfer, format_transfer_table
 
     if "retrieval" in suites:
         collected["retrieval"] = evaluate_retrieval(

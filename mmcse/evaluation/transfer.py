@@ -45,6 +45,7 @@ from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation import probe
 from mmcse.evaluation.encode import encode_sentences, encoder_device, precision_name
+from mmcse.evaluation.report import _render
 from mmcse.evaluation.sts import (
     average_of_printed,
     checked_pooler,
@@ -411,7 +412,6 @@ def _reporting(task: TransferTask, ordinal: str, settings: probe.ProbeSettings, 
 
 def format_transfer_table(results: dict) -> str:
     """SimCSE Table 2 layout: ``MR CR SUBJ MPQA SST TREC MRPC Avg.`` plus a summary line."""
-    from mmcse.evaluation.report import _render
 
     tasks = [t for t in TRANSFER_TASKS if t in results]
     titles = [TRANSFER_TITLES[t] for t in tasks] + ["Avg."]

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from mmcse.errors import MmcseError
+from mmcse.hub import quiet_transformers
 
 VIT_BY_HIDDEN_SIZE = {
     768: "google/vit-base-patch16-224-in21k",
@@ -90,7 +91,6 @@ class ImagePatchEmbedding(PatchEmbedding):
         cached; ``HF_HUB_OFFLINE=1`` restricts it to local/cached copies)."""
         from transformers import ViTModel
 
-        from mmcse.hub import quiet_transformers
 
         quiet_transformers()
         try:

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from mmcse import distributed as dist
+from mmcse.cache import FeatureSet
 from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of  # noqa: F401
 from mmcse.errors import MmcseError
 from mmcse.losses.base import LossInputs
@@ -129,7 +130,6 @@ class NonLinguisticTask:
         total_steps: int | None = None,
         precision: str = "auto",
     ) -> None:
-        from mmcse.cache import FeatureSet
 
         self.settings: NonLinguisticSettings = method_cfg.nonlinguistic_settings()
         self.encoder = encoder

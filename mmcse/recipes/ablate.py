@@ -25,16 +25,23 @@ from scipy import stats
 
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
-from mmcse.recipes.recipe import Recipe
+from mmcse.recipes.recipe import Recipe, get_recipe
 from mmcse.recipes.runs import (
     SeedRuns,
     check_method,
     check_seed_dirs,
+    departure_note,
+    departures,
+    describe_plan,
+    environment_notes,
     environment_record,
+    missing_p_reason,
+    parse_seeds,
     run_seeds,
+    set_overrides,
 )
 from mmcse.reports.compare import Row, markdown_table
-from mmcse.reports.published import PUBLISHED_ABLATIONS
+from mmcse.reports.published import COLUMNS, PUBLISHED_ABLATIONS
 from mmcse.rundir import AblationDir, write_json
 
 FULL = ""  # the drop spec of the full method
@@ -105,7 +112,6 @@ class Ablation:
     def notes(self) -> list[str]:
         """Why p-values are missing, how the run differs from the recipe (if it does), and which
         environment made it."""
-        from mmcse.recipes.runs import departure_note, environment_notes, missing_p_reason
 
         full = self.rows[0].avgs
         out = sorted({missing_p_reason(r.avgs, full) for r in self.rows[1:] if r.p_value is None})
@@ -178,7 +184,6 @@ def ablate(
     overrides: dict[str, Any] | None = None,
 ) -> Ablation:
     """Train the full recipe and every ``w/o`` row over ``seeds``; p-values against the full."""
-    from mmcse.recipes.runs import departures
 
     changes = departures(
         recipe,
@@ -240,7 +245,6 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
     md = Path(path)
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(ablation.markdown())
-    from mmcse.reports.published import COLUMNS
     from mmcse.reports.tables import write_tables  # .csv/.tex beside it, as mmcse compare
 
     extra = ["p (Welch vs full)", "published avg"]
@@ -268,8 +272,6 @@ def ablate_run(
     """``mmcse ablate``: :func:`ablate` the recipe named ``recipe`` with the rows ``drop`` (see
     :func:`parse_drops`) into ``output_dir`` (default runs/ablate/<recipe>); write the table to
     ``out`` (default <output-dir>/ablation.md, + .json) and yield it; ``dry_run`` yields the plan."""
-    from mmcse.recipes.recipe import get_recipe
-    from mmcse.recipes.runs import describe_plan, parse_seeds, set_overrides
 
     chosen = get_recipe(recipe)
     runs_dir = Path(output_dir or f"runs/ablate/{recipe}")

@@ -20,6 +20,8 @@ from mmcse.recipes.recipe import (
     get_recipe,
     register,
 )
+from mmcse.registry import METHODS
+from mmcse.reports.compare import markdown_table, published_row
 
 #: MCSE Table 3 (read from 002_*.txt; 000_*.txt drops one BERT λ). λ is "–" for wiki.
 MCSE_TABLE3 = {
@@ -163,7 +165,6 @@ def _method_has(method: str, setting: str | None = None) -> bool:
     import dataclasses
 
     import mmcse.methods  # noqa: F401  (registers the methods)
-    from mmcse.registry import METHODS
 
     if method not in METHODS:
         return False
@@ -441,7 +442,6 @@ def listing() -> str:
 
 def card(name: str, cache_root: str = "cache") -> str:
     """``mmcse recipes show``: a recipe's settings, the cache sets it reads, its published rows."""
-    from mmcse.reports.compare import markdown_table, published_row
 
     recipe = get_recipe(name)
     if not recipe.published:

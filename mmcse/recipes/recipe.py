@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmcse.cache import Manifest
 from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.errors import MmcseError
 from mmcse.registry import Registry
@@ -220,7 +221,6 @@ class Recipe:
                 self._check_policy(need.path)
 
     def _check_policy(self, path: Path) -> None:
-        from mmcse.cache import Manifest
 
         policy = Manifest.read(path).extra.get("caption_policy")
         if policy != self.caption_policy:

@@ -18,7 +18,8 @@ from typing import Any
 
 from mmcse.environment import differences, record_notes
 from mmcse.errors import MmcseError
-from mmcse.recipes.recipe import Recipe
+from mmcse.pooling import student_pooling
+from mmcse.recipes.recipe import Recipe, get_recipe
 from mmcse.reports.compare import (
     Row,
     delta,
@@ -28,8 +29,10 @@ from mmcse.reports.compare import (
     scores_of,
     summarize,
 )
+from mmcse.reports.published import COLUMNS
 from mmcse.rundir import RunDir, SeedsDir, write_json
 from mmcse.training.config import TrainConfig, parse_pairs, parse_value
+from mmcse.training.preflight import check_output_path, check_terms, checked_method
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +72,6 @@ def departures(
 
 def pooling_hint(recipe, *, cache_root, seeds, model=None, max_steps=None, overrides=None) -> str:
     """A warning when the (overriding) student ships its own pooling but the run pools otherwise."""
-    from mmcse.pooling import student_pooling
 
     seed = seeds[0] if seeds else 0
     cfg = recipe.config(
@@ -152,7 +154,6 @@ def check_method(cfg: TrainConfig, label: str) -> None:
     """The run's method builds with its overrides and has a term for every batch kind it
     trains on, as preflight checks before a run's first step; here before the first seed (or
     ablation row) trains, and in the dry run alike. The error names ``label`` (recipe or row)."""
-    from mmcse.training.preflight import check_terms, checked_method
 
     try:
         check_terms(cfg, checked_method(cfg.method, cfg.method_args))
@@ -271,7 +272,6 @@ def check_seed_dirs(
     output_dir: str | Path, seeds: tuple[int, ...], overrides: dict[str, Any] | None
 ) -> None:
     """Refuse a used ``seed<k>`` folder before the first seed trains (unless overwrite=true)."""
-    from mmcse.training.preflight import check_output_path
 
     check_unique_seeds(tuple(seeds))
     overwrite = bool((overrides or {}).get("overwrite"))
@@ -313,7 +313,6 @@ def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tupl
     }
     seeds_dir = SeedsDir(output_dir)
     write_json(seeds_dir.results, report)
-    from mmcse.reports.published import COLUMNS
     from mmcse.reports.tables import write_tables  # results.md/.csv/.tex, as mmcse compare
 
     notes = [n for n in (departure_note(changes), pooling_hint(recipe, **given)) if n]
@@ -359,7 +358,6 @@ def recipe_run(
 ) -> Iterator[str]:
     """``mmcse recipes run``: train recipe ``name`` over ``seeds`` into ``output_dir`` (default
     runs/<name>) and yield the table beside the published numbers; ``dry_run`` yields the plan."""
-    from mmcse.recipes.recipe import get_recipe
 
     recipe = get_recipe(name)
     out, chosen = Path(output_dir or f"runs/{name}"), parse_seeds(recipe, seeds)

@@ -41,6 +41,9 @@ import shutil
 from pathlib import Path
 
 from mmcse.errors import MmcseError, naming_os_errors
+from mmcse.evaluation.encode import model_max_length
+from mmcse.evaluation.evaluate import unfinished_warning
+from mmcse.evaluation.sts import load_encoder
 from mmcse.hub import missing_path_message
 from mmcse.pooling import ST_MODULES_FILE, StModule, resolve_encoding
 from mmcse.reports.model_card import model_card, random_teachers
@@ -132,7 +135,6 @@ def export_run(
     Everything is checked before anything is written; nothing is deleted before the new OUT is
     complete.
     """
-    from mmcse.evaluation.evaluate import unfinished_warning
 
     if not Path(run).exists():
         raise MmcseError(
@@ -169,8 +171,6 @@ def _write(
     tmp: Path, model_dir: Path, pooler: str, student_modules: list[StModule], info: dict,
     run: Path, unfinished: str | None,
 ) -> None:  # fmt: skip
-    from mmcse.evaluation.encode import model_max_length
-    from mmcse.evaluation.sts import load_encoder
 
     encoder, tokenizer, _, _ = load_encoder(model_dir, pooler, "cpu")  # the bare encoder
     backbone = encoder.backbone

@@ -17,6 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mmcse.cache.manifest import Manifest
+from mmcse.errors import CacheError
+from mmcse.evaluation.report import COLUMN_TITLES
 from mmcse.rundir import RESULTS_FILE, RunDir, run_of_checkpoint
 
 #: run-info keys that may hold the teachers' provenance per feature set
@@ -74,8 +77,6 @@ def _producer(value: dict) -> dict:
 def _manifest_producer(entry: dict) -> dict | None:
     """The producer of a recorded feature set, read from its manifest if it is still there and
     still the set the run read (same fingerprint)."""
-    from mmcse.cache.manifest import Manifest
-    from mmcse.errors import CacheError
 
     path = entry.get("path")
     if not path or not Path(path).is_dir():
@@ -156,7 +157,6 @@ def _warning_lines(info: dict, unfinished: str | None) -> list[str]:
 
 
 def _score_lines(results: dict | None) -> list[str]:
-    from mmcse.evaluation.report import COLUMN_TITLES
 
     if not results:
         return [f"No `{RESULTS_FILE}` in the run: no test scores recorded (run `mmcse eval`)."]

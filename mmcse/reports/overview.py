@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from mmcse.cache import list_sets
+from mmcse.methods import build_method
+from mmcse.registry import METHODS
+
 
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
@@ -16,7 +20,6 @@ def _default(f: dataclasses.Field) -> Any:
 
 def method_names() -> list[str]:
     import mmcse.methods  # noqa: F401  (importing registers every method)
-    from mmcse.registry import METHODS
 
     return METHODS.names()
 
@@ -28,7 +31,6 @@ def methods_overview() -> str:
 
 def method_overview(name: str) -> str:
     """A method's loss terms, the feature roles it reads and every setting with its default."""
-    from mmcse.methods import build_method
 
     method = build_method(name)
     settings = ", ".join(f"{f.name}={_default(f)!r}" for f in dataclasses.fields(method))
@@ -100,7 +102,6 @@ def format_cache_listing(entries) -> str:
 
 def cache_listing(root: str) -> str:
     """``mmcse cache ls``: the sets and corpora under ``root``, or that there are none."""
-    from mmcse.cache import list_sets
 
     entries = list(list_sets(root))
     return format_cache_listing(entries) if entries else f"no feature sets or corpora under {root}"

@@ -22,6 +22,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mmcse.errors import MmcseError
+from mmcse.evaluation.align_uniform import align_uniform
+from mmcse.evaluation.encode import encode_sentences
+from mmcse.evaluation.sts import (
+    STSB_FILES,
+    embed_unique,
+    load_encoder,
+    load_stsbenchmark,
+    resolve_downstream,
+)
+from mmcse.reports.published import PUBLISHED_ABLATIONS
 from mmcse.reports.runs import Run, find_group
 from mmcse.rundir import (
     ABLATION_RECORD,
@@ -108,7 +118,6 @@ def plot_align_uniform(points: dict[str, tuple[float, float]], path: str | Path)
 
 
 def _published_avg(recipe: str, drop: list[str]) -> tuple[float, float | None] | None:
-    from mmcse.reports.published import PUBLISHED_ABLATIONS
 
     for spec, rows in PUBLISHED_ABLATIONS.get(recipe, {}).items():
         if set(filter(None, spec.split("+"))) == set(drop) and rows and "avg" in rows[0].mean:
@@ -153,15 +162,6 @@ def plot_ablation(ablation_json: str | Path, path: str | Path) -> Path:
 
 def compute_align_uniform(run: Run, data_dir=None) -> dict:
     """Alignment/uniformity of the run's best checkpoint on the full STS-B; saved in the run."""
-    from mmcse.evaluation.align_uniform import align_uniform
-    from mmcse.evaluation.encode import encode_sentences
-    from mmcse.evaluation.sts import (
-        STSB_FILES,
-        embed_unique,
-        load_encoder,
-        load_stsbenchmark,
-        resolve_downstream,
-    )
 
     downstream = resolve_downstream(data_dir)
     subsets = [load_stsbenchmark(downstream, split) for split in STSB_FILES]

@@ -50,6 +50,7 @@ import torch
 
 from mmcse.errors import MmcseError
 from mmcse.rundir import INTEGRITY_FILE, Checkpoint, RunDir, atomic_dir, read_json, write_json
+from mmcse.training.config import read_config_file, resolve_config
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +285,6 @@ def resume_config(run_dir: str | Path, config_file: str | None, overrides: dict[
     """The run's saved config with the command's settings; a setting that changes the run (and
     so the resumed metrics) is refused, naming it. A finished run may be given a larger
     ``--max-steps``/``--epochs`` (see the module docstring)."""
-    from mmcse.training.config import read_config_file, resolve_config
 
     run_dir = Path(run_dir)
     run = RunDir(run_dir)

@@ -23,6 +23,7 @@ from typing import Any
 
 from mmcse.devices import DEVICE_PATTERN, DEVICES
 from mmcse.errors import MmcseError
+from mmcse.pooling import check_pooler
 from mmcse.rundir import METRICS_FILE
 from mmcse.settings import SettingError, check_settings
 
@@ -201,7 +202,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name, value in check_settings(TrainConfig, self.__dict__).items():
             setattr(self, name, value)
-        from mmcse.pooling import check_pooler
 
         self.pooler = check_pooler(self.pooler, allow_auto=True)  # before any model loads
         unknown_roles = sorted(set(self.expect_fingerprints) - set(self.features))

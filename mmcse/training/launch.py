@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.training.config import resolve_config
+from mmcse.training.loop import train
 
 
 def launch(
@@ -40,7 +41,6 @@ def launch(
         yield method.describe()
         yield "preflight: every input checked"
         return
-    from mmcse.training.loop import train
 
     result = train(cfg, resume=bool(resume))
     if result.test is not None:

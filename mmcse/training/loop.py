@@ -42,10 +42,12 @@ from mmcse import distributed as dist
 from mmcse.devices import pick_device
 from mmcse.environment import environment
 from mmcse.errors import MmcseError, naming_os_errors
+from mmcse.evaluation import format_rows
 from mmcse.hub import load_tokenizer
 from mmcse.losses.base import LossInputs
 from mmcse.methods import Method, build_heads, build_losses, build_method
 from mmcse.model import SentenceEncoder
+from mmcse.pooling import DEFAULT_POOLER, resolve_pooler
 from mmcse.rundir import FINAL, Checkpoint, RunDir, atomic_dir, resolve_model_dir, write_json
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
@@ -134,7 +136,6 @@ class RunResult:
         """The STS test scores of best/ as a table ('' when there was no final evaluation)."""
         if self.test is None:
             return ""
-        from mmcse.evaluation import format_rows
 
         dev = "-" if self.best_dev is None else f"{self.best_dev:.2f}"
         return format_rows({f"{self.method} (best step {self.best_step}, dev {dev})": self.test})
@@ -196,7 +197,6 @@ def linear_schedule(optimizer, warmup: int, total: int):
 
 def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:
     """``cfg.pooler`` with ``auto`` resolved: the student's own pooling, else the method's."""
-    from mmcse.pooling import DEFAULT_POOLER, resolve_pooler
 
     try:
         student_dir = resolve_model_dir(cfg.model)

@@ -32,12 +32,19 @@ import os
 from pathlib import Path
 
 from mmcse import distributed
+from mmcse.cache import FeatureSet
 from mmcse.devices import check_device
 from mmcse.errors import MmcseError
+from mmcse.evaluation.sts import load_task, load_tasks, resolve_downstream
+from mmcse.hub import check_hub_id, load_tokenizer, local_or_hub_id
 from mmcse.methods import Method, build_method
+from mmcse.pooling import check_pooler as known_pooler
+from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
 from mmcse.textfiles import decode_text
 from mmcse.training.checkpoint import check_resumable
 from mmcse.training.config import SettingError, TrainConfig
+from mmcse.training.data import CAPTION, TEXT, TrainData
+from mmcse.training.dev_eval import resolve_eval_dir
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +126,6 @@ def _released_teachers(cfg: TrainConfig) -> Method:
 
 def check_pooler(name: str) -> None:
     """Known to :mod:`mmcse.pooling` (its poolers, aliases and ``auto``)."""
-    from mmcse.pooling import check_pooler as known_pooler
 
     known_pooler(name, allow_auto=True)
 
@@ -166,7 +172,6 @@ def check_text_file(path: Path, flag: str) -> None:
 
 def sources_of(cfg: TrainConfig) -> list[str]:
     """The corpus kinds a run trains on (as :class:`mmcse.training.data.TrainData` picks them)."""
-    from mmcse.training.data import CAPTION, TEXT
 
     kinds = []
     if cfg.text_corpus and cfg.mixing != "caption-only":
@@ -178,7 +183,6 @@ def sources_of(cfg: TrainConfig) -> list[str]:
 
 def missing_roles(cfg: TrainConfig, method: Method) -> list[str]:
     """Feature roles the method reads on the run's corpora that no ``--feature`` gives."""
-    from mmcse.training.data import CAPTION
 
     needed: list[str] = []
     for kind in sources_of(cfg):
@@ -202,7 +206,6 @@ def check_roles(cfg: TrainConfig, method: Method) -> None:
 
 def roles_read(cfg: TrainConfig, method: Method) -> list[str]:
     """The feature roles this run reads: on its corpora, and by the auxiliary task."""
-    from mmcse.training.data import CAPTION
 
     kinds = sources_of(cfg)
     roles = [*(method.text_roles if kinds else ())]
@@ -268,8 +271,6 @@ def _teachers_hint(method: Method) -> str:
 
 def check_eval_data(cfg: TrainConfig) -> None:
     """The SentEval folder has STS-B dev (and every test file for the final evaluation)."""
-    from mmcse.evaluation.sts import load_task, load_tasks, resolve_downstream
-    from mmcse.training.dev_eval import resolve_eval_dir
 
     eval_dir = resolve_eval_dir(cfg)
     if eval_dir is None:
@@ -290,8 +291,6 @@ def check_eval_data(cfg: TrainConfig) -> None:
 
 def check_model(name: str, max_seq_length: int | None = None) -> None:
     """A local HF model folder (or training run), or a hub id that can resolve now."""
-    from mmcse.hub import check_hub_id, local_or_hub_id
-    from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
 
     path = Path(name).expanduser()
     if path.exists():
@@ -341,7 +340,6 @@ def check_weights(local: Path, name: str) -> None:
 
 def check_tokenizer(local: Path, name: str) -> None:
     """The tokenizer loads and has a vocabulary (transformers builds an empty one silently)."""
-    from mmcse.hub import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(str(local))
@@ -391,7 +389,6 @@ def check_join(cfg: TrainConfig, method: Method):
     """Open the corpora and sets and match every role's ids, exactly as training will, without
     tokenising (and reading only the id columns of a corpus table the join needs); returns the
     (untokenised) :class:`~mmcse.training.data.TrainData`."""
-    from mmcse.training.data import TrainData
 
     try:
         data = TrainData(cfg, None, method)
@@ -404,7 +401,6 @@ def check_join(cfg: TrainConfig, method: Method):
 
 def auxiliary_sets(cfg: TrainConfig, method: Method) -> dict:
     """The sets the method's auxiliary task reads (VisualCSE's images), opened, by role."""
-    from mmcse.cache import FeatureSet
 
     return {
         role: FeatureSet.open(cfg.features[role])
@@ -442,7 +438,6 @@ def _join_hint(cfg: TrainConfig, method: Method) -> str:
     joined, and a term for every batch kind)."""
     if getattr(method, "teachers_on", None) != "all":
         return ""
-    from mmcse.training.data import TrainData
 
     released = _released_teachers(cfg)
     if termless_kinds(cfg, released):  # e.g. dalr-paper: no term left for text batches

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from mmcse.cache import FeatureSetWriter, Manifest
 from mmcse.cache.kinds import OBJECT_KIND, OBJECT_ROW, OBJECT_TEXT_COLUMNS, OBJECTS_KIND
-from mmcse.cache.layout import MANIFEST_NAME, publish, sha256_ids, temp_path
+from mmcse.cache.layout import MANIFEST_NAME, publish, sha256_file, sha256_ids, temp_path
 from mmcse.cache.objects import ObjectsColumns
 from mmcse.errors import MmcseError
 from pipeline.datasets.base import (
@@ -157,7 +157,6 @@ class BoxesFile:
         ]
 
     def producer(self) -> dict:
-        from mmcse.cache.layout import sha256_file
 
         return {"detector": "boxes-file", "file": self.path.name, "sha256": sha256_file(self.path)}
 

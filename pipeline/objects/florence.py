@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from mmcse.errors import MmcseError
+from mmcse.hub import quiet_transformers
 
 TASK = "<CAPTION_TO_PHRASE_GROUNDING>"
 DEFAULT_CHECKPOINT = "florence-community/Florence-2-large"
@@ -101,7 +102,6 @@ class Florence2Grounder:
     ) -> None:
         from transformers import AutoProcessor, Florence2ForConditionalGeneration
 
-        from mmcse.hub import quiet_transformers
 
         quiet_transformers()
         self.checkpoint = str(checkpoint)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from mmcse.errors import MmcseError
+from mmcse.hub import quiet_transformers
 
 DEFAULT_CHECKPOINT = "facebook/sam2.1-hiera-large"
 #: smaller checkpoints of the same family, selectable with ``--sam2``
@@ -65,7 +66,6 @@ class Sam2Segmenter:
     def __init__(self, checkpoint: str | Path = DEFAULT_CHECKPOINT, device="cpu") -> None:
         from transformers import Sam2Model, Sam2Processor
 
-        from mmcse.hub import quiet_transformers
 
         quiet_transformers()
         self.checkpoint = str(checkpoint)

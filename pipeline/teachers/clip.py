@@ -28,6 +28,7 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from mmcse.errors import MmcseError
+from mmcse.hub import quiet_transformers
 from mmcse.tiny import SIZES as TINY_SIZES
 from pipeline.teachers.base import CLIP_MEAN, CLIP_STD, ImagePreprocess
 from pipeline.teachers.runtime import ImageEncoding, TextEncoding, WeightsInfo, seeded
@@ -201,7 +202,6 @@ def load_hf_clip(arch: str, weights: str, kind: str, seed: int, tokenizer: str |
     """``(CLIPModel, WeightsInfo, tokenizer, tokenizer source)`` for the transformers backend."""
     from transformers import CLIPModel
 
-    from mmcse.hub import quiet_transformers
 
     quiet_transformers()
     if kind == "random":

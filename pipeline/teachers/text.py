@@ -26,7 +26,9 @@ from pathlib import Path
 from torch import Tensor
 
 from mmcse.errors import MmcseError
+from mmcse.hub import quiet_transformers
 from mmcse.pooling import POOLERS, needs_hidden_states, pool
+from mmcse.tiny import word_vocab
 from pipeline.teachers.runtime import TextEncoding, WeightsInfo, seeded
 from pipeline.teachers.weights import hf_snapshot, hf_weight_files, weights_kind, weights_sha256
 
@@ -45,7 +47,6 @@ SPEED_TOKENIZER = "wordpiece-speed-only"
 def load_tokenizer(source: str | Path):
     from transformers import AutoTokenizer
 
-    from mmcse.hub import quiet_transformers
 
     quiet_transformers()
     try:
@@ -58,7 +59,6 @@ def speed_tokenizer():
     """A whole-word BERT tokenizer over a handful of words (random-init teachers only)."""
     from transformers import BertTokenizer
 
-    from mmcse.tiny import word_vocab
 
     vocab = word_vocab(["a the of and in on with is are man woman dog people , ."])
     return BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
@@ -106,7 +106,6 @@ def build_bert_teacher(
 ) -> HFTextTeacher:
     from transformers import AutoModel, BertConfig, BertModel
 
-    from mmcse.hub import quiet_transformers
 
     quiet_transformers()
     pooling = pooling or default_pooling
