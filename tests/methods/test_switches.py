@@ -150,7 +150,7 @@ def object_phrase_eq7(heads, states, spans, mask, objects, tau=0.05):
         for k in real:
             start, end = spans[b, k].tolist()
             phrase = head(heads["phrase"], states[b, start:end].mean(0, keepdim=True))[0]
-            logits = [float(unit(phrase) @ unit(o[b, j])) / tau for j in real]
+            logits = [float((unit(phrase) @ unit(o[b, j])).detach()) / tau for j in real]
             total -= logits[real.index(k)] - math.log(sum(math.exp(v) for v in logits))
     return total / states.shape[0]
 
