@@ -13,8 +13,16 @@ from mmcse.registry import register_loss
 
 def class_rank_targets(labels: Tensor) -> Tensor:
     """``[N]`` the rank of each example's label among the batch's distinct labels, ascending,
-    from 0 (``torch.unique`` sorts): labels ``[7, 2, 7, 5]`` → ``[2, 0, 2, 1]``."""
-    return torch.unique(labels, sorted=True, return_inverse=True)[1]
+    from 0 — ``torch.unique(labels, return_inverse=True)[1]``, as the released code builds it:
+    labels ``[7, 2, 7, 5]`` → ``[2, 0, 2, 1]``.
+
+    Computed shape-statically (``c_i`` = how many distinct labels are smaller than ``y_i``,
+    counting each label at its first occurrence), because ``torch.unique``'s output size depends
+    on the data and would break the captured image/audio step into several graphs."""
+    same = labels[:, None] == labels[None, :]  # [N, N]
+    before = torch.ones_like(same).tril(diagonal=-1)  # [j, k]: k < j
+    first = ~(same & before).any(dim=1)  # j is the first example of its label
+    return ((labels[None, :] < labels[:, None]) & first[None, :]).sum(dim=1)
 
 
 @register_loss("class_rank_cross_entropy")

@@ -36,6 +36,11 @@ def loop_class_rank_ce(f1, f2, labels, tau):
 def test_targets_are_class_ranks_among_the_batch():
     assert class_rank_targets(torch.tensor([7, 2, 7, 5])).tolist() == [2, 0, 2, 1]
     assert class_rank_targets(torch.tensor([40, 3, 11])).tolist() == [2, 0, 1]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):  # the released construction, torch.unique's inverse, on random batches
+        labels = torch.randint(0, 9, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g)
+        want = torch.unique(labels, sorted=True, return_inverse=True)[1]
+        assert torch.equal(class_rank_targets(labels), want)
 
 
 @pytest.mark.parametrize(

@@ -167,6 +167,13 @@ def test_auxiliary_step_is_one_graph_with_the_eager_gradients(name, tiny_model, 
     records = [captured.step() for _ in range(3)]  # 12 examples, batch 4: a new epoch's order
     assert all(np.isfinite(float(v)) for r in records for v in r.values())
     assert counter.frame_count == 1
+    # what `mmcse bench` reports: explain finds no break (torch.unique once made three)
+    rows = eager._batch_rows(0)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(eager.step_forward)(
+        eager._views(rows, 0), eager._batch_labels(rows)
+    )
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
 # ---- the training loop -----------------------------------------------------------------------
