@@ -103,10 +103,14 @@ class Feature:
 
     Caption kinds (image, text, object) live beside the recipe's caption corpus as
     ``<kind>-<teacher>``; for unpaired kinds ``teacher`` names the example dataset.
+    ``every_corpus`` (text teachers): the role also reads the teacher's set of the recipe's text
+    corpus, ``<text corpus>/train/text-<teacher>`` — distillation on every batch, as DALR's
+    eq. 14 prints it; the run gets both sets for the role (``--feature ROLE=CAPTIONS,TEXT``).
     """
 
     kind: str
     teacher: str
+    every_corpus: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in (*CAPTION_KINDS, *UNPAIRED_KINDS):
@@ -121,6 +125,7 @@ class Need:
     what: str
     path: Path
     command: str
+    corpus: str | None = None  # a feature set's: the corpus whose ids it holds ("text"/"caption")
 
 
 @dataclass(frozen=True)
@@ -168,7 +173,14 @@ class Recipe:
         for role, feature in self.roles.items():
             path = self.feature_path(feature, root)
             what = f"{feature.kind} features of {feature.teacher} (role {role})"
-            out.append(Need(f"features.{role}", what, path, self._command(feature, path, root)))
+            command = self._command(feature, path, root)
+            out.append(Need(f"features.{role}", what, path, command, corpus="caption"))
+            if feature.every_corpus and self.text_corpus:
+                corpus = root / self.text_corpus / "train" / "sentences"
+                path = corpus.parent / f"{feature.kind}-{feature.teacher}"
+                command = f"mmcse extract-text --corpus {corpus} --teacher {feature.teacher}"
+                what = f"{what}, {self.text_corpus} sentences"
+                out.append(Need(f"features.{role}", what, path, command, corpus="text"))
         return out
 
     def feature_path(self, feature: Feature, root: str | Path) -> Path:
@@ -245,7 +257,9 @@ class Recipe:
         A ``method_args`` override is merged into the recipe's (so ``--set
         method_args={"image_text_weight": 0.05}`` changes one hyperparameter).
         """
-        paths = {n.key: str(n.path) for n in self.needs(cache_root)}
+        paths: dict[str, str] = {}
+        for need in self.needs(cache_root):  # a role reading two corpora's sets: DIR1,DIR2
+            paths[need.key] = ",".join(filter(None, (paths.get(need.key), str(need.path))))
         values: dict[str, Any] = {
             **COMMON_TRAIN,
             **self.train,

@@ -112,11 +112,10 @@ def write_tiny_cache(recipe, root: Path) -> None:
     image_ids = [f"img{i // 2}" for i in range(len(captions))]
     caption_ids = [f"{im}#{i % 2}" for i, im in enumerate(image_ids)]
     common = {"split": "train", "producer": {"teacher": "random"}}
+    wiki_ids = [f"wiki1m-{i:07d}" for i in range(64)]
     for need in recipe.needs(root):
         if need.key == "text_corpus":
-            texts = sentences(64, seed=1)
-            ids = [f"wiki1m-{i:07d}" for i in range(len(texts))]
-            write_corpus(need.path, ids, texts, dataset="wiki1m", split="train")
+            write_corpus(need.path, wiki_ids, sentences(64, seed=1), dataset="wiki1m", split="train")
         elif need.key == "caption_corpus":
             extra = {"caption_policy": recipe.caption_policy}
             write_corpus(need.path, caption_ids, captions, image_ids=image_ids,
@@ -126,7 +125,7 @@ def write_tiny_cache(recipe, root: Path) -> None:
             if feature.kind == "image":
                 ids = sorted(set(image_ids))
             elif feature.kind == "text":
-                ids = caption_ids
+                ids = wiki_ids if need.corpus == "text" else caption_ids
             elif feature.kind == "object":  # MCSEO's set; unread while its weight is 0
                 ids = [f"{c}/0" for c in caption_ids]
             else:
