@@ -50,7 +50,7 @@ def arc(cos, margin, scale=None):
     out = cos.clone()
     for i in range(cos.shape[0]):
         for j in range(cos.shape[1]):
-            theta = math.acos(max(-1.0, min(1.0, float(cos[i, j]))))
+            theta = math.acos(max(-1.0, min(1.0, float(cos[i, j].detach()))))
             if i != j and theta > margin:
                 delta = margin if scale is None else (1 - float(scale[i, j])) * margin
                 out[i, j] = math.cos(theta - delta)
