@@ -71,7 +71,7 @@ def list_mle_loop(scores, teacher, eps=0.0):
     total = 0.0
     for i in range(scores.shape[0]):
         order = sorted(range(scores.shape[1]), key=lambda j: -float(teacher[i, j]))
-        ranked = [float(scores[i, j]) for j in order]
+        ranked = [float(scores[i, j].detach()) for j in order]
         top = max(ranked)
         for r in range(len(ranked)):
             tail = sum(math.exp(v - top) for v in ranked[r:])
@@ -333,7 +333,7 @@ def test_dalr_released_composition_caption_batch():
     assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
     for key, value in {"arc_margin_loss": simcse, "consistency_loss": cons, "cma_loss": cma,
                        "image_margin_loss": adap, "rank_loss": rank, "ima_loss": ima}.items():  # fmt: skip
-        assert out[key].item() == pytest.approx(float(value), rel=1e-6), key
+        assert out[key].item() == pytest.approx(float(torch.as_tensor(value).detach()), rel=1e-6), key
 
 
 def test_dalr_cma_image_head_switch():
