@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -101,23 +102,35 @@ def encode_rows(
     tokenizer, texts: Sequence[str], max_length: int, desc: str = "tokenise"
 ) -> np.ndarray:
     """Token rows ``[N, 1 + max_length]`` int32 of ``texts``: the length, then the ids
-    right-padded with the pad id (see :data:`~mmcse.cache.kinds.TOKEN_ROW`)."""
+    right-padded with the pad id (see :data:`~mmcse.cache.kinds.TOKEN_ROW`).
+
+    Chunks are pipelined: the ``tokenizers`` backend encodes chunk k+1 on a worker thread (it
+    releases the GIL) while this thread reads chunk k's ids into the rows."""
     rows = np.full((len(texts), 1 + max_length), pad_id(tokenizer), dtype=np.int32)
-    encode = _fast_encoder(tokenizer, max_length)
-    if encode is not None and len(texts):
+    stages = _fast_stages(tokenizer, max_length)
+    if stages is not None and len(texts):
         head = list(texts[:CHECKED])
-        if encode(head) != _call(tokenizer, head, max_length):
+        if _ids_of(stages[1](stages[0](head))) != _call(tokenizer, head, max_length):
             log.warning(
                 "%s: its fast backend gives other ids than the tokenizer itself on this corpus; "
                 "tokenising through the tokenizer (slower)",
                 type(tokenizer).__name__,
             )
-            encode = None
-    encode = encode or (lambda chunk: _call(tokenizer, chunk, max_length))
+            stages = None
+    encode, to_ids = stages or ((lambda chunk: _call(tokenizer, chunk, max_length)), _ids_of)
     starts = range(0, len(texts), CHUNK)
-    for start in tqdm(starts, desc=desc, unit="chunk", leave=False, disable=len(starts) < 4):
-        fill_rows(rows[start : start + CHUNK], encode(list(texts[start : start + CHUNK])))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(encode, list(texts[:CHUNK]))
+        for start in tqdm(starts, desc=desc, unit="chunk", leave=False, disable=len(starts) < 4):
+            encoded = pending.result()
+            if start + CHUNK < len(texts):
+                pending = pool.submit(encode, list(texts[start + CHUNK : start + 2 * CHUNK]))
+            fill_rows(rows[start : start + CHUNK], to_ids(encoded))
     return rows
+
+
+def _ids_of(ids: list[list[int]]) -> list[list[int]]:
+    return ids
 
 
 def _call(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
@@ -127,10 +140,10 @@ def _call(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     return tokenizer(texts, max_length=max_length, truncation=True)["input_ids"]
 
 
-def _fast_encoder(tokenizer, max_length: int):
-    """``texts → id lists`` through a private copy of the ``tokenizers`` backend configured as
-    ``__call__`` configures it (truncation side and strategy, special-token splitting), without
-    padding; None for a slow tokenizer."""
+def _fast_stages(tokenizer, max_length: int):
+    """``(texts → encodings, encodings → id lists)`` through a private copy of the
+    ``tokenizers`` backend configured as ``__call__`` configures it (truncation side and
+    strategy, special-token splitting), without padding; None for a slow tokenizer."""
     backend = _backend(tokenizer)
     if backend is None:
         return None
@@ -145,10 +158,13 @@ def _fast_encoder(tokenizer, max_length: int):
     backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # fast: no offsets
 
-    def ids(texts: list[str]) -> list[list[int]]:
-        return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+    def encodings(texts: list[str]) -> list:
+        return encode(texts, add_special_tokens=True)
 
-    return ids
+    def ids(encoded: list) -> list[list[int]]:
+        return [encoding.ids for encoding in encoded]
+
+    return encodings, ids
 
 
 def fill_rows(rows: np.ndarray, ids: list[list[int]]) -> None:
