@@ -78,3 +78,14 @@ def tiny_world(tmp_path_factory) -> dict[str, str]:
         "captions": str(root / "captions"),
         "image": str(root / "image-feats"),
     }
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading the student fails the test: a refusal must come before any model work."""
+    from mmcse.model import SentenceEncoder
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was refused")
+
+    monkeypatch.setattr(SentenceEncoder, "from_pretrained", classmethod(fail))

@@ -252,16 +252,6 @@ def assert_one_error_line(monkeypatch, capsys, args: list[str], message: str) ->
 # ---- refused before any model work ------------------------------------------------------------
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    from mmcse.model import SentenceEncoder
-
-    def fail(*args, **kwargs):
-        raise AssertionError("the model was loaded before the input was refused")
-
-    monkeypatch.setattr(SentenceEncoder, "from_pretrained", classmethod(fail))
-
-
 @pytest.mark.parametrize(
     ("task", "edit", "fragments"),
     [

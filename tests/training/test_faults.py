@@ -67,16 +67,6 @@ def refused(args, monkeypatch, capsys, *words: str) -> str:
     return errors[0]
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Loading the student fails the test: the refusals below must come before it."""
-
-    def fail(*args, **kwargs):
-        raise AssertionError("the model was loaded before the input was refused")
-
-    monkeypatch.setattr(SentenceEncoder, "from_pretrained", classmethod(fail))
-
-
 # ---- settings ----------------------------------------------------------------------------------
 
 

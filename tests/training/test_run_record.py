@@ -7,6 +7,7 @@ import platform
 
 import numpy as np
 import torch
+from support.runs import tiny_mcse_settings
 
 from mmcse.cache import FeatureSet, write_feature_set
 from mmcse.rundir import RunDir
@@ -24,19 +25,11 @@ RANDOM_CLIP = {
 
 
 def _config(tiny_model, tiny_world, tmp_path, image: str) -> TrainConfig:
-    return TrainConfig(
-        model=str(tiny_model),
-        method="mcse",
-        text_corpus=tiny_world["text"],
-        caption_corpus=tiny_world["captions"],
-        features={"image": image},
-        batch_size=8,
-        max_steps=2,
-        eval_steps=2,
-        eval_data="",
-        final_eval=False,
-        output_dir=str(tmp_path / "run"),
-    )
+    settings = tiny_mcse_settings(
+        tiny_model, tiny_world, tmp_path / "run", features={"image": image}, max_steps=2,
+        eval_steps=2, device="auto",
+    )  # fmt: skip
+    return TrainConfig(**settings)
 
 
 def _random_image_set(tiny_world, path) -> str:
