@@ -110,14 +110,16 @@ def encode_rows(
     stages = _fast_stages(tokenizer, max_length)
     if stages is not None and len(texts):
         head = list(texts[:CHECKED])
-        if _ids_of(stages[1](stages[0](head))) != _call(tokenizer, head, max_length):
+        encode, to_ids = stages
+        if to_ids(encode(head)) != _call(tokenizer, head, max_length):
             log.warning(
                 "%s: its fast backend gives other ids than the tokenizer itself on this corpus; "
                 "tokenising through the tokenizer (slower)",
                 type(tokenizer).__name__,
             )
             stages = None
-    encode, to_ids = stages or ((lambda chunk: _call(tokenizer, chunk, max_length)), _ids_of)
+    # the tokenizer's own call already returns id lists
+    encode, to_ids = stages or ((lambda chunk: _call(tokenizer, chunk, max_length)), _as_is)
     starts = range(0, len(texts), CHUNK)
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(encode, list(texts[:CHUNK]))
@@ -129,7 +131,7 @@ def encode_rows(
     return rows
 
 
-def _ids_of(ids: list[list[int]]) -> list[list[int]]:
+def _as_is(ids: list[list[int]]) -> list[list[int]]:
     return ids
 
 
