@@ -440,7 +440,7 @@ class RunDir:
                 if number == len(lines):
                     break
                 raise MmcseError(f"{path}:{number}: not a JSON object") from None
-            if isinstance(record, dict) and _finite_number(record.get("step")):
+            if isinstance(record, dict) and finite_number(record.get("step")):
                 records.append(record)
         return records
 
@@ -572,7 +572,7 @@ def merge_results(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         whole = [e for e in group if set(e["scores"]) == set(scores) and e.get("avg") is not None]
         if whole:
             avg = whole[-1]["avg"]
-        elif scores and all(_finite_number(v) for v in scores.values()):
+        elif scores and all(finite_number(v) for v in scores.values()):
             avg = sum(round(float(v), 2) for v in scores.values()) / len(scores)
         else:
             avg = None
@@ -742,5 +742,5 @@ def _checkpoint_litter(target: Path) -> list[Path]:
     return [_old_dir(target), *target.parent.glob(f".tmp-{target.name}-*")]
 
 
-def _finite_number(value: Any) -> bool:
+def finite_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmcse.devices import default_device_name
 from mmcse.errors import MmcseError
 
 
@@ -81,13 +82,9 @@ class TeacherFlags:
     compute_dtype: str | None = setting(None, "bfloat16 | float16 | float32.")
 
     def build_teacher(self, name: str):
-        import torch
-
         from pipeline import teachers
 
-        device = self.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = default_device_name() if self.device == "auto" else self.device
         return teachers.build_teacher(
             name, weights=self.weights, device=device, dtype=self.compute_dtype,
             size=self.teacher_size,

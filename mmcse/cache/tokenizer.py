@@ -88,10 +88,6 @@ def pad_id(tokenizer) -> int:
     return int(getattr(tokenizer, "pad_token_id", None) or 0)
 
 
-def is_fast(tokenizer) -> bool:
-    return _backend(tokenizer) is not None
-
-
 def _backend(tokenizer):
     if not getattr(tokenizer, "is_fast", False):
         return None

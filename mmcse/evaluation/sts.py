@@ -58,7 +58,7 @@ from mmcse.evaluation.encode import (
 )
 from mmcse.hub import load_tokenizer, resolve_model_source
 from mmcse.model import SentenceEncoder
-from mmcse.pooling import check_pooler, resolve_encoding, resolve_pooler
+from mmcse.pooling import check_pooler, resolve_encoding
 
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -289,12 +289,6 @@ def average_of_printed(scores: Iterable[float]) -> float:
 
 
 # ---- end to end --------------------------------------------------------------------------------
-
-
-def run_pooler(model_dir: str) -> str:
-    """The pooler a training run recorded (its run info), else the student's own
-    sentence-transformers pooling (``1_Pooling/config.json``), else SimCSE's unsupervised default."""
-    return resolve_pooler(None, model_dir, DEFAULT_POOLER)[0]
 
 
 def load_encoder(path: str | Path, pooler: str | None, device: str | None):

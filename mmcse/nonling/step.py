@@ -145,9 +145,11 @@ class NonLinguisticTask:
         self.heads = nn.ModuleDict({"patch_embed": self._patch_embedding(hidden), "mlp": mlp})
         self.heads.to(self.device)
         self.optimizer: torch.optim.Optimizer | None = None
+        self.amp_dtype = autocast_dtype(self.device.type, precision, _bf16_supported(self.device))
         # its own loss scaler under fp16, as the released trainer's image_scaler (else a no-op)
-        fp16 = autocast_dtype(self.device.type, precision, False) == torch.float16
-        self.scaler = torch.amp.GradScaler("cuda", enabled=fp16)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+        self.views = ViewAugmentation(size=self.settings.image_size)
+        self.masks = SpecAugment(self.settings.freq_mask, self.settings.time_mask)
         self.steps_taken = 0
         self.step_forward = _TaskForward(encoder, self.heads, self.loss, self.settings.modality)
         self.captured = False
@@ -293,12 +295,10 @@ class NonLinguisticTask:
         values = torch.from_numpy(self.examples.take(rows)).to(self.device, non_blocking=True)
         seed = int(np.random.SeedSequence([self.seed, dist.rank(), index]).generate_state(1)[0])
         if self.settings.kind == IMAGE_KIND:
-            spec = ViewAugmentation(size=self.settings.image_size)
-            return augment(torch.cat([values, values]), seed, spec)  # = cat(two_views(...))
+            return augment(torch.cat([values, values]), seed, self.views)  # = cat(two_views(...))
         # audio: each clip masked once (the released loader; no masks: the paper's reading), then
         # the batch twice — the views differ by dropout only (docs/fidelity.md, audio views)
-        masks = SpecAugment(self.settings.freq_mask, self.settings.time_mask)
-        clips = spec_augment(values.float(), seed, masks)
+        clips = spec_augment(values.float(), seed, self.masks)
         return torch.cat([clips, clips])
 
     def _batch_labels(self, rows: np.ndarray) -> Tensor | None:
@@ -316,7 +316,7 @@ class NonLinguisticTask:
             group["lr"] = self.settings.lr * scale
 
     def _autocast(self):
-        dtype = autocast_dtype(self.device.type, self.precision, _bf16_supported(self.device))
+        dtype = self.amp_dtype
         return torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=bool(dtype))
 
 

@@ -174,7 +174,8 @@ class Recipe:
             path = self.feature_path(feature, root)
             what = f"{feature.kind} features of {feature.teacher} (role {role})"
             command = self._command(feature, path, root)
-            out.append(Need(f"features.{role}", what, path, command, corpus="caption"))
+            corpus = None if feature.kind in UNPAIRED_KINDS else "caption"
+            out.append(Need(f"features.{role}", what, path, command, corpus=corpus))
             if feature.every_corpus and self.text_corpus:
                 corpus = root / self.text_corpus / "train" / "sentences"
                 path = corpus.parent / f"{feature.kind}-{feature.teacher}"

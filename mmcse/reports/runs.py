@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,12 +31,14 @@ from typing import Any
 from mmcse.errors import MmcseError
 from mmcse.evaluation.report import COLUMN_TITLES
 from mmcse.evaluation.sts import TASKS_BY_MODE
+from mmcse.evaluation.suites import SUITES
 from mmcse.evaluation.transfer import TRANSFER_TASKS, TRANSFER_TITLES
 from mmcse.reports.published import COLUMNS as STS_COLUMNS
 from mmcse.rundir import (
     RunDir,
     SeedsDir,
     find_runs,
+    finite_number,
     is_run_dir,
     merge_results,
     read_json,
@@ -50,7 +51,6 @@ RETRIEVAL_COLUMNS = tuple(
     f"{d} R@{k}" for d in ("t2i", "i2t") for k in (1, 5, 10)
 )  # grounded space
 TRANSFER_COLUMNS = (*TRANSFER_TASKS, "transfer avg")
-SUITES = ("sts", "transfer", "retrieval")
 #: the protocol of the papers' tables, whose columns keep their plain titles
 STANDARD_MODE = {"sts": "test", "transfer": "test", "retrieval": None}
 #: the tasks an average of the standard set covers, per (suite, mode)
@@ -147,6 +147,11 @@ class Cell:
 class Run:
     path: Path
     label: str = ""
+    # the run info and config, read once (compare asks for them per column and per setting)
+    _info: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _config: tuple[dict[str, Any] | None] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self.label = self.label or self.path.name
@@ -157,14 +162,15 @@ class Run:
 
     def info(self) -> dict[str, Any]:
         """The run info of best/ (else last/); empty when neither was saved."""
-        for checkpoint in (self.files.best, self.files.last):
-            info = checkpoint.read_info()
-            if info:
-                return info
-        return {}
+        if self._info is None:
+            infos = (c.read_info() for c in (self.files.best, self.files.last))
+            self._info = next((info for info in infos if info), {})
+        return self._info
 
     def config(self) -> dict[str, Any] | None:
-        return read_json(self.files.config)
+        if self._config is None:
+            self._config = (read_json(self.files.config),)
+        return self._config[0]
 
     def environment(self) -> dict[str, Any] | None:
         return self.info().get("environment")
@@ -204,7 +210,7 @@ class Run:
         results = merge_results(self.files.read_result_entries("sts"))
         for data in [*reversed(results), read_json(self.files.align_uniform) or {}]:
             au = data.get("align_uniform", data if "alignment" in data else None)
-            if au and _number(au.get("alignment")) and _number(au.get("uniformity")):
+            if au and finite_number(au.get("alignment")) and finite_number(au.get("uniformity")):
                 return au
         return None
 
@@ -228,7 +234,7 @@ def _protocol_cells(protocol: Protocol, results: list[dict]) -> dict[Column, Cel
         tasks = tuple(t for t in (*TASKS_BY_MODE["test"], *TRANSFER_TASKS) if t in values)
         full = FULL_TASKS.get((protocol.suite, protocol.mode))
         own = [r for r in results if _task_values(protocol.suite, r) == values]
-        if own and _number(own[0].get("avg")):
+        if own and finite_number(own[0].get("avg")):
             avg = float(own[0]["avg"])
         else:  # as the evaluators print it: the mean of the 2-decimal scores
             avg = sum(round(values[t], 2) for t in tasks) / len(tasks)
@@ -248,19 +254,15 @@ def _task_values(suite: str, result: dict) -> dict[str, float]:
             f"{d} R@{k}": float(grounded[d][f"R@{k}"])
             for d in ("t2i", "i2t")
             for k in (1, 5, 10)
-            if isinstance(grounded.get(d), dict) and _number(grounded[d].get(f"R@{k}"))
+            if isinstance(grounded.get(d), dict) and finite_number(grounded[d].get(f"R@{k}"))
         }
     names = TASKS_BY_MODE["test"] if suite == "sts" else TRANSFER_TASKS
-    return {t: float(result[t]) for t in names if _number(result.get(t))}
+    return {t: float(result[t]) for t in names if finite_number(result.get(t))}
 
 
 def _signature(protocol: dict) -> str:
     known = {k: protocol[k] for k in SIGNATURE_KEYS if protocol.get(k) is not None}
     return json.dumps(known, sort_keys=True)
-
-
-def _number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -282,7 +284,9 @@ def find_group(argument: str | Path) -> Group:
     seeds_dir = path.parent if is_run_dir(path) else path  # a single run: its recipe folder
     record = read_json(SeedsDir(seeds_dir).results) or {}
     overrides = record.get("overrides") if isinstance(record.get("overrides"), dict) else {}
-    return Group(path.name, path, runs, SeedsDir(seeds_dir).recipe_name(), overrides)
+    recipe = record.get("recipe")  # what SeedsDir.recipe_name reads, from the record in hand
+    name = recipe.get("name") if isinstance(recipe, dict) else None
+    return Group(path.name, path, runs, name, overrides)
 
 
 def find_groups(arguments) -> list[Group]:

@@ -35,7 +35,6 @@ Marking ``last/`` finished saves it anew (:func:`mark_finished`), so its record 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -48,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmcse.cache.layout import sha256_file
 from mmcse.errors import MmcseError
 from mmcse.rundir import INTEGRITY_FILE, Checkpoint, RunDir, atomic_dir, read_json, write_json
 from mmcse.training.config import read_config_file, resolve_config
@@ -123,9 +123,7 @@ def checkpoint_files(directory: Path) -> list[str]:
 
 
 def _file_record(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    return {"bytes": path.stat().st_size, "sha256": digest}
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def jsonable(value: Any) -> Any:
@@ -335,7 +333,7 @@ def finished_note(settings: dict[str, Any]) -> str | None:
     info = run.last.read_info()
     if info is None or not run.last.finished():
         return None
-    ran = (info.get("config") or {}) if isinstance(info.get("config"), dict) else {}
+    ran = info.get("config") if isinstance(info.get("config"), dict) else {}
     if any(settings.get(k) != ran.get(k, settings.get(k)) for k in EXTENDING):
         return None  # a larger --max-steps/--epochs: extend it
     results = run.results if run.results.is_file() else None

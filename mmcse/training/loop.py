@@ -68,7 +68,6 @@ from mmcse.training.preflight import preflight
 
 logger = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
 
 
 class Student(nn.Module):
@@ -83,6 +82,11 @@ class Student(nn.Module):
         self.losses = build_losses(method)
         #: term → slot → head name (saved with each checkpoint: which term trained which head)
         self.term_heads = {t.name: t.head_names() for t in self.terms}
+        # term → slot → head module, resolved once (not at every step)
+        self.term_modules = {
+            term: {slot: self.heads[name] for slot, name in slots.items()}
+            for term, slots in self.term_heads.items()
+        }
         self.needs_token_states = any(m.needs_token_states for m in self.losses.values())
 
     def forward(self, batch: Batch, extras: dict) -> dict[str, Tensor]:
@@ -107,8 +111,7 @@ class Student(nn.Module):
         for term in self.terms:
             if not term.applies_to(batch.kind):
                 continue
-            heads = {slot: self.heads[name] for slot, name in self.term_heads[term.name].items()}
-            for key, value in self.losses[term.name](inputs, heads).items():
+            for key, value in self.losses[term.name](inputs, self.term_modules[term.name]).items():
                 terms[key] = value
                 total = total + term.weight * value
         return {"loss": total, **terms}
@@ -165,7 +168,7 @@ def adamw_groups(student: nn.Module) -> list[dict]:
     parameters of a group share their step count, which ε's scaling needs."""
     seen: set[int] = set()  # a module's parameters join one group only
     groups = []
-    for module in (student.encoder, *student.heads.values(), *student.losses.values()):
+    for module in (student.encoder, *student.heads.values()):  # losses hold no parameters
         params = [p for p in module.parameters() if id(p) not in seen]
         seen.update(id(p) for p in params)
         if params:
@@ -264,7 +267,7 @@ class Run:
         self.cfg = cfg = dataclasses.replace(cfg, pooler=pooler)
         self.captured = capture_enabled(cfg, self.device)
         if self.captured and cfg.dynamic_padding:  # one shape per batch kind: one graph each
-            log.info("capture: batches padded to --max-seq-length (no dynamic padding)")
+            logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
             self.cfg = cfg = dataclasses.replace(cfg, dynamic_padding=False)
         self.tokenizer = load_tokenizer(cfg.model)
         source = str(self.run_dir.last.path) if resume else cfg.model
