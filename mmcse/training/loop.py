@@ -64,7 +64,7 @@ from mmcse.training.fastpath import (
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress, describe_plan, truncate_metrics
 from mmcse.training.plan import mixing_plan
 from mmcse.training.prefetch import CPU, prefetched
-from mmcse.training.preflight import preflight
+from mmcse.training.preflight import input_fingerprints, preflight
 
 logger = logging.getLogger(__name__)
 
@@ -523,16 +523,19 @@ class Run:
             "stsb_dev": dev,
             "pooler": self.cfg.pooler,
             "pooler_source": self.pooler_source,
-            "fingerprints": self.data.fingerprints(),
+            # built as the resume check builds what it compares (one helper, no drift)
+            "fingerprints": input_fingerprints(self.data, self._auxiliary_sets()),
             "term_heads": self.student.term_heads,  # which heads of mmcse_heads each term used
             "teachers": self.teachers(),
             "environment": self.environment,
         }
-        if self.aux is not None:
-            info["fingerprints"].update(
-                {f"feature:{k}": {"fingerprint": v} for k, v in self.aux.fingerprint.items()}
-            )
         return info
+
+    def _auxiliary_sets(self) -> dict:
+        """The auxiliary task's example set by role (VisualCSE's images), as preflight opens them."""
+        if self.aux is None:
+            return {}
+        return {role: self.aux.examples for role in self.method.auxiliary_roles()}
 
     def teachers(self) -> dict[str, dict]:
         """Provenance of every feature set the run reads (run info ``teachers``)."""
