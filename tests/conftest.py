@@ -13,6 +13,18 @@ from support.worlds import WORDS, sentences  # noqa: F401  (fixtures below use t
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("MMCSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` skip cleanly on a machine without a CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def library_log(caplog):
     """``library_log()``: the messages the library logged (``mmcse.*``, ``pipeline.*``, INFO and

@@ -29,7 +29,7 @@ import torch
 import torch._dynamo
 import torch._inductor.config
 
-from mmcse.bench.timing import timed
+from mmcse.bench.timing import quiet_profile, timed
 from mmcse.bench.train_step import (
     BenchState,
     BenchWorld,
@@ -111,7 +111,7 @@ def bench_capture(
                 report.update(
                     compile_s=compile_s, speedup=report["eager_ms"] / report["captured_ms"]
                 )
-        report["explain"] = explain_steps(states["eager"].run)
+        report["explain"] = explain_steps(states["eager"].trainer)
         reports[name] = report
     torch._dynamo.reset()
     return reports
@@ -144,14 +144,14 @@ def update_ops(module: torch.nn.Module) -> dict[str, int]:
     Counted are the outermost ``aten::`` calls (what the host dispatches): on a CPU a
     multi-tensor op then runs per tensor inside that call, which is not what it does on a GPU,
     so the leaf count would say nothing about CUDA here."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     params = [torch.nn.Parameter(p.detach().clone()) for p in module.parameters()]
     for p in params:
         p.grad = torch.ones_like(p)
 
     def ops(work) -> int:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with quiet_profile(activities=[ProfilerActivity.CPU]) as prof:
             work()
         return sum(1 for e in prof.events() if is_outermost_aten(e))
 

@@ -136,7 +136,7 @@ def bench_precision(
     dropout: float = 0.1,
 ) -> list[PrecisionRow]:
     """Per method: one row per autocast format, and the dropout-noise reference row."""
-    from mmcse.training.loop import Student
+    from mmcse.training.student import Student
 
     torch.manual_seed(0)
     tokenizer = load_tokenizer(model)

@@ -12,9 +12,12 @@ Three rules make GPU timings honest and CPU timings comparable, and they live he
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -113,3 +116,27 @@ def reset_peak_memory(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+
+@contextmanager
+def quiet_profile(**kwargs):
+    """``torch.profiler.profile`` without the lines its C++ side prints to the terminal when it
+    starts and stops (``USDT … profiler_start``, ``gpuGetDeviceCount failed`` on a machine
+    without a GPU): third-party noise, written straight to file descriptor 2."""
+    from torch.profiler import profile
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        with profile(**kwargs) as prof:
+            os.dup2(saved, 2)  # the profiled work may log as usual
+            yield prof
+            sys.stderr.flush()
+            os.dup2(devnull, 2)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

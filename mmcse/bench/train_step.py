@@ -32,9 +32,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch._dynamo
 
 from mmcse.bench.flops import EncoderShape, mfu, peak_flops, train_step_flops
-from mmcse.bench.timing import Timing, peak_memory_bytes, repeat, reset_peak_memory, timed_result
+from mmcse.bench.timing import (
+    Timing,
+    peak_memory_bytes,
+    quiet_profile,
+    repeat,
+    reset_peak_memory,
+    timed,
+)
 from mmcse.cache import write_corpus, write_feature_set
 from mmcse.errors import BadValueError, MmcseError
 from mmcse.methods import Method, build_method
@@ -42,6 +50,7 @@ from mmcse.registry import METHODS
 from mmcse.tiny import SIZES as TINY_SIZES
 from mmcse.tiny import SPECIAL_TOKENS, build_tiny_bert
 from mmcse.training.config import TrainConfig
+from mmcse.training.loop import Trainer
 
 #: cache kind of each role the methods read: it decides the join key (image sets join on the
 #: caption's image id, text sets on the sentence id) and which writer builds the set
@@ -283,7 +292,7 @@ def args_of(name: str) -> dict:
     return METHOD_ARGS.get(name, {})
 
 
-def make_run(
+def bench_config(
     world: BenchWorld,
     method: str,
     batch: int,
@@ -292,16 +301,15 @@ def make_run(
     precision,
     captions: Path | None = None,
     **fast_paths,
-):
-    """A :class:`~mmcse.training.loop.Run` + its optimizer, scheduler and batch schedule;
-    ``fast_paths`` are :class:`~mmcse.training.config.TrainConfig` fields (e.g. ``attn_implementation``)."""
-    from mmcse.training.fastpath import fused_adamw
-    from mmcse.training.loop import Run
-
-    cfg = TrainConfig(
+) -> TrainConfig:
+    """The trainer's config for ``method`` on the bench world's caption batches (every term
+    active); ``fast_paths`` are :class:`~mmcse.training.config.TrainConfig` fields (their
+    ``method_args`` added to the bench's own)."""
+    method_args = {**args_of(method), **fast_paths.pop("method_args", {})}
+    return TrainConfig(
         model=str(world.model),
         method=method,
-        method_args=args_of(method),
+        method_args=method_args,
         caption_corpus=str(captions or world.captions),
         features={role: world.features[role, dim] for role, dim in method_needs(method)},
         mixing="caption-only",
@@ -314,59 +322,47 @@ def make_run(
         output_dir=str(world.root / "runs" / method),
         **fast_paths,
     )
-    run = Run(cfg)
-    fused = fused_adamw(cfg, run.device)
-    optimizer = torch.optim.AdamW(run.student.parameters(), lr=1e-5, fused=fused)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    batches = run.data.schedule(0, batch)
-    return run, optimizer, scheduler, batches
 
 
-class DataWaitMeter:
-    """Host seconds a run spends building its batches (id gather, cached features, the method's
-    extras) — the part of a step a prefetcher would hide — and the widths it padded to."""
-
-    def __init__(self, run) -> None:
-        self.seconds, self.widths = 0.0, []
-        batch, extras = run.data.batch, run.method.batch_extras
-
-        def timed_batch(*args, **kwargs):
-            out, seconds = timed_result(lambda: batch(*args, **kwargs))
-            self.seconds += seconds
-            self.widths.append(int(out.input_ids.shape[1]))
-            return out
-
-        def timed_extras(*args, **kwargs):
-            out, seconds = timed_result(lambda: extras(*args, **kwargs))
-            self.seconds += seconds
-            return out
-
-        run.data.batch, run.method.batch_extras = timed_batch, timed_extras
-
-    def reset(self) -> None:
-        self.seconds, self.widths = 0.0, []
+def bench_trainer(world: BenchWorld, method: str, *args, **kwargs) -> Trainer:
+    """The real :class:`~mmcse.training.loop.Trainer`, set up (its own optimizer groups and
+    schedule, its captured or eager update) on the bench world."""
+    return Trainer(bench_config(world, method, *args, **kwargs)).setup()
 
 
 @dataclasses.dataclass
 class BenchState:
-    run: object
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    batches: list
-    meter: DataWaitMeter
-    next_batch: int = 0
+    """A trainer stepping through its own batches (gathered and copied ahead, as in a run)."""
+
+    trainer: Trainer
+    batches: Iterator
+    data_wait_s: float = 0.0
+    widths: list[int] = dataclasses.field(default_factory=list)
 
     @classmethod
     def of(cls, world: BenchWorld, method: str, batch: int, seq_len: int, device, precision, **kw):
-        run, optimizer, scheduler, batches = make_run(
-            world, method, batch, seq_len, device, precision, **kw
-        )
-        return cls(run, optimizer, scheduler, batches, DataWaitMeter(run))
+        trainer = bench_trainer(world, method, batch, seq_len, device, precision, **kw)
+        return cls(trainer, endless_batches(trainer))
 
     def step(self) -> None:
-        kind, rows = self.batches[self.next_batch % len(self.batches)]
-        self.next_batch += 1
-        self.run._step(kind, rows, self.optimizer, self.scheduler)
+        """What the training loop does per step: the trainer's step, then the loss window."""
+        _, batch, waited = next(self.batches)
+        parts, host = self.trainer.step(batch)
+        self.trainer.step_count += 1
+        self.trainer.window.add_step(self.trainer.step_count, batch.kind, parts, host, waited)
+        self.data_wait_s += waited
+        self.widths.append(int(batch.input_ids.shape[1]))
+
+    def reset(self) -> None:
+        self.data_wait_s, self.widths = 0.0, []
+
+
+def endless_batches(trainer: Trainer) -> Iterator:
+    """The trainer's batches, epoch after epoch (a bench runs as many steps as it needs)."""
+    epoch = 0
+    while True:
+        yield from trainer.batches(epoch, 0)
+        epoch += 1
 
 
 @dataclasses.dataclass
@@ -402,11 +398,11 @@ def time_variants(
     per_round = max(1, steps // rounds)
     for _ in range(rounds):
         for name, state in states.items():
-            state.meter.reset()
+            state.reset()
             reset_peak_memory(device)
             stats[name].timing.extend(repeat(state.step, device, warmup=0, repeats=per_round))
-            stats[name].data_wait_s += state.meter.seconds
-            stats[name].widths += state.meter.widths
+            stats[name].data_wait_s += state.data_wait_s
+            stats[name].widths += state.widths
             peak = peak_memory_bytes(device)
             if peak is not None:
                 stats[name].peak_memory_bytes = max(stats[name].peak_memory_bytes or 0, peak)
@@ -416,21 +412,24 @@ def time_variants(
 #: profiler events of the kernels inductor generates for the CPU (``graph_<id>_cpp_fused_...``;
 #: recorded when compiled with ``torch._inductor.config.cpp.enable_kernel_profile``)
 COMPILED_CPU_KERNEL = re.compile(r"^(graph_\d+_)?cpp_")
+#: profiler events spanning a compiled graph (its forward; a backward outside it, if any)
+GRAPH_EVENTS = ("Torch-Compiled Region", "CompiledFunctionBackward")
+#: operators that read a device value on the host (on CUDA: a sync that stalls the queue)
+HOST_READS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")
 
 
 def count_ops(state: BenchState) -> int:
-    """Leaf ``aten::`` operators one step dispatches outside the optimizer: on a GPU each is at
-    least one kernel launch, so this counts what a launch-bound step pays for (on CUDA the
-    optimizer is one fused kernel). A captured step's fused CPU kernels count one each too
-    (:data:`COMPILED_CPU_KERNEL`). Deterministic, so it compares methods on any machine."""
+    """Leaf ``aten::`` operators (and compiled CPU kernels) one whole training step dispatches,
+    the update included: on a GPU each is at least one launch, so this counts what a
+    launch-bound step pays for. Deterministic, so it compares methods on any machine."""
     return len(step_ops(profile_step(state)))
 
 
 def profile_step(state: BenchState) -> list:
     """The profiler's events of one step."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with quiet_profile(activities=[ProfilerActivity.CPU]) as prof:
         state.step()
     return list(prof.events())
 
@@ -444,11 +443,19 @@ def spans_of(events: list, prefixes: tuple[str, ...]) -> list[tuple[float, float
 
 
 def step_ops(events: list) -> list:
-    """The events :func:`count_ops` counts: leaf ATen operators and compiled CPU kernels, the
-    optimizer's left out."""
-    optimizer = spans_of(events, ("Optimizer.",))
-    counted = [e for e in events if is_leaf_aten(e) or COMPILED_CPU_KERNEL.match(e.name)]
-    return [e for e in counted if not within(e, optimizer)]
+    """The events :func:`count_ops` counts: leaf ATen operators and compiled CPU kernels."""
+    return [e for e in events if is_leaf_aten(e) or COMPILED_CPU_KERNEL.match(e.name)]
+
+
+def ops_outside_graphs(events: list) -> list:
+    """The counted operators of a step that ran outside its compiled graphs: the host work a
+    captured step still dispatches one by one."""
+    graphs = spans_of(events, GRAPH_EVENTS)
+    return [e for e in step_ops(events) if not within(e, graphs)]
+
+
+def host_reads(events: list) -> int:
+    return sum(1 for e in events if e.name in HOST_READS)
 
 
 def is_leaf_aten(event) -> bool:
@@ -458,22 +465,47 @@ def is_leaf_aten(event) -> bool:
     )
 
 
+def step_flops(trainer: Trainer, batch: int, width: int) -> dict[str, int]:
+    """Counted FLOPs of one step: the text step and, for VisualCSE/AudioCSE, the auxiliary
+    image/audio step (both views of its examples through the encoder's layers)."""
+    shape = EncoderShape.of(trainer.encoder.backbone.config)
+    flops = {"text": train_step_flops(shape, batch, width)}
+    aux = trainer.aux
+    if aux is not None and aux.settings.weight != 0:
+        tokens = aux.heads["patch_embed"].num_patches + 1  # the patches and [CLS]
+        flops["auxiliary"] = train_step_flops(shape, aux.settings.batch_size, tokens)
+    return flops
+
+
 def step_report(stats: StepStats, state: BenchState, batch: int, peak: float | None) -> dict:
-    """One run's figures: step ms, tokens/s, counted FLOPs and MFU, data wait, peak memory."""
-    shape = EncoderShape.of(state.run.encoder.backbone.config)
+    """One run's figures: step ms, tokens/s, counted FLOPs (every step) and MFU, data wait,
+    peak memory."""
     width = stats.mean_width
-    flops = train_step_flops(shape, batch, round(width))
+    flops = step_flops(state.trainer, batch, round(width))
+    total = sum(flops.values())
     return {
         "step_ms": 1000 * stats.step_s,
+        "step_ms_range": [1000 * min(stats.timing.samples), 1000 * max(stats.timing.samples)],
         "steps_per_s": 1 / stats.step_s,
         "tokens_per_s": batch * width / stats.step_s,
         "mean_width": width,
-        "flops_per_step": flops,
-        "mfu": mfu(flops, stats.step_s, peak),
+        "flops_per_step": total,
+        "flops_by_step": flops,
+        "mfu": mfu(total, stats.step_s, peak),
         "data_wait_share": stats.data_wait_share,
         "peak_memory_bytes": stats.peak_memory_bytes,
         "samples_ms": [1000 * t for t in stats.timing.samples],
     }
+
+
+def ratio_with_spread(method: dict, simcse: dict) -> dict:
+    """The method's step ÷ SimCSE's, with the range the timed rounds allow (min ÷ max and
+    max ÷ min); ``disagree``: the rounds' ranges do not overlap the median ratio's side."""
+    low = min(method["samples_ms"]) / max(simcse["samples_ms"])
+    high = max(method["samples_ms"]) / min(simcse["samples_ms"])
+    ratio = method["step_ms"] / simcse["step_ms"]
+    spread = max(high - ratio, ratio - low)
+    return {"ratio": ratio, "ratio_range": [low, high], "noisy": spread > 0.1 * ratio}
 
 
 def bench_methods(
@@ -487,16 +519,43 @@ def bench_methods(
     warmup: int = 3,
     rounds: int = 4,
     peak: float | None = None,
+    capture: str = "off",
+    on_method=None,
 ) -> dict[str, dict]:
-    """:func:`step_report` per method plus ``ratio`` (its step ÷ SimCSE's, same run)."""
+    """:func:`step_report` per method (``capture`` as the trainer's flag; the report says which
+    step ran) plus its ``ratio`` to SimCSE's, measured with it in alternating rounds. A captured
+    method also reports the seconds of its first step (the compile, cold unless inductor's
+    on-disk cache holds its graphs), operators outside its graphs and host reads per step.
+    ``on_method(name, report)`` is called after each (a suite writes its JSON there)."""
     names = ["simcse", *[n for n in names if n != "simcse"]]
-    states = {n: BenchState.of(world, n, batch, seq_len, device, precision) for n in names}
-    stats = time_variants(states, torch.device(device), steps, warmup, rounds)
-    reports = {n: step_report(stats[n], states[n], batch, peak) for n in names}
-    for name, report in reports.items():
-        report["ratio"] = report["step_ms"] / reports["simcse"]["step_ms"]
-        report["ops_per_step"] = count_ops(states[name])
-        report["ops_ratio"] = report["ops_per_step"] / reports["simcse"]["ops_per_step"]
+    reports: dict[str, dict] = {}
+    simcse = None
+    for name in names:
+        torch._dynamo.reset()  # a fresh Dynamo cache per method (inductor's disk cache stays)
+        state = BenchState.of(world, name, batch, seq_len, device, precision, capture=capture,
+                              dynamic_padding=capture == "off")  # fmt: skip
+        compile_s = timed(state.step, device)  # compiles when captured
+        states = {name: state} if simcse is None else {"simcse": simcse, name: state}
+        stats = time_variants(states, torch.device(device), steps, warmup, rounds)
+        report = step_report(stats[name], state, batch, peak)
+        events = profile_step(state)
+        report.update(
+            step=state.trainer.capture,
+            first_step_s=compile_s,
+            ops_per_step=len(step_ops(events)),
+            ops_outside_graphs=len(ops_outside_graphs(events)),
+            host_reads_per_step=host_reads(events),
+        )
+        if simcse is None:
+            simcse, reports[name] = state, report
+            report.update(ratio=1.0, ratio_range=[1.0, 1.0], noisy=False)
+        else:
+            report["simcse_same_rounds"] = step_report(stats["simcse"], simcse, batch, peak)
+            report.update(ratio_with_spread(report, report["simcse_same_rounds"]))
+            reports[name] = report
+            del state
+        if on_method is not None:
+            on_method(name, report)
     return reports
 
 
@@ -560,9 +619,11 @@ def train_report(
     yield f"device {r['device']}  size {r['size']}  batch {r['batch']} x len {r['seq_len']}"
     for name, seconds in r["step_seconds"].items():
         yield f"step {name}: {seconds * 1000:.1f} ms"
-    for name, ratio in r["ratios"].items():
+    for name, report in r["methods"].items():
         if name != "simcse":
-            yield f"ratio {name}/simcse: {ratio:.3f}"
+            low, high = report["ratio_range"]
+            flag = "  (rounds disagree: not a finding)" if report["noisy"] else ""
+            yield f"ratio {name}/simcse: {report['ratio']:.3f} (rounds {low:.2f}-{high:.2f}){flag}"
     yield f"simcse steps/s: {r['simcse_steps_per_s']:.2f}"
     if "simcse_mfu" in r:
         yield f"simcse MFU: {100 * r['simcse_mfu']:.1f}%"

@@ -39,10 +39,11 @@ from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of  # n
 from mmcse.errors import MmcseError
 from mmcse.losses.base import LossInputs
 from mmcse.losses.heads import MLPHead
-from mmcse.nonling.augment import ViewAugmentation, augment
+from mmcse.nonling.augment import ViewAugmentation, apply_params, augment, draw_params, pack_params
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
-from mmcse.nonling.specaugment import SpecAugment, spec_augment
+from mmcse.nonling.specaugment import SpecAugment, draw_spans, mask_clips, spec_augment
 from mmcse.registry import LOSSES
+from mmcse.update import AdamWSettings, CapturedUpdate, FlatParameters
 
 IMAGE_KIND = IMAGE_TENSOR_KIND  # the cache contract's names (mmcse.cache.kinds)
 AUDIO_KIND = AUDIO_FBANK_KIND
@@ -153,6 +154,7 @@ class NonLinguisticTask:
         self.steps_taken = 0
         self.step_forward = _TaskForward(encoder, self.heads, self.loss, self.settings.modality)
         self.captured = False
+        self.whole: CapturedUpdate | None = None  # the whole update captured (capture_whole)
 
     # -- setup ---------------------------------------------------------------------------------
     def _check_examples(self) -> None:
@@ -221,6 +223,43 @@ class NonLinguisticTask:
         compile_module(self.step_forward)
         self.captured = True
 
+    def capture_whole(self, flat: FlatParameters, compile_fn: Callable) -> None:
+        """Capture the whole step — the views from the raw examples and their drawn parameters,
+        patch embedding → encoder → head → loss, its gradient, clipping and this task's AdamW
+        with its cosine lr — as one function (:class:`mmcse.update.CapturedUpdate`); ``flat``
+        holds the encoder's and this task's parameters (the trainer's, shared with the text
+        update). Not under fp16: the loss scaler's skip is a host decision (the forward is
+        captured instead, :meth:`capture`)."""
+        s = self.settings
+        settings = AdamWSettings(
+            lr=s.lr, weight_decay=s.weight_decay, eps=AUX_ADAM_EPS, eps_style="torch",
+            max_grad_norm=s.max_grad_norm,
+        )  # fmt: skip
+        module = _ViewedTask(self.step_forward, s, self.views.size)
+        groups = [[*self.encoder.parameters(), *self.heads.parameters()]]
+        self.whole = CapturedUpdate(
+            flat, module, groups, settings,
+            loss_of=lambda terms: sum(terms.values()),
+            lr_factor=self._cosine_tensor,
+            host_factor=self._cosine,
+            autocast=self._autocast,
+            compile_fn=compile_fn,
+        )  # fmt: skip
+        self.captured = True
+
+    def _cosine(self, index: int) -> float:
+        """The released image lr's cosine decay over the run, without warm-up (1 when the run's
+        length is unknown)."""
+        if not self.total_steps:
+            return 1.0
+        return 0.5 * (1.0 + math.cos(math.pi * min(index, self.total_steps) / self.total_steps))
+
+    def _cosine_tensor(self, index: Tensor) -> Tensor:
+        if not self.total_steps:
+            return torch.ones_like(index)
+        done = index.clamp(max=self.total_steps) / self.total_steps
+        return 0.5 * (1.0 + torch.cos(math.pi * done))
+
     def state_dict(self) -> dict[str, Tensor]:
         return self.heads.state_dict()
 
@@ -230,30 +269,77 @@ class NonLinguisticTask:
     def trainer_state(self) -> dict[str, Any]:
         """What ``--resume`` needs besides :meth:`state_dict`: the step count, the optimizer's
         and the loss scaler's state."""
+        if self.whole is not None:
+            optimizer = self.whole.state_dict()["optimizer"]
+        else:
+            optimizer = self.optimizer.state_dict() if self.optimizer else None
         return {
             "steps_taken": self.steps_taken,
-            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "optimizer": optimizer,
             "scaler": self.scaler.state_dict(),
         }
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
         self.steps_taken = state["steps_taken"]
-        if state["optimizer"] is not None:
+        if self.whole is not None:
+            if state["optimizer"] is not None:
+                self.whole.adamw.load_state_dict(state["optimizer"])
+            self.whole.scheduler.last_epoch = self.steps_taken
+            self.whole.schedule_step.fill_(float(self.steps_taken))
+        elif state["optimizer"] is not None:
             self.make_optimizer(self.encoder).load_state_dict(state["optimizer"])
         if state.get("scaler"):  # absent from runs saved before the scaler
             self.scaler.load_state_dict(state["scaler"])
 
-    def step(self, step_index: int | None = None) -> dict[str, Tensor | float]:
-        """One optimizer step on a seeded batch; returns the logged terms (already × ω) as
-        device tensors (read back by the trainer once per logging window) and the lr."""
+    def step(self) -> tuple[tuple[tuple[str, ...], Tensor] | None, dict[str, float]]:
+        """One optimizer step on a seeded batch: ``((names, values stacked on the device), host
+        values)`` — the logged terms already × ω, read back by the trainer once per logging
+        window, and the lr. ``(None, {})`` when ω = 0."""
         if self.settings.weight == 0:
-            return {}
-        index = self.steps_taken if step_index is None else step_index
+            return None, {}
+        index = self.steps_taken
         self.steps_taken = index + 1
-        optimizer = self.optimizer or self.make_optimizer(self.encoder)
-        self._set_lr(optimizer, index)
         self.encoder.train()
         self.heads.train()
+        if self.whole is not None:
+            names, values = self.whole.step(self.settings.modality, *self._raw_inputs(index))
+        else:
+            names, values = self._eager_step(index)
+        prefix = self.settings.modality
+        host = {f"{prefix}_lr": self.settings.lr * self._cosine(index)}
+        return (tuple(f"{prefix}_{k}" for k in names), values), host
+
+    def _raw_inputs(self, index: int) -> tuple:
+        """The examples of step ``index`` and the parameters of their views, drawn on the host
+        (the same draws :meth:`_views` makes), for the captured step to apply."""
+        rows = self._batch_rows(index)
+        raw = self._to_device(torch.from_numpy(self.examples.take(rows)))
+        seed = self._view_seed(index)
+        if self.settings.kind == IMAGE_KIND:
+            count, _, height, width = raw.shape
+            params = draw_params(2 * count, height, width, seed, self.views)
+            view_params = self._to_device(torch.from_numpy(pack_params(params, self.views)))
+        elif self.masks.enabled:
+            rng = np.random.default_rng(seed)
+            clips, frames, bins = raw.shape
+            freq = draw_spans(rng, clips, bins, self.masks.freq_mask)
+            time = draw_spans(rng, clips, frames, self.masks.time_mask)
+            view_params = tuple(self._to_device(torch.from_numpy(a)) for a in (freq, time))
+        else:
+            view_params = None
+        return raw, view_params, self._batch_labels(rows)
+
+    def _to_device(self, tensor: Tensor) -> Tensor:
+        if self.device.type == "cuda":  # pinned: the copy queues behind the step, no host wait
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
+    def _view_seed(self, index: int) -> int:
+        return int(np.random.SeedSequence([self.seed, dist.rank(), index]).generate_state(1)[0])
+
+    def _eager_step(self, index: int) -> tuple[tuple[str, ...], Tensor]:
+        optimizer = self.optimizer or self.make_optimizer(self.encoder)
+        self._set_lr(optimizer, index)
         rows = self._batch_rows(index)
         views, labels = self._views(rows, index), self._batch_labels(rows)
         if self.captured and self.device.type == "cuda":
@@ -273,12 +359,8 @@ class NonLinguisticTask:
         self.scaler.step(optimizer)  # skipped when a scaled gradient overflowed (fp16)
         self.scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        prefix = self.settings.modality
-        record: dict = {
-            f"{prefix}_{k}": self.settings.weight * v.detach() for k, v in terms.items()
-        }
-        record[f"{prefix}_lr"] = optimizer.param_groups[0]["lr"]
-        return record
+        values = torch.stack([self.settings.weight * v.detach().float() for v in terms.values()])
+        return tuple(terms), values
 
     # -- internals -----------------------------------------------------------------------------
     def _batch_rows(self, index: int) -> np.ndarray:
@@ -293,7 +375,7 @@ class NonLinguisticTask:
     def _views(self, rows: np.ndarray, index: int) -> Tensor:
         """``[2B, ...]``: both views of the examples ``rows``, the first views first."""
         values = torch.from_numpy(self.examples.take(rows)).to(self.device, non_blocking=True)
-        seed = int(np.random.SeedSequence([self.seed, dist.rank(), index]).generate_state(1)[0])
+        seed = self._view_seed(index)
         if self.settings.kind == IMAGE_KIND:
             return augment(torch.cat([values, values]), seed, self.views)  # = cat(two_views(...))
         # audio: each clip masked once (the released loader; no masks: the paper's reading), then
@@ -307,13 +389,8 @@ class NonLinguisticTask:
         return torch.from_numpy(self.labels[rows]).to(self.device)
 
     def _set_lr(self, optimizer: torch.optim.Optimizer, index: int) -> None:
-        scale = 1.0
-        if self.total_steps:
-            scale = 0.5 * (
-                1.0 + math.cos(math.pi * min(index, self.total_steps) / self.total_steps)
-            )
         for group in optimizer.param_groups:
-            group["lr"] = self.settings.lr * scale
+            group["lr"] = self.settings.lr * self._cosine(index)
 
     def _autocast(self):
         dtype = self.amp_dtype
@@ -334,6 +411,31 @@ class _TaskForward(nn.Module):
         extras = {} if labels is None else {"labels": labels}
         inputs = LossInputs(view1=view1, view2=view2, batch_kind=self.modality, extras=extras)
         return self.loss(inputs, {"student": self.heads["mlp"]})
+
+
+class _ViewedTask(nn.Module):
+    """The views of a batch made from its raw examples and drawn view parameters, then the task's
+    forward, each term × ω: what the whole captured step differentiates (the views are the same
+    arithmetic :func:`~mmcse.nonling.augment.augment` / :func:`~mmcse.nonling.specaugment.
+    spec_augment` apply eagerly)."""
+
+    def __init__(self, task: _TaskForward, settings: NonLinguisticSettings, size: int):
+        super().__init__()
+        self.task, self.settings, self.size = task, settings, size
+
+    def forward(self, raw: Tensor, view_params, labels: Tensor | None) -> dict[str, Tensor]:
+        if self.settings.kind == IMAGE_KIND:
+            pixels = torch.cat([raw, raw]).float() / 255.0
+            views = apply_params(pixels, view_params, self.size)
+        else:
+            clips = raw.float() if view_params is None else mask_clips(raw.float(), *view_params)
+            views = torch.cat([clips, clips])
+        terms = self.task(views, labels)
+        return {k: self.settings.weight * v for k, v in terms.items()}
+
+
+#: the auxiliary AdamW's ε (torch.optim.AdamW's default, which the auxiliary step uses)
+AUX_ADAM_EPS = 1e-8
 
 
 def autocast_dtype(device_type: str, precision: str, bf16_supported: bool) -> torch.dtype | None:

@@ -200,6 +200,8 @@ class Batch:
     input_ids: Tensor
     attention_mask: Tensor
     features: dict[str, Tensor]
+    #: the method's per-batch extras (MCSEO's phrase spans), gathered with the batch
+    extras: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -319,8 +321,11 @@ class TrainData:
             raise MmcseError(f"caption corpus {path} has no image_id column values")
         if self.tokenizer is None:
             return Source(kind, corpus)
+        return Source(kind, corpus, self._tokens(kind, corpus))
+
+    def _tokens(self, kind: str, corpus: CorpusView) -> TokenTable:
         cfg = self.cfg
-        tokens = corpus_tokens(
+        return corpus_tokens(
             corpus,
             self.tokenizer,
             cfg.max_seq_length,
@@ -328,7 +333,16 @@ class TrainData:
             self.tokenizer_fingerprint,
             desc=f"tokenise {kind}",
         )
-        return Source(kind, corpus, tokens)
+
+    def tokenise(self, tokenizer, cfg: TrainConfig) -> TrainData:
+        """Tokenise the corpora of data opened without a tokenizer (preflight's join, which the
+        run then keeps instead of opening and joining everything again); ``cfg``: the run's
+        resolved config (capture turns dynamic padding off)."""
+        self.tokenizer, self.cfg = tokenizer, cfg
+        for kind, source in self.sources.items():
+            if source.tokens is None:
+                source.tokens = self._tokens(kind, source.corpus)
+        return self
 
     @cached_property
     def tokenizer_fingerprint(self) -> str:

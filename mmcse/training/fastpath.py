@@ -113,6 +113,22 @@ def capture_enabled(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.capture == "on" or (cfg.capture == "auto" and device.type == "cuda")
 
 
+#: what ``capture_mode`` resolves to: no capture; the student's forward/backward compiled with
+#: the update eager (DDP, fp16); the whole update as one graph (:class:`mmcse.update.CapturedUpdate`)
+CAPTURE_MODES = ("off", "forward", "whole")
+
+
+def capture_mode(cfg: TrainConfig, device: torch.device, distributed: bool) -> str:
+    """One of :data:`CAPTURE_MODES`. The whole update is captured unless DDP (its gradient
+    all-reduce runs in autograd hooks) or fp16 on CUDA (the GradScaler's skip of an overflowing
+    step is a host decision) needs the eager update."""
+    if not capture_enabled(cfg, device):
+        return "off"
+    if distributed or (cfg.precision == "fp16" and device.type == "cuda"):
+        return "forward"
+    return "whole"
+
+
 def compile_options(device: torch.device) -> dict:
     return dict(CAPTURE_COMPILE.get(device.type, CAPTURE_COMPILE["cpu"]))
 
@@ -121,6 +137,11 @@ def capture(module: nn.Module, device: torch.device) -> None:
     """Compile ``module``'s call (forward, hence its backward) in place, for static shapes:
     every new shape is its own graph, never a shape-generic one. State-dict keys are unchanged."""
     module.compile(dynamic=False, **compile_options(device))
+
+
+def capture_fn(fn, device: torch.device):
+    """``fn`` compiled for static shapes, as :func:`capture` compiles a module."""
+    return torch.compile(fn, dynamic=False, **compile_options(device))
 
 
 def fresh_capture_cache() -> None:

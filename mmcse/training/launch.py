@@ -36,7 +36,7 @@ def launch(
     if dry_run:
         from mmcse.training.preflight import preflight
 
-        method = preflight(cfg, resuming=bool(resume))  # the checks a real run makes first
+        method = preflight(cfg, resuming=bool(resume)).method  # the checks a real run makes first
         yield json.dumps(cfg.to_dict(), indent=2)
         yield method.describe()
         yield "preflight: every input checked"

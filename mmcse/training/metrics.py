@@ -45,6 +45,9 @@ class LossWindow:
     def reset(self) -> None:
         self.sums: dict[str, Tensor | float] = {}  # device tensors; python floats from host terms
         self.counts: dict[str, int] = {}
+        #: term names → their values summed, stacked in one device tensor (:meth:`add_step`)
+        self.stacked: dict[tuple[str, ...], Tensor] = {}
+        self.stacked_counts: dict[tuple[str, ...], int] = {}
         self.latest: dict[str, float] = {}  # non-loss host values (e.g. an auxiliary lr): last one
         self.totals: list[Tensor] = []  # per-step weighted loss, to name a non-finite step
         self.steps: list[tuple[int, str]] = []  # (step, batch kind)
@@ -66,6 +69,37 @@ class LossWindow:
         self.steps.append((step, kind))
         self.data_wait += data_wait
 
+    def add_step(
+        self,
+        step: int,
+        kind: str,
+        parts: list[tuple[tuple[str, ...], Tensor]],
+        host: dict[str, float] | None = None,
+        data_wait: float = 0.0,
+    ) -> None:
+        """One step's terms as the updates return them: ``(names, values stacked on the
+        device)`` pairs — one add each, no host sync; a replayed CUDA graph rewrites its output
+        at the next step, so each is added (or copied) now — and ``host`` values (an auxiliary
+        lr). A part whose first name is ``loss`` is the step's weighted total."""
+        for keys, values in parts:
+            held = self.stacked.get(keys)
+            self.stacked[keys] = values.clone() if held is None else held.add_(values)
+            self.stacked_counts[keys] = self.stacked_counts.get(keys, 0) + 1
+            if keys[0] == "loss":
+                self.totals.append(values[0].clone())
+        self.latest.update(host or {})
+        self.steps.append((step, kind))
+        self.data_wait += data_wait
+
+    def _unstacked(self) -> None:
+        """Fold the stacked sums into the per-term ones (at a flush or a save)."""
+        for keys, values in self.stacked.items():
+            count = self.stacked_counts[keys]
+            for key, value in zip(keys, values.unbind(), strict=True):
+                self.sums[key] = self.sums[key] + value if key in self.sums else value
+                self.counts[key] = self.counts.get(key, 0) + count
+        self.stacked, self.stacked_counts = {}, {}
+
     def exclude(self, seconds: float) -> None:
         """Time spent outside training (evaluation, checkpoints) that steps/s must not count."""
         self.excluded += seconds
@@ -75,6 +109,7 @@ class LossWindow:
 
     def flush(self) -> dict[str, Any]:
         """Read the window back (the one host sync), check it is finite, and reset it."""
+        self._unstacked()
         keys = [k for k, v in self.sums.items() if isinstance(v, Tensor)]
         device_values = [self.sums[k] for k in keys] + self.totals
         host = torch.stack([v.reshape(()) for v in device_values]).cpu().double().tolist()
@@ -104,6 +139,7 @@ class LossWindow:
 
     # -- resume --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        self._unstacked()
         to_host = {k: v.cpu() if isinstance(v, Tensor) else v for k, v in self.sums.items()}
         return {
             "sums": to_host,

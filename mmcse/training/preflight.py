@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from mmcse import distributed
@@ -57,8 +58,17 @@ WEIGHT_FILES = (
 )
 
 
-def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
-    """Check the whole run; returns the built method. ``resuming`` defaults to ``cfg.resume``."""
+@dataclass(frozen=True)
+class Checked:
+    """What preflight built while checking, kept by the run (nothing is built twice)."""
+
+    method: Method
+    data: TrainData  # every corpus opened and joined to its feature sets, not yet tokenised
+    auxiliary: dict  # the auxiliary task's example sets by role (VisualCSE's images)
+
+
+def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
+    """Check the whole run; returns what it built. ``resuming`` defaults to ``cfg.resume``."""
     if resuming is None:
         resuming = bool(getattr(cfg, "resume", None))
     distributed.check_env()
@@ -77,7 +87,7 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
     warn_random_teachers(data.role_sets | {role: [fs] for role, fs in auxiliary.items()})
     if resuming:
         check_resumable(cfg.to_dict(), input_fingerprints(data, auxiliary))
-    return method
+    return Checked(method, data, auxiliary)
 
 
 # ---- cheap checks --------------------------------------------------------------------------

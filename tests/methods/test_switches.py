@@ -22,7 +22,7 @@ from mmcse.losses.heads import MLPHead
 from mmcse.losses.image_text_info_nce import ImageTextInfoNCELoss
 from mmcse.losses.object_phrase import ObjectPhraseInfoNCELoss
 from mmcse.methods import build_heads, build_losses, build_method
-from mmcse.training.loop import Student
+from mmcse.training.student import Student
 
 B, H = 6, 16
 

@@ -146,7 +146,7 @@ def test_preflight_reads_neither_tokens_nor_texts(tiny_model, world, tmp_path, m
     monkeypatch.setattr(Corpus, "texts", property(refuse))
     monkeypatch.setattr(Corpus, "ids", property(refuse))  # captions join by image id only
     cfg = mcse_config(tiny_model, world, tmp_path / "run")
-    assert preflight(cfg).name == "mcse"
+    assert preflight(cfg).method.name == "mcse"
     assert not (Path(world["text"]).parent / "tokens").exists()
 
 

@@ -1,0 +1,276 @@
+"""A trainer's bookkeeping: the run directory, the plan record, run info, checkpoints, resuming.
+
+Kept apart from :mod:`mmcse.training.loop` so that the trainer reads as setup + step + loop:
+nothing here changes what a step computes. What the run directory holds, and under which names,
+is :mod:`mmcse.rundir`'s; the integrity record of ``last/`` :mod:`mmcse.training.checkpoint`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from mmcse import distributed as dist
+from mmcse.environment import environment
+from mmcse.errors import MmcseError
+from mmcse.evaluation import evaluate_sts, format_rows
+from mmcse.rundir import FINAL, Checkpoint, RunDir, atomic_dir, write_json
+from mmcse.training import checkpoint as ckpt
+from mmcse.training.dev_eval import resolve_eval_dir
+from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics
+from mmcse.training.plan import mixing_plan
+from mmcse.training.preflight import input_fingerprints
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    output_dir: Path
+    best_dev: float | None
+    best_step: int | None
+    test: dict | None
+    steps: int
+    method: str = ""
+
+    def table(self) -> str:
+        """The STS test scores of best/ as a table ('' when there was no final evaluation)."""
+        if self.test is None:
+            return ""
+
+        dev = "-" if self.best_dev is None else f"{self.best_dev:.2f}"
+        return format_rows({f"{self.method} (best step {self.best_step}, dev {dev})": self.test})
+
+
+class RunRecord:
+    """The run directory of a :class:`~mmcse.training.loop.Trainer` and everything written to
+    it; reads the trainer's state, never changes a step."""
+
+    def __init__(self, trainer: Any, auxiliary_sets: dict) -> None:
+        self.trainer = trainer
+        cfg = trainer.cfg
+        self.run_dir = RunDir(cfg.output_dir)
+        self.out = self.run_dir.path
+        self.eval_dir = resolve_eval_dir(cfg)
+        self.auxiliary_sets = auxiliary_sets  # VisualCSE's images by role, as preflight opened
+        #: a finished run given a larger --max-steps/--epochs: where it had ended
+        self.extended_from = ckpt.extension_of(cfg.to_dict()) if trainer.resuming else None
+        self.environment: dict | None = None
+
+    # -- resuming ------------------------------------------------------------------------------
+    def resume_state(self) -> dict:
+        return ckpt.load_trainer_state(self.out)
+
+    def student_source(self) -> str:
+        """Where the student's weights load from: last/ when resuming, else the model."""
+        return str(self.run_dir.last.path) if self.trainer.resuming else self.trainer.cfg.model
+
+    def restore(self, state: dict | None) -> tuple[int, int]:
+        """Load a resumed run's state; (epoch, index in its schedule) to start from."""
+        t = self.trainer
+        self.environment = environment(t.device, t.precision)
+        if self.extended_from and t.total <= self.extended_from["step"]:
+            raise MmcseError(
+                f"--resume {self.out}: max_steps {t.cfg.max_steps} and epochs {t.cfg.epochs} "
+                f"still end the run at step {t.total}, where it finished; nothing to extend"
+            )
+        if state is None:
+            return 0, 0
+        self.heads().load_state_dict(load_file(str(self.run_dir.last.heads)))
+        t.update.load_state_dict(state)
+        if t.aux is not None and state["aux"] is not None:
+            t.aux.load_trainer_state(state["aux"])
+        t.window.load_state_dict(state["window"], t.device)
+        t.best_dev, t.best_step = state["best_dev"], state["best_step"]
+        t.step_count = state["step"]
+        ckpt.set_rng_states(state["rng"])
+        if self.extended_from:
+            self._extend_schedule()
+        return state["epoch"], state["next_index"]
+
+    def _extend_schedule(self) -> None:
+        """A finished run extended: the linear decay recomputed for the new total, from now."""
+        t = self.trainer
+        optimizer, scheduler = t.update.optimizer, t.update.scheduler
+        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+        for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * factor
+        old = self.extended_from
+        logger.warning(
+            "extending the finished run %s from step %s to %s (max_steps %s -> %s, epochs %s -> "
+            "%s): its lr had decayed to 0 and the linear schedule is recomputed for %s steps, so "
+            "training continues at lr %.3g; the result is not what an uninterrupted %s-step run "
+            "trains",
+            self.out, t.step_count, t.total, old["max_steps"], t.cfg.max_steps,
+            old["epochs"], t.cfg.epochs, t.total, optimizer.param_groups[0]["lr"], t.total,
+        )  # fmt: skip
+
+    # -- the plan and the log ------------------------------------------------------------------
+    def open_log(self) -> MetricsLog:
+        """Prepare the run dir, log and save the plan, open metrics.jsonl."""
+        t = self.trainer
+        resumed = t.resume_state is not None
+        run = self.run_dir
+        if dist.is_main():
+            run.path.mkdir(parents=True, exist_ok=True)
+            if resumed:
+                truncate_metrics(run.metrics, t.step_count)
+                if self.extended_from:  # the run's settings now: a later resume compares them
+                    write_json(run.config, t.cfg.to_dict())
+            else:
+                if t.cfg.overwrite:
+                    run.clear()  # no stale best/, last/ or results beside the new run
+                run.metrics.write_text("")
+                write_json(run.config, t.cfg.to_dict())
+            plan = self.plan_record()
+            write_json(run.plan, plan, default=str)
+            logger.info(describe_plan(plan))
+        purge = t.step_count + 1 if resumed else None
+        return MetricsLog(self.out, t.cfg.report_to if dist.is_main() else "none", purge)
+
+    def plan_record(self) -> dict:
+        t = self.trainer
+        cfg = t.cfg
+        per_epoch = t.data.batches_per_epoch(t.global_batch)
+        return {
+            "method": cfg.method,
+            "device": str(t.device),
+            "precision": t.precision,
+            "world_size": dist.world_size(),
+            "sentences": {kind: len(src) for kind, src in t.data.sources.items()},
+            "mixing": cfg.mixing,
+            "global_batch": t.global_batch,
+            "batches_per_epoch": per_epoch,
+            "steps_per_epoch": sum(per_epoch.values()),
+            "epochs": cfg.epochs,
+            "max_steps": cfg.max_steps,
+            "total_steps": t.total,
+            "eval_data": str(self.eval_dir) if self.eval_dir is not None else None,
+            "eval_steps": cfg.eval_steps,
+            "evals": len(self.eval_steps()),
+            "final_eval": bool(cfg.final_eval and self.eval_dir is not None),
+            "save_every": t.save_every,
+            "resumed_from_step": t.step_count if t.resume_state is not None else None,
+            "capture": self.capture_note(),
+            "extended_from": self.extended_from,
+            **mixing_plan(t.data, t.global_batch, t.total),
+        }
+
+    def capture_note(self) -> str:
+        """What the plan says about capture (:mod:`mmcse.training.fastpath`)."""
+        t = self.trainer
+        if t.capture == "off":
+            return f"off (--capture {t.cfg.capture} on {t.device.type}): eager step"
+        replay = "replayed as CUDA graphs" if t.device.type == "cuda" else "no CUDA graphs"
+        what = (
+            "the whole update (forward, backward, clipping, AdamW, schedule)"
+            if t.capture == "whole"
+            else "forward and backward (the update eager: DDP or fp16)"
+        )
+        return (
+            f"on: {what} as one compiled graph per batch kind and batch size, {replay}; "
+            f"batches padded to {t.cfg.max_seq_length} tokens"
+        )
+
+    def eval_steps(self) -> list[int]:
+        every, total = self.trainer.cfg.eval_steps, self.trainer.total
+        steps = list(range(every, total + 1, every))
+        return steps if steps and steps[-1] == total else [*steps, total]
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def run_info(self, step: int, dev: float | None) -> dict:
+        t = self.trainer
+        return {
+            "config": t.cfg.to_dict(),
+            "method": t.method.to_dict(),
+            "step": step,
+            "total_steps": t.total,
+            "finished": False,  # set true when the run completes (Checkpoint.mark_finished)
+            "stsb_dev": dev,
+            "pooler": t.cfg.pooler,
+            "pooler_source": t.pooler_source,
+            # built as the resume check builds what it compares (one helper, no drift)
+            "fingerprints": input_fingerprints(t.data, self.auxiliary_sets),
+            "term_heads": t.student.term_heads,  # which heads of mmcse_heads each term used
+            "teachers": self.teachers(),
+            "environment": self.environment,
+        }
+
+    def teachers(self) -> dict[str, dict]:
+        """Provenance of every feature set the run reads (run info ``teachers``)."""
+        t = self.trainer
+        teachers = t.data.teachers()
+        if t.aux is not None:
+            examples = t.aux.examples.manifest.provenance()
+            teachers.update({f"feature:{k}": examples for k in t.aux.fingerprint})
+        return teachers
+
+    def heads(self) -> nn.ModuleDict:
+        t = self.trainer
+        heads = nn.ModuleDict({"heads": t.student.heads})
+        if t.aux is not None:  # e.g. VisualCSE's patch embedding and image head
+            heads["aux"] = t.aux.heads
+        return heads
+
+    def save(self, checkpoint: Checkpoint, step: int, dev: float | None, state=None) -> None:
+        """Write a checkpoint beside ``checkpoint`` and rename it into place (never half a save)."""
+        t = self.trainer
+        with atomic_dir(checkpoint.path) as tmp:
+            info = self.run_info(step, dev)
+            t.encoder.save_checkpoint(tmp, t.tokenizer, self.heads(), info)
+            if state is not None:
+                ckpt.save_trainer_state(tmp, state)
+                ckpt.write_integrity(  # last: it records every file above
+                    tmp, step=step, settings=info["config"], fingerprints=info["fingerprints"]
+                )
+
+    def save_best(self, score: float | None) -> None:
+        self.save(self.run_dir.best, self.trainer.step_count, score)
+
+    def save_last(self, epoch: int, next_index: int) -> None:
+        """The resumable checkpoint: everything needed to continue after this step."""
+        t = self.trainer
+        started = time.perf_counter()
+        if dist.is_main():
+            state = {
+                "step": t.step_count,
+                "epoch": epoch,
+                "next_index": next_index,  # position in the epoch's schedule
+                **t.update.state_dict(),  # optimizer, scheduler, grad_scaler
+                "rng": ckpt.rng_states(),
+                "window": t.window.state_dict(),
+                "best_dev": t.best_dev,
+                "best_step": t.best_step,
+                "aux": None if t.aux is None else t.aux.trainer_state(),
+            }
+            self.save(self.run_dir.last, t.step_count, t.best_dev, state)
+        if dist.is_distributed():
+            torch.distributed.barrier()
+        t.window.exclude(time.perf_counter() - started)
+
+    def finish(self) -> RunResult:
+        t = self.trainer
+        test = None
+        if dist.is_main() and t.cfg.final_eval and self.eval_dir is not None:
+            best = str(self.run_dir.best.path)
+            logger.info("final test: scoring best/ (step %s) on the 7 STS test sets", t.best_step)
+            test = evaluate_sts(best, data_dir=self.eval_dir, device=str(t.device), progress=True)
+            self.run_dir.write_results("sts", test, source=FINAL)
+        if dist.is_main():
+            self.run_dir.best.mark_finished()
+            ckpt.mark_finished(self.run_dir.last)  # saved anew: its integrity record stays true
+        return RunResult(self.out, t.best_dev, t.best_step, test, t.step_count, t.cfg.method)
+
+    def interrupted_message(self) -> str:
+        t = self.trainer
+        return (
+            f"interrupted after step {t.step_count} of {t.total}; last/ saved. "
+            f"Continue with: mmcse train --resume {self.out}"
+        )

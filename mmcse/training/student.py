@@ -1,0 +1,63 @@
+"""The module a text step trains: the encoder, the method's heads and its parameter-free losses."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from mmcse.losses.base import LossInputs
+from mmcse.methods import Method, build_heads, build_losses
+from mmcse.model import SentenceEncoder
+from mmcse.training.data import Batch
+
+
+class Student(nn.Module):
+    """The encoder, the heads the method declares (each built once, trained with it) and the
+    method's parameter-free loss modules."""
+
+    def __init__(self, encoder: SentenceEncoder, method: Method, feature_dims: dict[str, int]):
+        super().__init__()
+        self.encoder = encoder
+        self.terms = method.active_terms()
+        self.heads = build_heads(method, encoder.hidden_size, feature_dims)
+        self.losses = build_losses(method)
+        #: term → slot → head name (saved with each checkpoint: which term trained which head)
+        self.term_heads = {t.name: t.head_names() for t in self.terms}
+        # term → slot → head module, resolved once (not at every step)
+        self.term_modules = {
+            term: {slot: self.heads[name] for slot, name in slots.items()}
+            for term, slots in self.term_heads.items()
+        }
+        self.needs_token_states = any(m.needs_token_states for m in self.losses.values())
+
+    def trained_modules(self) -> list[nn.Module]:
+        """The modules whose parameters an optimizer steps, one AdamW group each (the losses
+        hold none)."""
+        return [self.encoder, *self.heads.values()]
+
+    def forward(self, batch: Batch, extras: dict | None = None) -> dict[str, Tensor]:
+        """Weighted total under ``"loss"`` plus every raw ``*_loss`` term of this batch
+        (``extras``: the method's per-batch extras, by default the batch's own)."""
+        n = batch.size
+        out = self.encoder(
+            input_ids=batch.input_ids.repeat(2, 1), attention_mask=batch.attention_mask.repeat(2, 1)
+        )
+        inputs = LossInputs(
+            view1=out.sentence[:n],
+            view2=out.sentence[n:],
+            features=batch.features,
+            batch_kind=batch.kind,
+            token_states=(out.token_states[:n], out.token_states[n:])
+            if self.needs_token_states
+            else None,
+            attention_mask=batch.attention_mask,
+            extras=batch.extras if extras is None else extras,
+        )
+        terms: dict[str, Tensor] = {}
+        total = out.sentence.new_zeros(())
+        for term in self.terms:
+            if not term.applies_to(batch.kind):
+                continue
+            for key, value in self.losses[term.name](inputs, self.term_modules[term.name]).items():
+                terms[key] = value
+                total = total + term.weight * value
+        return {"loss": total, **terms}

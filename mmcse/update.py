@@ -1,0 +1,482 @@
+"""The parameter update of a training step: AdamW, clipping and the lr schedule, eager or captured.
+
+Both updates step the same AdamW (one group per module that steps together: the encoder, each
+head), clip the gradient norm over every trained parameter, and follow HF's linear schedule;
+they differ in where the work runs.
+
+* :class:`EagerUpdate` (``--capture off``; also under DDP and with ``--precision fp16``, see
+  below): ``torch.optim.AdamW`` + :func:`torch.nn.utils.clip_grad_norm_` + ``LambdaLR``, every
+  operator dispatched from the host. transformers-style ε is set per group from a host-side
+  step count (reading the optimizer's device step tensor would wait for the GPU every step).
+* :class:`CapturedUpdate` (whole-update capture, ``--capture on``/``auto`` on CUDA): every trained
+  parameter is a view of one flat fp32 buffer (:class:`FlatParameters`); one function computes
+  the loss, its gradient with respect to that buffer (``torch.func.grad_and_value`` over
+  ``functional_call``: the backward is part of the traced function, so autograd's per-parameter
+  gradient accumulation never runs outside it), clips it, and applies AdamW — moments, per-group
+  step counts and the lr schedule are device tensors updated in place. ``torch.compile`` makes
+  that one graph per batch kind (and size), replayed as a CUDA graph on CUDA: a step is one
+  launch, with no host read of a device value.
+
+What the captured AdamW equals. ``torch.optim.AdamW``'s arithmetic (decoupled decay first,
+``lerp`` of the first moment, bias corrections, ε after the corrected √v, or transformers' ε
+placement), with the same per-parameter skip rule: a parameter that gets no gradient on a batch
+kind is not touched on that kind's steps (its moments do not decay, its step does not count) —
+which parameters those are is found once per kind by an eager forward/backward on the first batch
+of that kind, with the random state restored after it (:meth:`CapturedUpdate._probe`). Step
+counts are kept per contiguous run of parameters that step together (normally one per group);
+the bias corrections and ε read them on the device, in fp32 (eager: Python floats), so the two
+agree to float rounding (tested after 3 steps, ``tests/training/test_whole_update.py``).
+
+Not captured whole (these runs use :class:`EagerUpdate`, with the student's forward/backward
+still compiled when capture is on): ``--precision fp16`` (the GradScaler skips an overflowing
+step, a decision the host takes) and DDP (its gradient all-reduce runs in autograd hooks).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value
+
+logger = logging.getLogger(__name__)
+
+#: ``clip_grad_norm_``'s guard against a zero norm, kept for equality with it
+CLIP_EPS = 1e-6
+
+
+def adamw_groups(modules: list[nn.Module]) -> list[list[nn.Parameter]]:
+    """One AdamW group per module whose parameters step together (the encoder, each head):
+    parameters of a group share their step count, which ε's scaling needs. A parameter shared
+    by two modules joins the first one's group."""
+    seen: set[int] = set()
+    groups = []
+    for module in modules:
+        params = [p for p in module.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in params)
+        if params:
+            groups.append(params)
+    return groups
+
+
+def linear_factor(step: int, warmup: int, total: int) -> float:
+    """HF's ``get_linear_schedule_with_warmup``: ``s/w`` for ``s < w``, then ``(T − s)/(T − w)``
+    (``s`` = optimizer steps taken: the first step runs at factor 0 when ``w > 0``, as released)."""
+    if step < warmup:
+        return step / max(1, warmup)
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def linear_factor_tensor(step: Tensor, warmup: int, total: int) -> Tensor:
+    """:func:`linear_factor` on a device step count (inside a captured update)."""
+    rising = step / max(1, warmup)
+    falling = ((total - step) / max(1, total - warmup)).clamp(min=0.0)
+    return torch.where(step < warmup, rising, falling)
+
+
+def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int):
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: linear_factor(step, warmup, total)
+    )
+
+
+@dataclass(frozen=True)
+class AdamWSettings:
+    lr: float
+    weight_decay: float
+    eps: float
+    #: ``transformers``: ε added to √v before the bias correction is folded into the step size
+    #: (transformers.AdamW, every released trainer here); ``torch``: torch.optim.AdamW's
+    eps_style: str = "transformers"
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+
+
+def transformers_eps(eps: float, beta2: float, step: int) -> float:
+    """torch's ε equivalent to transformers.AdamW's at step ``step`` (1-based): ε / √(1 − β₂ᵗ)."""
+    return eps / math.sqrt(1.0 - beta2**step)
+
+
+class EagerUpdate:
+    """``torch.optim.AdamW`` + clipping + ``LambdaLR``, dispatched op by op from the host."""
+
+    captured = False
+
+    def __init__(
+        self,
+        groups: list[list[nn.Parameter]],
+        settings: AdamWSettings,
+        schedule: Callable[[int], float],
+        fused: bool | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        self.settings = settings
+        self.params = [p for g in groups for p in g]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": g} for g in groups],
+            lr=settings.lr,
+            betas=settings.betas,
+            weight_decay=settings.weight_decay,
+            eps=settings.eps,
+            fused=fused,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
+        #: optimizer steps taken by each group, on the host (ε's scaling reads it)
+        self.group_steps = [0] * len(groups)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def apply(self, loss: Tensor) -> None:
+        """Backward of ``loss`` (scaled under fp16), clip, AdamW, schedule."""
+        self.scaler.scale(loss).backward()
+        if self.settings.max_grad_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
+        stepping = [any(p.grad is not None for p in g["params"]) for g in self.optimizer.param_groups]
+        if self.settings.eps_style == "transformers":
+            beta2 = self.settings.betas[1]
+            for group, steps in zip(self.optimizer.param_groups, self.group_steps, strict=True):
+                group["eps"] = transformers_eps(self.settings.eps, beta2, steps + 1)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        # a step the fp16 scaler skipped counts in torch's state too (its step tensors stay);
+        # only a scaled run can skip, and it then reads the state on the host (load_state_dict)
+        self.group_steps = [n + int(s) for n, s in zip(self.group_steps, stepping, strict=True)]
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
+        self.group_steps = read_group_steps(self.optimizer)
+
+
+def read_group_steps(optimizer: torch.optim.Optimizer) -> list[int]:
+    """Each group's step count from a loaded optimizer state (once, at a resume)."""
+    steps = []
+    for group in optimizer.param_groups:
+        counts = [int(optimizer.state[p]["step"]) for p in group["params"] if p in optimizer.state]
+        steps.append(max(counts, default=0))
+    return steps
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A contiguous run ``[start, end)`` of the flat buffer whose parameters step together on a
+    batch kind, counted by step counter ``counter``, in AdamW group ``group``; ``names``: those
+    parameters' names in the module the update differentiates, in buffer order."""
+
+    group: int
+    counter: int
+    start: int
+    end: int
+    names: tuple[str, ...]
+
+
+class FlatParameters:
+    """Every trained parameter as a view of one flat fp32 buffer, in group order.
+
+    The parameters stay ``nn.Parameter`` objects of their modules (state dicts, evaluation and
+    checkpoints see them as before); their storage is ``data``. A checkpoint therefore saves
+    copies (:func:`mmcse.model` clones before writing): safetensors refuses shared storage.
+    """
+
+    def __init__(self, groups: list[list[nn.Parameter]]) -> None:
+        params = [p for g in groups for p in g]
+        if len({(p.device, p.dtype) for p in params}) != 1:
+            raise ValueError("whole-update capture needs every parameter on one device and dtype")
+        total = sum(p.numel() for p in params)
+        self.data = torch.empty(total, dtype=params[0].dtype, device=params[0].device)
+        self.span: dict[int, tuple[int, int]] = {}  # id(param) → [start, end)
+        self.group_of: dict[int, int] = {}
+        start = 0
+        for index, group in enumerate(groups):
+            for p in group:
+                end = start + p.numel()
+                self.data[start:end].copy_(p.detach().reshape(-1))
+                p.data = self.data[start:end].view_as(p)
+                self.span[id(p)], self.group_of[id(p)] = (start, end), index
+                start = end
+        self.params = params
+        self.groups = groups
+
+    def layout(self, module: nn.Module) -> list[tuple[str, int, int, torch.Size]]:
+        """(name, start, end, shape) of ``module``'s trained parameters (for :meth:`views`)."""
+        return [
+            (name, *self.span[id(p)], p.shape)
+            for name, p in module.named_parameters()
+            if id(p) in self.span
+        ]
+
+    @staticmethod
+    def views(flat: Tensor, layout: list[tuple[str, int, int, torch.Size]]) -> dict[str, Tensor]:
+        return {name: flat[start:end].view(shape) for name, start, end, shape in layout}
+
+    def runs(self, active: set[int]) -> list[tuple[tuple[int, ...], int, int, int]]:
+        """Contiguous runs of the ``active`` parameters (ids), split where the group changes:
+        ``(ids, group, start, end)`` each."""
+        runs: list[list[nn.Parameter]] = []
+        for p in self.params:
+            if id(p) not in active:
+                runs.append([])
+            elif runs and runs[-1] and self.group_of[id(runs[-1][-1])] == self.group_of[id(p)]:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        return [
+            (
+                tuple(id(p) for p in run),
+                self.group_of[id(run[0])],
+                self.span[id(run[0])][0],
+                self.span[id(run[-1])][1],
+            )
+            for run in runs
+            if run
+        ]
+
+
+MAX_COUNTERS = 64  # step counters (runs of parameters stepping together); normally one a group
+
+
+class FlatAdamW:
+    """AdamW over a :class:`FlatParameters` buffer, with its state as device tensors, written to
+    run inside a captured update (no host value is read). Its state dict is
+    ``torch.optim.AdamW``'s, so ``last/`` looks the same whichever update saved it."""
+
+    def __init__(
+        self, flat: FlatParameters, params: list[nn.Parameter], settings: AdamWSettings
+    ) -> None:
+        """``params``: what this optimizer trains, in its param-group order (the indices of its
+        state dict); a subset of ``flat``'s parameters."""
+        self.flat, self.params, self.settings = flat, params, settings
+        self.exp_avg = torch.zeros_like(flat.data)
+        self.exp_avg_sq = torch.zeros_like(flat.data)
+        self.steps = torch.zeros(MAX_COUNTERS, dtype=torch.float32, device=flat.data.device)
+        self.counters: dict[tuple, int] = {}
+        self.host_steps = [0] * MAX_COUNTERS  # mirror of ``steps`` kept on the host
+        self.loaded_steps: dict[int, int] = {}  # id(param) → steps, from a resumed state
+
+    def segments(self, active: set[int], names: dict[int, str]) -> tuple[Segment, ...]:
+        """The runs of ``active`` parameters (``names``: id → name), each with its step counter:
+        the same parameters count their steps together on every batch kind."""
+        out = []
+        for key, group, start, end in self.flat.runs(active):
+            if key not in self.counters:
+                if len(self.counters) == MAX_COUNTERS:
+                    raise RuntimeError(f"more than {MAX_COUNTERS} runs of parameters step apart")
+                self.counters[key] = len(self.counters)
+                self.start_counter(key, self.counters[key])
+            run_names = tuple(names[i] for i in key)
+            out.append(Segment(group, self.counters[key], start, end, run_names))
+        return tuple(out)
+
+    def step_(self, grads: list[Tensor], segments: tuple[Segment, ...], lr: Tensor) -> None:
+        """One AdamW step of ``segments`` (in place): ``grads[i]`` is segment i's gradient,
+        flat; ``lr`` a device scalar."""
+        s = self.settings
+        beta1, beta2 = s.betas
+        for seg, g in zip(segments, grads, strict=True):
+            at = slice(seg.start, seg.end)
+            p, m, v = self.flat.data[at], self.exp_avg[at], self.exp_avg_sq[at]
+            t = self.steps[seg.counter] + 1
+            self.steps[seg.counter] = t
+            bias1, bias2_sqrt = 1 - beta1**t, (1 - beta2**t).sqrt()
+            eps = s.eps / bias2_sqrt if s.eps_style == "transformers" else s.eps
+            p.mul_(1 - lr * s.weight_decay)
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_((lr / bias1) * m / (v.sqrt() / bias2_sqrt + eps))
+
+    def count(self, segments: tuple[Segment, ...]) -> None:
+        """Mirror one step of ``segments`` on the host (for the state dict)."""
+        for seg in segments:
+            self.host_steps[seg.counter] += 1
+
+    def state_dict(self, param_groups: list[dict]) -> dict:
+        """``torch.optim.AdamW.state_dict()``'s layout (``param_groups`` as the eager one has)."""
+        state = {}
+        for index, p in enumerate(self.params):
+            start, end = self.flat.span[id(p)]
+            steps = self._steps_of(p)
+            if steps == 0:
+                continue  # torch has no state for a parameter that never stepped
+            state[index] = {
+                "step": torch.tensor(float(steps)),
+                "exp_avg": self.exp_avg[start:end].view_as(p).clone(),
+                "exp_avg_sq": self.exp_avg_sq[start:end].view_as(p).clone(),
+            }
+        return {"state": state, "param_groups": param_groups}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.exp_avg.zero_()
+        self.exp_avg_sq.zero_()
+        for index, p in enumerate(self.params):
+            entry = state["state"].get(index, state["state"].get(str(index)))
+            if entry is None:
+                continue
+            start, end = self.flat.span[id(p)]
+            self.exp_avg[start:end].copy_(entry["exp_avg"].reshape(-1))
+            self.exp_avg_sq[start:end].copy_(entry["exp_avg_sq"].reshape(-1))
+            self.loaded_steps[id(p)] = int(entry["step"])
+        for key, counter in self.counters.items():
+            self.start_counter(key, counter)
+
+    def start_counter(self, key: tuple, counter: int) -> None:
+        """A new step counter (a run of parameters, ``key`` their ids) starts from the steps a
+        resumed state recorded for them (0 in a new run)."""
+        steps = max((self.loaded_steps.get(i, 0) for i in key), default=0)
+        self.host_steps[counter] = steps
+        self.steps[counter] = float(steps)
+
+    def _steps_of(self, p: nn.Parameter) -> int:
+        for key, counter in self.counters.items():
+            if id(p) in key:
+                return self.host_steps[counter]
+        return self.loaded_steps.get(id(p), 0)
+
+
+@dataclass(frozen=True)
+class KindPlan:
+    """What a captured step of one batch kind updates and returns (found by the probe)."""
+
+    segments: tuple[Segment, ...]
+    keys: tuple[str, ...]  # the terms the step returns, stacked in this order
+
+
+class CapturedUpdate:
+    """The whole update of a step as one captured function (see the module docstring).
+
+    ``module(*inputs)`` returns the step's terms (a dict of scalars); ``loss_of(terms)`` the
+    scalar to minimise. ``lr_factor`` is the schedule on the device (its argument: the steps
+    this update has taken), ``host_factor`` the same on the host (for the logged lr and the
+    state dict). ``compile_fn`` compiles a function (:func:`mmcse.training.fastpath.capture_fn`).
+    """
+
+    captured = True
+
+    def __init__(
+        self,
+        flat: FlatParameters,
+        module: nn.Module,
+        groups: list[list[nn.Parameter]],
+        settings: AdamWSettings,
+        loss_of: Callable[[dict[str, Tensor]], Tensor],
+        lr_factor: Callable[[Tensor], Tensor],
+        host_factor: Callable[[int], float],
+        autocast: Callable[[], object],
+        compile_fn: Callable[[Callable], Callable],
+    ) -> None:
+        self.flat, self.module, self.settings = flat, module, settings
+        self.loss_of, self.lr_factor, self.autocast = loss_of, lr_factor, autocast
+        self.trained = [p for g in groups for p in g]
+        self.adamw = FlatAdamW(flat, self.trained, settings)
+        self.layout = flat.layout(module)
+        self.names = {id(p): name for name, p in module.named_parameters()}
+        self.buffers = dict(module.named_buffers())
+        # never stepped: it holds the param groups and the schedule the state dict records
+        self.optimizer = torch.optim.AdamW(
+            [{"params": g} for g in groups], lr=settings.lr, eps=settings.eps,
+            betas=settings.betas, weight_decay=settings.weight_decay,
+        )  # fmt: skip
+        self.optimizer._opt_called = True  # (LambdaLR warns of a scheduler stepped first)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, host_factor)
+        device = flat.data.device
+        self.schedule_step = torch.zeros((), dtype=torch.float32, device=device)
+        self.plans: dict[str, KindPlan] = {}
+        for state in (flat.data, self.adamw.exp_avg, self.adamw.exp_avg_sq, self.adamw.steps,
+                      self.schedule_step):  # fmt: skip
+            torch._dynamo.mark_static_address(state)  # CUDA graphs update them in place
+        self._compiled = compile_fn(self._whole_step)
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self, kind: str, *inputs) -> tuple[tuple[str, ...], Tensor]:
+        """One update on ``inputs`` of batch kind ``kind``: (term names, their values stacked
+        on the device, in fp32)."""
+        plan = self.plans.get(kind) or self._probe(kind, inputs)
+        values = self._compiled(plan.segments, plan.keys, *inputs)
+        self.adamw.count(plan.segments)
+        self.scheduler.step()  # host floats only: the logged lr and the state dict
+        return plan.keys, values
+
+    def _whole_step(self, segments, keys, *inputs) -> Tensor:
+        """Loss, gradient, clipping, AdamW and the schedule: the function that is captured.
+
+        The gradient is taken with respect to each parameter's view of the flat buffer (not the
+        buffer itself, whose gradient would be assembled from a zero-filled copy per
+        parameter), then each segment's gradients are joined into one flat run."""
+        params = self.flat.views(self.flat.data, self.layout)
+        # the buffers go in as arguments: a grad transform may mutate (BatchNorm's statistics)
+        # only what it is given
+        loss_and_grad = grad_and_value(self._loss, has_aux=True)
+        grads, (_, terms) = loss_and_grad(params, self.buffers, inputs)
+        flat_grads = [
+            torch.cat([grads[n].reshape(-1) for n in seg.names]) if len(seg.names) > 1
+            else grads[seg.names[0]].reshape(-1)
+            for seg in segments
+        ]  # fmt: skip
+        max_norm = self.settings.max_grad_norm
+        if max_norm > 0:
+            norm = torch.stack([g.float().square().sum() for g in flat_grads]).sum().sqrt()
+            scale = (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)
+            flat_grads = [g * scale for g in flat_grads]
+        lr = self.settings.lr * self.lr_factor(self.schedule_step)
+        self.adamw.step_(flat_grads, segments, lr)
+        self.schedule_step.add_(1)
+        return torch.stack([terms[k].detach().float() for k in keys])
+
+    def _loss(self, params: dict, buffers: dict, inputs: tuple) -> tuple[Tensor, dict]:
+        with self.autocast():
+            terms = functional_call(self.module, (params, buffers), inputs)
+        return self.loss_of(terms), terms
+
+    def _probe(self, kind: str, inputs: tuple) -> KindPlan:
+        """Which parameters a step of ``kind`` updates (those that get a gradient) and which
+        terms it returns: one eager forward/backward, the random state and the module's buffers
+        (e.g. BatchNorm statistics) restored after it, so the run's draws are unchanged."""
+        buffers = {k: b.clone() for k, b in self.module.named_buffers()}
+        device = self.flat.data.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            with self.autocast():
+                terms = self.module(*inputs)
+            grads = torch.autograd.grad(self.loss_of(terms), self.trained, allow_unused=True)
+        for key, buffer in self.module.named_buffers():
+            buffer.copy_(buffers[key])
+        active = {id(p) for p, g in zip(self.trained, grads, strict=True) if g is not None}
+        plan = KindPlan(self.adamw.segments(active, self.names), tuple(terms))
+        self.plans[kind] = plan
+        logger.debug("captured update, %s batches: %d segments", kind, len(plan.segments))
+        return plan
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def state_dict(self) -> dict:
+        groups = self.optimizer.state_dict()["param_groups"]
+        return {
+            "optimizer": self.adamw.state_dict(groups),
+            "scheduler": self.scheduler.state_dict(),
+            "grad_scaler": {},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.adamw.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.schedule_step.fill_(float(self.scheduler.last_epoch))

@@ -1,0 +1,77 @@
+"""The captured training step on a CUDA device (marker ``cuda``: skipped without one; CI has none).
+
+What only a GPU shows: the whole update replayed as a CUDA graph equals the eager update
+(inductor's ``fallback_random`` makes dropout draw the eager kernels' masks; fp32, so the only
+differences are fused kernels' rounding: rtol 1e-4), a step never synchronises the host with the
+device (``torch.cuda.set_sync_debug_mode("error")`` turns any sync into an error), a run whose
+last batch is partial replays two graphs per kind and finishes, and the fp16 image step of
+VisualCSE scales its loss with its own GradScaler.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch._dynamo
+import torch._inductor.config
+from support.runs import tiny_mcse_settings
+from training.test_whole_update import run_steps, trainer_state, world  # noqa: F401  (fixture)
+
+from mmcse.training.config import TrainConfig
+from mmcse.training.loop import train
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.mark.parametrize("name", ["simcse", "mcse", "dalr"])
+def test_the_whole_update_as_a_cuda_graph_equals_eager(name, world):  # noqa: F811
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fallback_random=True):
+        eager = trainer_state(world, name, "off", "cuda", "fp32")
+        captured = trainer_state(world, name, "on", "cuda", "fp32")
+        assert captured.trainer.capture == "whole"
+        want, got = run_steps(eager, 3), run_steps(captured, 3)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    params = dict(captured.trainer.student.named_parameters())
+    for key, value in eager.trainer.student.named_parameters():
+        torch.testing.assert_close(params[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("name", ["simcse", "visualcse"])
+def test_a_captured_step_never_synchronises(name, world):  # noqa: F811
+    torch._dynamo.reset()
+    state = trainer_state(world, name, "on", "cuda", "bf16")
+    for _ in range(3):  # compiled and recorded
+        state.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            state.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+
+
+def test_a_run_with_a_last_partial_batch_replays_and_finishes(tiny_model, tiny_world, tmp_path):
+    torch._dynamo.reset()
+    settings = tiny_mcse_settings(
+        tiny_model, tiny_world, tmp_path / "run", batch_size=10, max_seq_length=16,
+        device="cuda", capture="on", log_every=1, eval_steps=100,
+    )  # fmt: skip
+    run = train(TrainConfig(**settings)).output_dir
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert len(losses) == 10 + 7 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_the_fp16_image_step_scales_its_loss(world):  # noqa: F811
+    torch._dynamo.reset()
+    state = trainer_state(world, "visualcse", "on", "cuda", "fp16")
+    assert state.trainer.capture == "forward"  # fp16: the update stays eager
+    assert state.trainer.aux.scaler.is_enabled()
+    losses = run_steps(state, 3)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert state.trainer.aux.scaler.get_scale() > 0
