@@ -11,14 +11,22 @@ app = typer.Typer()
 
 @app.command()
 def compare(
-    runs: list[str] = typer.Argument(..., help="Run directories, or folders of seed runs."),
+    runs: list[str] = typer.Argument(
+        ...,
+        help="Run directories, or folders of seed runs; a model directory or hub id (not a run) "
+        "is the untrained base model's row, scored once and cached.",
+    ),
     table_format: str = typer.Option("md", "--format", help="md | csv | latex"),
     out: str = typer.Option(None, help="Also write the table to this file."),
+    data: str = typer.Option(
+        None, help="SentEval folder to score a base model on [default: the runs' own]."
+    ),
 ) -> None:
-    """STS (+ transfer, + retrieval) of runs in one table: mean ± std over seeds, best marked."""
+    """STS (+ transfer, + retrieval) of runs in one table: mean ± std over seeds; a best mark
+    only where a Welch test over >= 2 seeds a side supports it."""
     from mmcse.reports.compare_runs import compare_report
 
-    show(compare_report(runs, table_format, out))
+    show(compare_report(runs, table_format, out, data))
 
 
 @app.command()
