@@ -32,13 +32,16 @@ def compare(
 @app.command()
 def plot(
     runs: list[str] = typer.Argument(..., help="Run directories, seed folders or ablation dirs."),
-    out_dir: str = typer.Option(None, help="Where the scatter goes [default: beside the run]."),
+    out_dir: str = typer.Option(
+        None, help="Where the scatter and the overlaid curves go [default: beside the runs]."
+    ),
     align_uniform: bool = typer.Option(
         False, "--align-uniform", help="Compute alignment/uniformity on STS-B where missing."
     ),
     data: str = typer.Option(None, help="SentEval data folder (for --align-uniform)."),
 ) -> None:
-    """PNG training curves per run, the alignment–uniformity scatter, ablation bar charts."""
+    """PNG training curves per run, each metric of all runs overlaid, the alignment–uniformity
+    scatter, ablation bar charts."""
     from mmcse.reports.plots import write_run_plots
 
     written = write_run_plots(runs, out_dir, with_align_uniform=align_uniform, data_dir=data)
