@@ -235,12 +235,12 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
     md = Path(path)
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(ablation.markdown())
-    from mmcse.reports.tables import write_tables  # .csv/.tex beside it, as mmcse compare
+    from mmcse.reports.tables import BEST_RULE, write_tables  # .csv/.tex beside it, as compare
 
     extra = ["p (Welch vs full)", "published avg"]
     write_tables(
         ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex"),
-        notes=ablation.notes(),
+        notes=[BEST_RULE, *ablation.notes()],
     )  # fmt: skip
     return md, write_json(md.with_suffix(".json"), ablation.to_dict())
 

@@ -72,7 +72,7 @@ def results_dir(source: str, data: str | None) -> Path:
 def base_model_run(argument: str | Path, data: str | None = None) -> Run:
     """A :class:`~mmcse.reports.runs.Run` holding the base model's STS test scores on ``data``
     (None: the default SentEval folder): read from the cache, else evaluated now and cached."""
-    source = resolve_model_source(str(argument), flag="compare BASE_MODEL")
+    source = resolve_model_source(str(argument), flag="BASE_MODEL")
     run = RunDir(results_dir(source, data))
     label = f"{Path(str(argument).rstrip('/')).name} {BASE_LABEL}"
     if run.read_result_entries("sts"):
