@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mmcse.hub import resolve_model_source
 from mmcse.reports.runs import Run
-from mmcse.rundir import EVAL, RunDir, is_model_dir, looks_like_run
+from mmcse.rundir import EVAL, RunDir, is_checkpoint_dir, is_model_dir, looks_like_run
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ BASE_LABEL = "[base model, untrained]"
 def is_base_model(argument: str | Path) -> bool:
     """A model directory that is not a run, or a name that is no path (a hub id)."""
     path = Path(argument).expanduser()
-    if path.exists():
-        return is_model_dir(path) and not looks_like_run(path)
+    if path.exists():  # a run's checkpoint (best/) is the run's, not a base model
+        return is_model_dir(path) and not looks_like_run(path) and not is_checkpoint_dir(path)
     return not _reads_as_path(str(argument))
 
 

@@ -3,10 +3,10 @@
 Rows are :class:`mmcse.reports.compare.Row` (mean, sample std over seeds, ``n``, extra text
 columns). The best mean of each column among *measured* rows (not published rows, not
 differences) is marked -- bold in markdown and LaTeX, listed in CSV's ``best`` column -- only
-when the difference is supported: the best row and every other measured row of the column have
-at least two seeds there, and a two-sided Welch t-test (:func:`mmcse.reports.compare.welch_p`)
-puts each difference below :data:`ALPHA`. One seed is never compared (noise would read as a
-finding); :data:`BEST_RULE` says so under every table. A column whose numbers are not comparable
+when the difference is supported: among the rows with at least two seeds in the column, the best
+beats each other one in a two-sided Welch t-test (:func:`mmcse.reports.compare.welch_p`,
+p < :data:`ALPHA`), and no row of one seed scores as high. One seed is never compared (noise
+would read as a finding); :data:`BEST_RULE` says so. A column whose numbers are not comparable
 (``unranked``) marks none. A column compares one protocol only
 (the callers give each protocol its own columns), so a mark never crosses protocols. A cell that
 summarises fewer runs than its row says so (``(1 of 2)``). Notes (a legend, what a run changed,
@@ -34,9 +34,9 @@ ALL_TITLES = {**TITLES, **TRANSFER_TITLES, "transfer avg": "Transfer Avg."}
 ALPHA = 0.05
 MIN_SEEDS = 2
 BEST_RULE = (
-    f"Bold: the best measured mean of a column, only where it beats every other measured row "
-    f"of that column in a two-sided Welch t-test (p < {ALPHA}) with at least {MIN_SEEDS} seeds "
-    "on each side; a row of 1 seed is not compared (its differences may be noise), and "
+    f"Bold: the best mean of a column among the rows of at least {MIN_SEEDS} seeds, only where "
+    f"it beats each of them in a two-sided Welch t-test (p < {ALPHA}) and no row of 1 seed "
+    "scores as high; a row of 1 seed is not compared (its differences may be noise), and "
     "published rows do not compete."
 )
 
@@ -71,11 +71,14 @@ def best_cells(
         if column in unranked:
             continue
         candidates = [i for i in measured if column in rows[i].mean]
-        if len(candidates) < 2:
+        compared = [i for i in candidates if len(rows[i].values.get(column, ())) >= MIN_SEEDS]
+        if len(compared) < 2:
             continue
-        top = max(candidates, key=lambda i: rows[i].mean[column])
-        others = [i for i in candidates if i != top]
-        if all(supported(rows[top], rows[i], column) for i in others):
+        top = max(compared, key=lambda i: rows[i].mean[column])
+        best = rows[top].mean[column]
+        if any(rows[i].mean[column] >= best for i in candidates if i not in compared):
+            continue  # a row of one seed scores as high: no row can be called the best
+        if all(supported(rows[top], rows[i], column) for i in compared if i != top):
             out.add((top, column))
     return out
 

@@ -360,6 +360,14 @@ def test_a_best_mark_needs_two_seeds_a_side_and_a_welch_test(tmp_path):
     table = compare_table([low, noisy, close])
     assert "**" not in table  # 60.67 vs 60.07 is no finding (Welch p > 0.05)
     assert "Welch t-test" in table and "a row of 1 seed is not compared" in table
+    lower = recorded_run(tmp_path / "one-lower")
+    lower.write_results("sts", with_protocol({t: 65.0 for t in STS}), source="final")
+    header, cells = header_and_cells(compare_table([low, clear, lower.path]))
+    assert cells[1][header.index("Avg.")].startswith("**")  # the seeded rows still compare
+    assert cells[2][0] == "one-lower (1 seed: not compared)"
+    higher = recorded_run(tmp_path / "one-higher")
+    higher.write_results("sts", with_protocol({t: 75.0 for t in STS}), source="final")
+    assert "**" not in compare_table([low, clear, higher.path])  # 75 of one seed: no best
 
 
 def test_caveats_mark_unfinished_runs_random_teachers_and_the_batches_seen(tmp_path):
