@@ -58,9 +58,7 @@ class Comparison:
 
     def render(self, fmt: str = "md") -> str:
         extra = [c for c in EXTRA if c != CAVEATS or any(r.extra.get(c) for r in self.rows)]
-        return render(
-            self.rows, self.columns, fmt, extra, self.measured, self.unranked, self.notes
-        )
+        return render(self.rows, self.columns, fmt, extra, self.measured, self.unranked, self.notes)
 
 
 def comparison(arguments, data: str | None = None) -> Comparison:
