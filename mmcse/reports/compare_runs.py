@@ -15,7 +15,7 @@ A best mark needs support (:data:`mmcse.reports.tables.BEST_RULE`: two seeds a s
 test); a row of one seed says "1 seed: not compared". The ``caveats`` column says what makes a
 row weaker evidence than its numbers look: runs that did not finish, features from teachers with
 random weights, and for a multimodal run the batches of each kind it actually trained on. An
-argument that is a model, not a run, is the untrained base model's row
+argument that is a model, not a run, is the base model's row (before fine-tuning)
 (:mod:`mmcse.reports.base_model`), a reference that never competes.
 """
 

@@ -406,10 +406,11 @@ def test_the_base_model_is_a_reference_row_scored_once_and_cached(tmp_path, monk
                                                                     ("b", [70.0, 70.1]))]  # fmt: skip
     result = comparison([str(base), *runs])
     base_row = result.rows[0]
-    assert base_row.label == "base [base model, untrained]" and 0 not in result.measured
+    label = f"{tmp_path.name}/base [base model, before fine-tuning]"
+    assert base_row.label == label and 0 not in result.measured
     assert set(STS) <= set(base_row.mean) and "avg" not in result.unranked
     table = result.render()
-    assert "| base [base model, untrained] |" in table and "reference" in table
+    assert f"| {label} |" in table and "reference" in table
 
     def no_second_evaluation(*args, **kwargs):
         raise AssertionError("the cached base-model scores were not used")
