@@ -150,7 +150,9 @@ def st_student(folder: Path, after: tuple[str, ...], max_seq_length: int = 256) 
                         "path": f"{len(modules)}_{kind}",
                         "type": f"sentence_transformers.models.{kind}"})  # fmt: skip
     (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq_length})
+    )
     return folder
 
 
