@@ -43,6 +43,7 @@ class SentenceEncoder(nn.Module):
         self.backbone = backbone
         self.pooler = pooler
         self.post_pooling = post_pooling
+        self.max_length: int | None = None  # a sentence-transformers max_seq_length (evaluation)
 
     @classmethod
     def from_pretrained(

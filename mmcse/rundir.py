@@ -118,6 +118,8 @@ ALIGN_UNIFORM_FILE = "align_uniform.json"
 CURVES_PLOT = "training_curves.png"
 #: the alignment–uniformity scatter of several runs (written where ``mmcse plot`` is told)
 ALIGN_UNIFORM_PLOT = "align_uniform.png"
+#: one metric of several runs overlaid (``mmcse plot RUN RUN...``, beside the scatter)
+OVERLAY_PLOT = "curves-{metric}.png"
 
 #: an HF model directory is one holding this (a checkpoint is one too)
 MODEL_CONFIG_FILE = "config.json"

@@ -138,3 +138,42 @@ def test_minilm_is_evaluated_with_its_mean_pooling_and_normalize_by_default(mini
     )
     results = evaluate_sts(str(minilm_dir), data_dir=FIXTURE, mode="dev", device="cpu")
     assert results["details"]["pooler"] == "avg"
+
+
+def st_student(folder: Path, after: tuple[str, ...], max_seq_length: int = 256) -> Path:
+    """A sentence-transformers dir: mean Pooling, then the modules ``after`` (no weights read)."""
+    folder.mkdir()
+    write_st_pooling(folder, {"pooling_mode_mean_tokens": True})
+    modules = json.loads((folder / "modules.json").read_text())
+    for kind in after:
+        modules.append({"idx": len(modules), "name": str(len(modules)),
+                        "path": f"{len(modules)}_{kind}",
+                        "type": f"sentence_transformers.models.{kind}"})  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq_length})
+    )
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("after", "pooler", "kept"),
+    [(("Normalize",), "avg", True), (("Normalize",), "cls_before_pooler", False),
+     (("Dense", "Normalize"), "avg", False)],
+)  # fmt: skip
+def test_a_checkpoint_encodes_with_its_students_normalize_when_it_pooled_as_the_student(
+    tmp_path, after, pooler, kept
+):
+    from mmcse.pooling import encoding_max_length, resolve_encoding
+
+    student = st_student(tmp_path / "student", after)
+    checkpoint = tmp_path / "run" / BEST_DIR
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    info = {"pooler": pooler, "config": {"model": str(student)}}
+    (checkpoint / RUN_INFO_FILE).write_text(json.dumps(info))
+    used, _, modules = resolve_encoding(None, checkpoint)
+    assert used == pooler
+    assert [m.kind for m in modules] == (["Normalize"] if kept else [])
+    assert encoding_max_length(None, checkpoint) == (256 if kept else None)
+    assert encoding_max_length("avg", checkpoint) is None  # a given pooler: the bare encoder

@@ -11,26 +11,37 @@ app = typer.Typer()
 
 @app.command()
 def compare(
-    runs: list[str] = typer.Argument(..., help="Run directories, or folders of seed runs."),
+    runs: list[str] = typer.Argument(
+        ...,
+        help="Run directories, or folders of seed runs; a model directory or hub id (not a run) "
+        "is the base model's row (before fine-tuning), scored once and cached.",
+    ),
     table_format: str = typer.Option("md", "--format", help="md | csv | latex"),
     out: str = typer.Option(None, help="Also write the table to this file."),
+    data: str = typer.Option(
+        None, help="SentEval folder to score a base model on [default: the runs' own]."
+    ),
 ) -> None:
-    """STS (+ transfer, + retrieval) of runs in one table: mean ± std over seeds, best marked."""
+    """STS (+ transfer, + retrieval) of runs in one table: mean ± std over seeds; a best mark
+    only where a Welch test over >= 2 seeds a side supports it."""
     from mmcse.reports.compare_runs import compare_report
 
-    show(compare_report(runs, table_format, out))
+    show(compare_report(runs, table_format, out, data))
 
 
 @app.command()
 def plot(
     runs: list[str] = typer.Argument(..., help="Run directories, seed folders or ablation dirs."),
-    out_dir: str = typer.Option(None, help="Where the scatter goes [default: beside the run]."),
+    out_dir: str = typer.Option(
+        None, help="Where the scatter and the overlaid curves go [default: beside the runs]."
+    ),
     align_uniform: bool = typer.Option(
         False, "--align-uniform", help="Compute alignment/uniformity on STS-B where missing."
     ),
     data: str = typer.Option(None, help="SentEval data folder (for --align-uniform)."),
 ) -> None:
-    """PNG training curves per run, the alignment–uniformity scatter, ablation bar charts."""
+    """PNG training curves per run, each metric of all runs overlaid, the alignment–uniformity
+    scatter, ablation bar charts."""
     from mmcse.reports.plots import write_run_plots
 
     written = write_run_plots(runs, out_dir, with_align_uniform=align_uniform, data_dir=data)

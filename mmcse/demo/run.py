@@ -108,7 +108,23 @@ def dev_curve(run_dir: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["stsb_dev"]) for r in rows if r.get("stsb_dev") is not None]
 
 
-def comparison_markdown(results: dict[str, dict], curves: dict[str, list]) -> str:
+def reading_note(steps: int | None, seeds: int = 1) -> str:
+    """What the demo's numbers can and cannot mean, printed with its table."""
+    trained = f"{steps} steps" if steps else "a few hundred steps"
+    return (
+        f"How to read this: a tiny student built from a config (random start), trained {trained} "
+        f"with {seeds} seed per method, on a drawn world, with image features from a teacher "
+        "with random weights. The gap shows that the pipeline works and that MCSE's "
+        "image-caption term ties captions of one drawing together (a random teacher still gives "
+        "one drawing one vector); it is not evidence that MCSE beats SimCSE on real data, and "
+        "it says nothing about any published number: "
+        f"{seeds} seed: not compared (no spread, no test), random teacher, toy tasks."
+    )
+
+
+def comparison_markdown(
+    results: dict[str, dict], curves: dict[str, list], steps: int | None = None
+) -> str:
     tasks = [k for k in next(iter(results.values())) if k != "avg"]
     header = ["method", *tasks, "avg", f"best {DEV_LABEL}"]
     lines = [
@@ -123,7 +139,7 @@ def comparison_markdown(results: dict[str, dict], curves: dict[str, list]) -> st
         "Spearman x 100 on the demo's synthetic scene-pair tasks (not SentEval STS), best "
         "checkpoint of each run by the dev split."
     )
-    return "\n".join([note, "", *lines]) + "\n"
+    return "\n".join([note, "", *lines, "", reading_note(steps)]) + "\n"
 
 
 def write_demo_plots(run_dirs: dict[str, Path], out_dir: Path) -> Path | None:
@@ -193,7 +209,7 @@ def _run(out: Path, steps: int, device: str) -> str:
     tasks = load_demo_tasks(paths["tasks"])
     results = {m: score_demo_tasks(d, tasks, device) for m, d in run_dirs.items()}
     curves = {m: dev_curve(d) for m, d in run_dirs.items()}
-    table = comparison_markdown(results, curves)
+    table = comparison_markdown(results, curves, steps)
     (out / "comparison.md").write_text(table)
     (out / "comparison.json").write_text(
         json.dumps({"test": results, "dev_curves": curves}, indent=2) + "\n"

@@ -81,7 +81,8 @@ def encode_sentences(
     ``encoder`` is a :class:`mmcse.model.SentenceEncoder` (its ``pooler`` is the default) or a
     bare HF ``AutoModel``; ``pooler`` overrides it with any name of :mod:`mmcse.pooling`.
     ``device=None`` uses the device the encoder is on; a given device moves the encoder there.
-    Inputs longer than ``max_length`` tokens (default: what tokenizer and model allow) are
+    Inputs longer than ``max_length`` tokens (default: the encoder's ``max_length``, a
+    sentence-transformers model's ``max_seq_length``, else what tokenizer and model allow) are
     truncated.
     """
     backbone = getattr(encoder, "backbone", encoder)
@@ -94,7 +95,10 @@ def encode_sentences(
     if not sentences:
         return np.zeros((0, backbone.config.hidden_size), dtype=np.float32)
 
-    limit = max_length or model_max_length(tokenizer, backbone)
+    # a sentence-transformers model's own max_seq_length (all-MiniLM-L6-v2: 256), as it encodes
+    limit = (
+        max_length or getattr(encoder, "max_length", None) or model_max_length(tokenizer, backbone)
+    )
     token_ids = tokenizer(list(sentences), truncation=True, max_length=limit)["input_ids"]
     # longest first: the first batch is the largest, so out-of-memory shows up at once
     order = np.argsort([-len(ids) for ids in token_ids], kind="stable")

@@ -233,6 +233,8 @@ def evaluate_retrieval(
         )
     check_held_out(model_dir, captions, image_ids)  # before encoding
     encoder, tokenizer, pooler, model_dir = load_encoder(model, pooler, device)
+    # the heads read the pooled output training fed them, not its student's Normalize after it
+    encoder.post_pooling = None
     sentences = encode_sentences(
         encoder, tokenizer, texts, batch_size=batch_size, device=device, pooler=pooler,
         progress=progress,

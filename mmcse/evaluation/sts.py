@@ -58,7 +58,7 @@ from mmcse.evaluation.encode import (
 )
 from mmcse.hub import load_tokenizer, resolve_model_source
 from mmcse.model import SentenceEncoder
-from mmcse.pooling import check_pooler, resolve_encoding
+from mmcse.pooling import check_pooler, encoding_max_length, resolve_encoding
 
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -299,6 +299,7 @@ def load_encoder(path: str | Path, pooler: str | None, device: str | None):
     its recorded pooler; a given pooler is the bare encoder with that pooling."""
 
     model_dir = resolve_model_source(str(path))
+    requested = pooler
     pooler, source, modules = resolve_encoding(pooler, model_dir, DEFAULT_POOLER)
     if modules:
         chain = " → ".join(["pooling " + pooler, *(m.kind for m in modules)])
@@ -310,6 +311,7 @@ def load_encoder(path: str | Path, pooler: str | None, device: str | None):
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MmcseError(f"cannot load model {path}: {first_line}") from None
     encoder.post_pooling = post_pooling_modules(modules)
+    encoder.max_length = encoding_max_length(requested, model_dir)
     return encoder.to(device or default_device_name()), tokenizer, pooler, model_dir
 
 

@@ -15,13 +15,10 @@ full one with a muted gradient. Where the paper printed the same ablation
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from scipy import stats
 
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
@@ -40,7 +37,7 @@ from mmcse.recipes.runs import (
     run_seeds,
     set_overrides,
 )
-from mmcse.reports.compare import Row, markdown_table
+from mmcse.reports.compare import Row, markdown_table, welch_p
 from mmcse.reports.published import COLUMNS, PUBLISHED_ABLATIONS
 from mmcse.rundir import AblationDir, write_json
 
@@ -80,14 +77,6 @@ def row_dir(terms: tuple[str, ...]) -> str:
 
 def label_of(terms: tuple[str, ...]) -> str:
     return "w/o " + " & ".join(terms) if terms else "full"
-
-
-def welch_p(row: list[float], full: list[float]) -> float | None:
-    """Two-sided Welch t-test p-value; None with fewer than two runs on a side or no variance."""
-    if len(row) < 2 or len(full) < 2 or (len(set(row)) == 1 and len(set(full)) == 1):
-        return None
-    p = float(stats.ttest_ind(row, full, equal_var=False).pvalue)
-    return None if math.isnan(p) else p
 
 
 @dataclass
@@ -130,7 +119,8 @@ class Ablation:
                 first = paper[0]
                 std = f" ± {first.std['avg']:.2f}" if "avg" in first.std else ""
                 extra["published avg"] = f"{first.mean['avg']:.2f}{std} ({first.source})"
-            out.append(Row(summary.label, summary.mean, summary.std, summary.n, extra))
+            out.append(Row(summary.label, summary.mean, summary.std, summary.n, extra,
+                           values=summary.values))  # fmt: skip
         return out
 
     def markdown(self) -> str:
@@ -245,12 +235,12 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
     md = Path(path)
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(ablation.markdown())
-    from mmcse.reports.tables import write_tables  # .csv/.tex beside it, as mmcse compare
+    from mmcse.reports.tables import BEST_RULE, write_tables  # .csv/.tex beside it, as compare
 
     extra = ["p (Welch vs full)", "published avg"]
     write_tables(
         ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex"),
-        notes=ablation.notes(),
+        notes=[BEST_RULE, *ablation.notes()],
     )  # fmt: skip
     return md, write_json(md.with_suffix(".json"), ablation.to_dict())
 

@@ -5,11 +5,13 @@ A :class:`Row` is one line of the table — a summary of seeds (:func:`summarize
 the columns ``STS12 ... SICK-R Avg.`` plus any extra columns (a p-value, the source).
 
 The standard deviation is the sample one (``ddof=1``), the usual reading of "mean ± std over 5
-seeds"; with one seed there is none.
+seeds"; with one seed there is none. A row keeps its per-seed values so a table can test a
+difference (:func:`welch_p`) before it calls one row better than another.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +33,7 @@ class Row:
     extra: dict[str, str] = field(default_factory=dict)  # extra column → cell text
     signed: bool = False  # a difference: cells print their sign
     counts: dict[str, int] = field(default_factory=dict)  # runs behind a cell, when fewer than n
+    values: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per-seed, for a test
 
     def to_dict(self) -> dict:
         counts = {"counts": self.counts} if self.counts else {}
@@ -52,7 +55,18 @@ def summarize(label: str, results: Sequence[dict]) -> Row:
     values = {c: np.array([s[c] for s in scores], dtype=np.float64) for c in columns}
     mean = {c: float(v.mean()) for c, v in values.items()}
     std = {c: float(v.std(ddof=1)) for c, v in values.items()} if len(scores) > 1 else {}
-    return Row(label, mean, std, len(scores))
+    seeds = {c: tuple(map(float, v)) for c, v in values.items()}
+    return Row(label, mean, std, len(scores), values=seeds)
+
+
+def welch_p(row: Sequence[float], other: Sequence[float]) -> float | None:
+    """Two-sided Welch t-test p-value; None with fewer than two runs on a side or no variance."""
+    from scipy import stats  # scipy loads only when a table tests a difference
+
+    if len(row) < 2 or len(other) < 2 or (len(set(row)) == 1 and len(set(other)) == 1):
+        return None
+    p = float(stats.ttest_ind(list(row), list(other), equal_var=False).pvalue)
+    return None if math.isnan(p) else p
 
 
 def published_row(published: Published, label: str | None = None) -> Row:

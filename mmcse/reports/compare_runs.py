@@ -10,6 +10,13 @@ A group that ``recipes run`` wrote is followed by the recipe's published rows (S
 papers' rows from :mod:`mmcse.reports.published`); one that overrode the recipe is marked. Under
 the table: the legend, what the marked rows changed, and where the runs' environments differ
 (:func:`mmcse.environment.differences`; nothing when they match).
+
+A best mark needs support (:data:`mmcse.reports.tables.BEST_RULE`: two seeds a side and a Welch
+test); a row of one seed says "1 seed: not compared". The ``caveats`` column says what makes a
+row weaker evidence than its numbers look: runs that did not finish, features from teachers with
+random weights, and for a multimodal run the batches of each kind it actually trained on. An
+argument that is a model, not a run, is the base model's row (before fine-tuning)
+(:mod:`mmcse.reports.base_model`), a reference that never competes.
 """
 
 from __future__ import annotations
@@ -21,17 +28,21 @@ from pathlib import Path
 
 from mmcse.environment import differences
 from mmcse.errors import MmcseError
+from mmcse.reports.base_model import BASE_LABEL, base_model_run, is_base_model
 from mmcse.reports.compare import Row, departure_note, published_row
 from mmcse.reports.published import PUBLISHED
-from mmcse.reports.runs import Column, Group, Protocol, column, find_groups
-from mmcse.reports.tables import ALL_TITLES, render, summarize_columns
+from mmcse.reports.runs import Column, Group, Protocol, Run, column, find_groups
+from mmcse.reports.tables import ALL_TITLES, BEST_RULE, render, summarize_columns
 from mmcse.rundir import RESULT_FILES
 
-EXTRA = ("source",)
+CAVEATS = "caveats"
+EXTRA = ("source", CAVEATS)
 OVERRIDDEN = " [overridden]"
-BEST = (
-    "Bold: the best measured mean of a column (published rows do not compete); columns of "
-    "different protocols are never compared."
+BEST = f"{BEST_RULE} Columns of different protocols are never compared."
+CAVEATS_LEGEND = (
+    f"- {CAVEATS}: what makes a row weaker evidence than its numbers look: runs that did not "
+    "finish, features from teachers with random weights (they distil from noise), and the "
+    "batches of each kind a multimodal run trained on (few caption batches: nearly SimCSE)."
 )
 
 
@@ -46,18 +57,25 @@ class Comparison:
     notes: list[str]
 
     def render(self, fmt: str = "md") -> str:
-        return render(
-            self.rows, self.columns, fmt, EXTRA, self.measured, self.unranked, self.notes
-        )
+        extra = [c for c in EXTRA if c != CAVEATS or any(r.extra.get(c) for r in self.rows)]
+        return render(self.rows, self.columns, fmt, extra, self.measured, self.unranked, self.notes)
 
 
-def comparison(arguments) -> Comparison:
-    """Every group's row (and its recipe's published rows), the columns present, the notes."""
+def comparison(arguments, data: str | None = None) -> Comparison:
+    """Every group's row (and its recipe's published rows), the columns present, the notes;
+    a base-model argument is scored on ``data`` (None: the runs' STS data folder)."""
     rows, measured, notes = [], [], []
     present: dict[str, Column] = {}
     signatures: dict[str, dict[str, list[str]]] = {}  # column -> signature -> run labels
     environments: dict[str, dict | None] = {}
-    for group in find_groups(arguments):
+    run_args = [a for a in arguments if not is_base_model(a)]
+    groups = find_groups(run_args) if run_args else []
+    bases = [a for a in arguments if is_base_model(a)]
+    data = data or _sts_data(groups)
+    groups = [_base_group(a, data) for a in bases] + groups
+    if not groups:
+        raise MmcseError("give at least one run directory")
+    for group in groups:
         scores = []
         for run in group.runs:
             label = group.label if len(group.runs) == 1 else f"{group.label}/{run.label}"
@@ -68,11 +86,15 @@ def comparison(arguments) -> Comparison:
                 signatures.setdefault(col.key, {}).setdefault(cell.signature, []).append(label)
             if cells:
                 scores.append({col.key: cell.value for col, cell in cells.items()})
-        measured.append(len(rows))
+        base = group.label.endswith(BASE_LABEL)
+        if not base:
+            measured.append(len(rows))
         row = summarize_columns(group.label, scores, [c for c in present])
         marked = row.label + (OVERRIDDEN if group.overrides else "")
-        seeds = f"{len(scores)} of {len(group.runs)} runs scored"
-        rows.append(Row(marked, row.mean, row.std, row.n, {"source": seeds}, counts=row.counts))
+        seeds = "reference" if base else f"{len(scores)} of {len(group.runs)} runs scored"
+        extra = {"source": seeds, CAVEATS: "; ".join(caveats(group.runs))}
+        rows.append(Row(marked, row.mean, row.std, None if base else row.n, extra,
+                        counts=row.counts, values=row.values))  # fmt: skip
         if group.recipe:
             for published in PUBLISHED.get(group.recipe, ()):
                 rows.append(published_row(published))
@@ -110,7 +132,50 @@ def _legend(ordered: list[Column], columns: list[str]) -> str:
             "with an average over all of them."
         )
     lines.append(f"- {BEST} A cell marked (k of n) summarises k of its row's n runs.")
+    lines.append(CAVEATS_LEGEND)
     return "\n".join(["Columns:", *lines])
+
+
+def caveats(runs: list[Run]) -> list[str]:
+    """What makes these runs' numbers weaker than they look (see the module docstring)."""
+    out = []
+    unfinished = {run.label: run.unfinished() for run in runs if run.unfinished()}
+    if len(runs) == 1 and unfinished:
+        out.append(f"unfinished ({next(iter(unfinished.values()))})")
+    elif unfinished:
+        out.append(f"{len(unfinished)} of {len(runs)} runs unfinished ({', '.join(unfinished)})")
+    random = sorted({key for run in runs for key in run.random_teachers()})
+    if random:
+        out.append(f"random-weight teacher: {', '.join(random)}")
+    seen = [run.batches_seen() for run in runs]
+    kinds = list(dict.fromkeys(kind for counts in seen for kind, n in counts.items() if n))
+    if any(kind != "text" for kind in kinds):
+        out.append("batches seen: " + " + ".join(f"{_spread(seen, k)} {k}" for k in kinds))
+    return out
+
+
+def _spread(seen: list[dict[str, int]], kind: str) -> str:
+    counts = [counts.get(kind, 0) for counts in seen if counts]
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def _base_group(argument: str, data: str | None) -> Group:
+    run = base_model_run(argument, data)
+    return Group(run.label, run.path, [run])
+
+
+def _sts_data(groups: list[Group]) -> str | None:
+    """The SentEval folder the runs' STS test scores were measured on, when they agree."""
+    folders = {
+        entry["protocol"].get("data")
+        for group in groups
+        for run in group.runs
+        for entry in run.files.read_result_entries("sts")
+        if isinstance(entry.get("protocol"), dict) and entry["protocol"].get("mode") == "test"
+    }
+    folders.discard(None)
+    return next(iter(folders)) if len(folders) == 1 else None
 
 
 def _group_notes(group: Group, marked: str) -> list[str]:
@@ -163,13 +228,15 @@ def _environment_notes(environments: dict[str, dict | None]) -> list[str]:
     return notes
 
 
-def compare_table(arguments, fmt: str = "md") -> str:
-    return comparison(arguments).render(fmt)
+def compare_table(arguments, fmt: str = "md", data: str | None = None) -> str:
+    return comparison(arguments, data).render(fmt)
 
 
-def compare_report(arguments, fmt: str = "md", out: str | Path | None = None) -> Iterator[str]:
+def compare_report(
+    arguments, fmt: str = "md", out: str | Path | None = None, data: str | None = None
+) -> Iterator[str]:
     """``mmcse compare``: the table, then (``out``) the file it was also written to."""
-    table = compare_table(arguments, fmt)
+    table = compare_table(arguments, fmt, data)
     yield table
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,13 @@ our pooler             sentence-transformers modules
 =====================  ==========================================================================
 
 A source that is itself a sentence-transformers dir (all-MiniLM-L6-v2: Pooling ``mean`` then
-Normalize) keeps its own modules after pooling (Dense, Normalize), because ``mmcse eval`` encodes
-with them too (:func:`mmcse.pooling.resolve_encoding`); a checkpoint of a training run has none
-(training pools only), so its export returns the same unnormalised vectors ``mmcse eval`` scores.
+Normalize, ``max_seq_length`` 256) keeps its own modules after pooling (Dense, Normalize) and its
+``max_seq_length``, because ``mmcse eval`` encodes with them too
+(:func:`mmcse.pooling.resolve_encoding`). So does a run fine-tuned from one: its checkpoint
+pooled as the student does, so it keeps the student's Normalize and ``max_seq_length``
+(:func:`mmcse.pooling.encoding_dir`), and eval and export agree. Where the run (or ``--pooler``)
+changed the student's encoding -- another pooling, so its Normalize/Dense no longer apply, or
+another length -- the export says what changed, in the log and at the top of the model card.
 A given ``--pooler`` exports the bare encoder with that pooling, as ``mmcse eval --pooler`` does.
 
 The model card (README.md, :mod:`mmcse.reports.model_card`) states method, data, the fingerprints
@@ -45,7 +49,16 @@ from mmcse.evaluation.encode import model_max_length
 from mmcse.evaluation.evaluate import unfinished_warning
 from mmcse.evaluation.sts import load_encoder
 from mmcse.hub import missing_path_message
-from mmcse.pooling import ST_MODULES_FILE, StModule, resolve_encoding
+from mmcse.pooling import (
+    ST_MODULES_FILE,
+    StModule,
+    encoding_dir,
+    encoding_max_length,
+    resolve_encoding,
+    st_encoding,
+    st_settings,
+    student_dir,
+)
 from mmcse.reports.model_card import model_card, random_teachers
 from mmcse.rundir import Checkpoint, atomic_dir, resolve_model_dir
 
@@ -144,6 +157,7 @@ def export_run(
     run, out = Path(run), Path(out)
     model_dir = Path(resolve_model_dir(str(run)))  # a run without best/ is refused here
     _check_not_source(out, [run, model_dir])
+    requested = pooler
     pooler, _, student_modules = resolve_encoding(pooler, model_dir)
     if pooler not in ST_POOLING_MODE:
         raise MmcseError(
@@ -162,24 +176,85 @@ def export_run(
             "exported model is not a real result; the model card says so"
         )
     target = out.resolve() if out.is_symlink() else out
+    encoding = Encoding(model_dir, requested, pooler, student_modules)
     with naming_os_errors(out), atomic_dir(target) as tmp:
-        _write(tmp, model_dir, pooler, student_modules, info, run, unfinished)
+        _write(tmp, encoding, info, run, unfinished)
     return out, pooler
 
 
-def _write(
-    tmp: Path, model_dir: Path, pooler: str, student_modules: list[StModule], info: dict,
-    run: Path, unfinished: str | None,
-) -> None:  # fmt: skip
+class Encoding:
+    """How the export encodes (pooling, modules after it, max length) and how that compares
+    with the student's own sentence-transformers encoding, when the student has one."""
 
+    def __init__(self, model_dir: Path, requested: str | None, pooler: str, modules) -> None:
+        self.model_dir, self.pooler, self.modules = model_dir, pooler, list(modules)
+        self.max_length = encoding_max_length(requested, model_dir)  # None: the model's limit
+        own = encoding_dir(model_dir) if requested is None else None
+        self.settings = st_settings(own[0]) if own else {}
+        self.student = model_dir if st_encoding(model_dir) else student_dir(model_dir)
+
+    def student_encoding(self) -> tuple[str, list[str], int | None] | None:
+        """The student's ``(pooler, module kinds after pooling, max_seq_length)``; None when it
+        is no (readable) sentence-transformers dir."""
+        if self.student is None:
+            return None
+        try:
+            found = st_encoding(self.student)
+        except MmcseError:
+            return None
+        if found is None:
+            return None
+        length = st_settings(self.student).get("max_seq_length")
+        return found[0], [m.kind for m in found[1]], length if isinstance(length, int) else None
+
+    def changes(self, max_len: int) -> list[str] | None:
+        """What the export changed from the student's encoding ([] nothing; None: no student
+        sentence-transformers encoding to compare with)."""
+        student = self.student_encoding()
+        if student is None:
+            return None
+        pooler, kinds, length = student
+        exported = [m.kind for m in self.modules]
+        changed = []
+        if pooler != self.pooler:
+            changed.append(f"pooling {pooler} -> {self.pooler} (the run's)")
+        if kinds != exported:
+            changed.append(f"modules after pooling {' → '.join(kinds) or 'none'} -> "
+                           f"{' → '.join(exported) or 'none'}")  # fmt: skip
+        if length is not None and length != max_len:
+            changed.append(f"max_seq_length {length} -> {max_len}")
+        return changed
+
+    def note(self, max_len: int) -> tuple[str | None, bool]:
+        """``(a line for the log and the card, whether the student's encoding changed)``."""
+        changes = self.changes(max_len)
+        if changes is None:
+            return None, False
+        if changes:
+            return (f"the export does not encode as its student {self.student} does: "
+                    f"{'; '.join(changes)}"), True  # fmt: skip
+        chain = " → ".join([f"pooling {self.pooler}", *(m.kind for m in self.modules)])
+        return (f"the export keeps its student's sentence-transformers encoding ({chain}, "
+                f"max_seq_length {max_len}; from {self.student})"), False  # fmt: skip
+
+
+def _write(tmp: Path, encoding: Encoding, info: dict, run: Path, unfinished: str | None) -> None:
+    model_dir, pooler = encoding.model_dir, encoding.pooler
     encoder, tokenizer, _, _ = load_encoder(model_dir, pooler, "cpu")  # the bare encoder
     backbone = encoder.backbone
     backbone.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    max_len = model_max_length(tokenizer, backbone)  # what mmcse eval truncates to
+    # what mmcse eval truncates to: the student's max_seq_length, else the model's limit
+    max_len = encoding.max_length or model_max_length(tokenizer, backbone)
+    lower = bool(encoding.settings.get("do_lower_case", False))
     (tmp / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": max_len, "do_lower_case": False}, indent=2) + "\n"
+        json.dumps({"max_seq_length": max_len, "do_lower_case": lower}, indent=2) + "\n"
     )
+    note, changed = encoding.note(max_len)
+    if note:
+        (logger.warning if changed else logger.info)(note + ("; the model card says so"
+                                                              if changed else ""))  # fmt: skip
+    student_modules = encoding.modules
     modules = _pooling_modules(tmp, ST_POOLING_MODE[pooler], backbone.config.hidden_size)
     backbone_pooler = getattr(backbone, "pooler", None)
     if pooler == "cls" and backbone_pooler is not None:
@@ -189,5 +264,8 @@ def _write(
     (tmp / ST_MODULES_FILE).write_text(json.dumps(modules, indent=2) + "\n")
     exported = {**info, "pooler": pooler}  # a student trained from OUT pools the same way
     Checkpoint(tmp).write_info(exported)
-    card = model_card(run, model_dir, pooler, modules, info, max_len, unfinished=unfinished)
+    card = model_card(
+        run, model_dir, pooler, modules, info, max_len, unfinished=unfinished,
+        encoding=(note, changed),
+    )  # fmt: skip
     (tmp / "README.md").write_text(card)

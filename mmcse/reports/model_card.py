@@ -139,8 +139,13 @@ def _flat(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
 
 
-def _warning_lines(info: dict, unfinished: str | None) -> list[str]:
+def _warning_lines(info: dict, unfinished: str | None, changed: str | None) -> list[str]:
     lines = []
+    if changed:
+        lines.append(
+            f"> **Encoding changed**: {changed}. Vectors differ from the student's in norm or "
+            "length limit; compare scores with that in mind."
+        )
     if unfinished:
         of_total = f" of {info['total_steps']}" if info.get("total_steps") else ""
         lines.append(
@@ -181,8 +186,12 @@ def _normalised(modules: list[dict]) -> bool:
 
 def model_card(
     run: Path, model_dir: Path, pooler: str, modules: list[dict], info: dict, max_len: int,
-    unfinished: str | None = None,
+    unfinished: str | None = None, encoding: tuple[str | None, bool] = (None, False),
 ) -> str:  # fmt: skip
+    """The card; ``encoding``: how the export's encoding compares with the student's own
+    sentence-transformers encoding (a line, and whether it changed), said at the top when it
+    changed and under pooling when kept."""
+    note, changed = encoding
     config = info.get("config", {})
     method = info.get("method", {})
     name = method.get("name") or config.get("method") or "unknown (not an mmcse training run)"
@@ -204,12 +213,13 @@ def model_card(
         "",
         f"# {run.name} (mmcse export)",
         "",
-        *_warning_lines(info, unfinished),
+        *_warning_lines(info, unfinished, note if changed else None),
         f"- method: `{name}`" + (f" with {json.dumps(settings)}" if settings else ""),
         f"- student: `{config.get('model', model_dir)}`",
         f"- checkpoint: `{model_dir}` (step {info.get('step', '?')}{of_total}{status}, "
         f"STS-B dev {info.get('stsb_dev', '?')})",
         f"- pooling: `{pooler}` as {chain}; max sequence length {max_len}; {norm}",
+        *([f"- encoding: {note}"] if note and not changed else []),
         f"- text corpus: `{config.get('text_corpus')}`; caption corpus: "
         f"`{config.get('caption_corpus')}`; mixing `{config.get('mixing', '?')}`",
         f"- training: batch {config.get('batch_size', '?')}, lr {config.get('learning_rate', '?')}, "

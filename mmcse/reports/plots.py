@@ -5,6 +5,8 @@
 * ``<run>/training_curves.png`` for every run: each ``*_loss`` term and the weighted total
   (``loss``), the learning rate, and STS-B dev, against the step, read from ``metrics.jsonl``
   (any key ending in ``_loss`` is a term; records missing a key are skipped for that curve);
+* ``curves-<metric>.png`` (in ``out_dir``) when several runs are given: one figure per metric
+  (STS-B dev, the total loss, each loss term) with every run on it, to compare them;
 * ``align_uniform.png`` (in ``out_dir``): one point per run in the ``(L_uniform, L_align)``
   plane, as SimCSE's Fig. 2 / MCSE's analysis (lower-left is better); the values come from the
   run's ``results.json`` (``mmcse eval --align-uniform``) or ``align_uniform.json``, or are
@@ -12,11 +14,18 @@
 * ``<dir>/ablation.png`` for an ``mmcse ablate`` output folder (``ablation.json``): STS avg ±
   std per row, the published avg ± std beside it where the paper printed the same ablation.
 
+Axes are honest: tick labels carry the values themselves (no ``+8.673e1`` offset), and a
+curve that barely moves is not stretched over the whole height -- the y range spans at least
+:data:`MIN_DEV_SPAN` Spearman points for STS-B dev and :data:`MIN_REL_SPAN` of the values'
+magnitude for a loss, so noise looks like noise. Series of few points (a single one included)
+are drawn with markers. ``--align-uniform`` logs each run it computes and shows an encoding bar.
+
 matplotlib is an optional dependency (``pip install 'mmcse[plot]'``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,10 +46,21 @@ from mmcse.rundir import (
     ABLATION_RECORD,
     ALIGN_UNIFORM_PLOT,
     METRICS_FILE,
+    OVERLAY_PLOT,
     AblationDir,
     read_json,
     write_json,
 )
+
+logger = logging.getLogger(__name__)
+
+#: the least y range of an STS-B dev axis, in Spearman x 100 points
+MIN_DEV_SPAN = 5.0
+#: the least y range of any other axis, as a share of the largest |value| drawn
+MIN_REL_SPAN = 0.1
+#: a series with at most this many points is drawn with markers
+MARKERS_UP_TO = 30
+DEV_KEY = "stsb_dev"
 
 
 def _pyplot():
@@ -66,6 +86,35 @@ def loss_series(records: list[dict]) -> dict[str, tuple[list[float], list[float]
     return {key: value for key, value in series.items() if value[0]}
 
 
+def honest_axis(ax, values: Sequence[float], min_span: float | None = None) -> None:
+    """Plain tick labels (the values written out, no offset) and a y range of at least
+    ``min_span`` (default :data:`MIN_REL_SPAN` of the largest magnitude) around ``values``."""
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)
+    if not values:
+        return
+    low, high = min(values), max(values)
+    if max(abs(low), abs(high)) < 1e-3:  # a learning rate: 2e-05, not 0.0000200
+        from matplotlib.ticker import FormatStrFormatter
+
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+    if min_span is None:
+        min_span = MIN_REL_SPAN * max(abs(low), abs(high)) or 1.0
+    if high - low < min_span:
+        middle = (low + high) / 2
+        ax.set_ylim(middle - min_span / 2, middle + min_span / 2)
+
+
+def draw(ax, steps: Sequence[float], values: Sequence[float], **style) -> None:
+    """One series; markers when it has few points, so a single point is visible."""
+    if len(steps) <= MARKERS_UP_TO:
+        style = {"marker": "o", "markersize": 4, **style}
+    ax.plot(steps, values, **style)
+
+
+def _span(key: str) -> float | None:
+    return MIN_DEV_SPAN if key == DEV_KEY else None
+
+
 def plot_training_curves(run: Run, path: str | Path) -> Path | None:
     """Loss terms, lr and STS-B dev of one run; ``None`` when it logged nothing yet."""
     records = run.metrics()
@@ -74,16 +123,20 @@ def plot_training_curves(run: Run, path: str | Path) -> Path | None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     loss_ax, lr_ax, dev_ax = axes
+    drawn = []
     for key, (steps, values) in loss_series(records).items():
         style = {"color": "black", "linewidth": 2} if key == "loss" else {}
-        loss_ax.plot(steps, values, label="total (weighted)" if key == "loss" else key, **style)
+        draw(loss_ax, steps, values, label="total (weighted)" if key == "loss" else key, **style)
+        drawn += values
+    honest_axis(loss_ax, drawn)
     loss_ax.set(title="loss terms", xlabel="step", ylabel="loss")
     if loss_ax.lines:
         loss_ax.legend(fontsize=8)
-    for ax, key, title in ((lr_ax, "lr", "learning rate"), (dev_ax, "stsb_dev", "STS-B dev")):
+    for ax, key, title in ((lr_ax, "lr", "learning rate"), (dev_ax, DEV_KEY, "STS-B dev")):
         steps, values = _series(records, key)
         if steps:
-            ax.plot(steps, values, marker="o" if key == "stsb_dev" else None, markersize=3)
+            draw(ax, steps, values)
+            honest_axis(ax, values, _span(key))
         else:
             ax.text(0.5, 0.5, f"no '{key}' records", ha="center", va="center",
                     transform=ax.transAxes)  # fmt: skip
@@ -92,6 +145,43 @@ def plot_training_curves(run: Run, path: str | Path) -> Path | None:
     fig.suptitle(str(run.path))
     fig.tight_layout()
     return _save(fig, path)
+
+
+def overlay_metrics(runs: Sequence[tuple[str, Run]]) -> dict[str, dict[str, tuple]]:
+    """``{metric: {run label: (steps, values)}}`` for STS-B dev, the total loss and every loss
+    term any of the runs logged."""
+    out: dict[str, dict[str, tuple]] = {}
+    for label, run in runs:
+        records = run.metrics()
+        series = {DEV_KEY: _series(records, DEV_KEY), **loss_series(records)}
+        for key, (steps, values) in series.items():
+            if steps:
+                out.setdefault(key, {})[label] = (steps, values)
+    return out
+
+
+def overlay_figure(metric: str, series: dict[str, tuple]):
+    """One metric, every run on the same axes (the figure, for :func:`_save`)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, (steps, values) in series.items():
+        draw(ax, steps, values, label=label)
+    honest_axis(ax, [v for _, values in series.values() for v in values], _span(metric))
+    title = "STS-B dev" if metric == DEV_KEY else metric
+    ax.set(title=f"{title}: {len(series)} runs", xlabel="step",
+           ylabel="Spearman x 100" if metric == DEV_KEY else "loss")  # fmt: skip
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_overlays(runs: Sequence[tuple[str, Run]], out_dir: Path) -> list[Path]:
+    """``curves-<metric>.png`` per metric, every run overlaid."""
+    return [
+        _save(overlay_figure(metric, series), out_dir / OVERLAY_PLOT.format(metric=metric))
+        for metric, series in overlay_metrics(runs).items()
+    ]
 
 
 def _save(fig, path: str | Path) -> Path:
@@ -165,12 +255,16 @@ def compute_align_uniform(run: Run, data_dir=None) -> dict:
 
     downstream = resolve_downstream(data_dir)
     subsets = [load_stsbenchmark(downstream, split) for split in STSB_FILES]
+    logger.info(f"{run.path}: loading the best checkpoint")
     encoder, tokenizer, pooler, _ = load_encoder(run.path, None, None)
     pairs = [pair for subset in subsets for pair in subset.pairs]
     gold = [g for subset in subsets for g in subset.gold]
+    logger.info(f"{run.path}: encoding the {len(pairs)} STS-B pairs")
     vectors, row = embed_unique(
         (s for pair in pairs for s in pair),
-        lambda sentences: encode_sentences(encoder, tokenizer, sentences, pooler=pooler),
+        lambda sentences: encode_sentences(
+            encoder, tokenizer, sentences, pooler=pooler, progress=True
+        ),
     )
     import numpy as np
 
@@ -195,7 +289,7 @@ def write_run_plots(
     if not run_dirs:
         raise MmcseError("give at least one run directory")
     arguments = [Path(p) for p in run_dirs]
-    written, points = [], {}
+    written, points, plotted = [], {}, []
     for argument in arguments:
         if not argument.is_dir():
             raise MmcseError(f"{argument} is not a directory")
@@ -214,17 +308,23 @@ def write_run_plots(
                 (group.label if len(group.runs) == 1 else f"{group.label}/{r.label}", r)
                 for r in group.runs
             ]
-        for label, run in runs:
-            curves = plot_training_curves(run, run.files.training_curves)
-            if curves:
-                written.append(curves)
-            au = run.align_uniform()
-            if au is None and with_align_uniform:
-                au = compute_align_uniform(run, data_dir)
-            if au is not None:
-                points[label] = (au["uniformity"], au["alignment"])
+        plotted += runs
+    missing = [r for _, r in plotted if r.align_uniform() is None] if with_align_uniform else []
+    for label, run in plotted:
+        curves = plot_training_curves(run, run.files.training_curves)
+        if curves:
+            written.append(curves)
+        au = run.align_uniform()
+        if au is None and with_align_uniform:
+            index = missing.index(run) + 1
+            logger.info(f"alignment/uniformity [{index}/{len(missing)}]: {label}")
+            au = compute_align_uniform(run, data_dir)
+        if au is not None:
+            points[label] = (au["uniformity"], au["alignment"])
+    target = Path(out_dir) if out_dir else _default_out_dir(arguments)
+    if len(plotted) > 1:
+        written += plot_overlays(plotted, target)
     if points:
-        target = Path(out_dir) if out_dir else _default_out_dir(arguments)
         written.append(plot_align_uniform(points, target / ALIGN_UNIFORM_PLOT))
     if not written:
         raise MmcseError(

@@ -33,6 +33,7 @@ from mmcse.evaluation.report import COLUMN_TITLES
 from mmcse.evaluation.sts import TASKS_BY_MODE
 from mmcse.evaluation.suites import SUITES
 from mmcse.evaluation.transfer import TRANSFER_TASKS, TRANSFER_TITLES
+from mmcse.reports.model_card import random_teachers
 from mmcse.reports.published import COLUMNS as STS_COLUMNS
 from mmcse.rundir import (
     RunDir,
@@ -217,6 +218,32 @@ class Run:
     def metrics(self) -> list[dict]:
         """The training/eval records (:meth:`mmcse.rundir.RunDir.read_metrics`)."""
         return self.files.read_metrics()
+
+    def unfinished(self) -> str | None:
+        """``"step s of N"`` when the run info says the run did not finish, else None."""
+        info = self.info()
+        if info.get("finished", True) is not False:
+            return None
+        total = f" of {info['total_steps']}" if info.get("total_steps") else ""
+        return f"step {info.get('step', '?')}{total}"
+
+    def random_teachers(self) -> list[str]:
+        """The feature sets this run read that came from teachers with random weights."""
+        return [key for key, _ in random_teachers(self.info())]
+
+    def batches_seen(self) -> dict[str, int]:
+        """Batches of each kind the run trained on (``text``, ``caption``, ...): the sum of its
+        training records' ``<kind>_batches``, else what ``plan.json`` planned; empty if neither."""
+        seen: dict[str, int] = {}
+        for record in self.metrics():
+            for key, value in record.items():
+                if key.endswith("_batches") and isinstance(value, int):
+                    kind = key.removesuffix("_batches")
+                    seen[kind] = seen.get(kind, 0) + value
+        if seen:
+            return seen
+        planned = (read_json(self.files.plan) or {}).get("batches_in_run")
+        return dict(planned) if isinstance(planned, dict) else {}
 
 
 def _protocol_cells(protocol: Protocol, results: list[dict]) -> dict[Column, Cell]:

@@ -2,8 +2,12 @@
 
 Rows are :class:`mmcse.reports.compare.Row` (mean, sample std over seeds, ``n``, extra text
 columns). The best mean of each column among *measured* rows (not published rows, not
-differences) is marked: bold in markdown and LaTeX, listed in CSV's ``best`` column; a column
-whose numbers are not comparable (``unranked``) marks none. A column compares one protocol only
+differences) is marked -- bold in markdown and LaTeX, listed in CSV's ``best`` column -- only
+when the difference is supported: among the rows with at least two seeds in the column, the best
+beats each other one in a two-sided Welch t-test (:func:`mmcse.reports.compare.welch_p`,
+p < :data:`ALPHA`), and no row of one seed scores as high. One seed is never compared (noise
+would read as a finding); :data:`BEST_RULE` says so. A column whose numbers are not comparable
+(``unranked``) marks none. A column compares one protocol only
 (the callers give each protocol its own columns), so a mark never crosses protocols. A cell that
 summarises fewer runs than its row says so (``(1 of 2)``). Notes (a legend, what a run changed,
 where environments differ) follow the table in markdown and are ``%`` comments in LaTeX. Every
@@ -22,24 +26,34 @@ import numpy as np
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.transfer import TRANSFER_TITLES
-from mmcse.reports.compare import TITLES, Row
+from mmcse.reports.compare import TITLES, Row, welch_p
 
 FORMATS = {"md": ".md", "csv": ".csv", "latex": ".tex"}
 ALL_TITLES = {**TITLES, **TRANSFER_TITLES, "transfer avg": "Transfer Avg."}
+#: the significance level a best mark needs against every other measured row
+ALPHA = 0.05
+MIN_SEEDS = 2
+BEST_RULE = (
+    f"Bold: the best mean of a column among the rows of at least {MIN_SEEDS} seeds, only where "
+    f"it beats each of them in a two-sided Welch t-test (p < {ALPHA}) and no row of 1 seed "
+    "scores as high; a row of 1 seed is not compared (its differences may be noise), and "
+    "published rows do not compete."
+)
 
 
 def summarize_columns(label: str, scores: Sequence[dict[str, float]], columns) -> Row:
     """Mean and sample std (ddof 1) per column, over the runs that have the column."""
-    mean, std, counts = {}, {}, {}
+    mean, std, counts, seeds = {}, {}, {}, {}
     for column in columns:
         values = np.array([s[column] for s in scores if column in s], dtype=np.float64)
         if values.size:
             mean[column] = float(values.mean())
+            seeds[column] = tuple(map(float, values))
             if values.size > 1:
                 std[column] = float(values.std(ddof=1))
             if values.size < len(scores):
                 counts[column] = int(values.size)
-    return Row(label, mean, std, len(scores), counts=counts)
+    return Row(label, mean, std, len(scores), counts=counts, values=seeds)
 
 
 def present_columns(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
@@ -50,16 +64,38 @@ def best_cells(
     rows: Sequence[Row], columns: Sequence[str], measured, unranked: Collection[str] = ()
 ) -> set[tuple[int, str]]:
     """``(row index, column)`` of each column's highest mean among ``measured`` row indices
-    (none in an ``unranked`` column)."""
+    where the difference to every other measured row is supported (:func:`supported`; none in
+    an ``unranked`` column)."""
     out = set()
     for column in columns:
         if column in unranked:
             continue
-        candidates = [(rows[i].mean[column], i) for i in measured if column in rows[i].mean]
-        if len(candidates) > 1:
-            top = max(v for v, _ in candidates)
-            out |= {(i, column) for v, i in candidates if v == top}
+        candidates = [i for i in measured if column in rows[i].mean]
+        compared = [i for i in candidates if len(rows[i].values.get(column, ())) >= MIN_SEEDS]
+        if len(compared) < 2:
+            continue
+        top = max(compared, key=lambda i: rows[i].mean[column])
+        best = rows[top].mean[column]
+        if any(rows[i].mean[column] >= best for i in candidates if i not in compared):
+            continue  # a row of one seed scores as high: no row can be called the best
+        if all(supported(rows[top], rows[i], column) for i in compared if i != top):
+            out.add((top, column))
     return out
+
+
+def supported(best: Row, other: Row, column: str) -> bool:
+    """``best`` is higher than ``other`` in ``column`` beyond seed noise: both have
+    :data:`MIN_SEEDS` values there and Welch's test gives p < :data:`ALPHA`."""
+    a, b = best.values.get(column, ()), other.values.get(column, ())
+    if min(len(a), len(b)) < MIN_SEEDS or best.mean[column] <= other.mean[column]:
+        return False
+    p = welch_p(a, b)
+    return p is not None and p < ALPHA
+
+
+def single_seed(row: Row) -> bool:
+    """A measured row of one run: :func:`best_cells` never compares it."""
+    return row.n is not None and row.n < MIN_SEEDS
 
 
 def _cell(row: Row, column: str, fmt: str) -> str:
@@ -73,6 +109,14 @@ def _cell(row: Row, column: str, fmt: str) -> str:
     if column in row.counts and fmt != "csv":
         text += f" ({row.counts[column]} of {row.n})"
     return text
+
+
+def _label(row: Row, measured: bool) -> str:
+    if row.n is None or row.n == 0:
+        return row.label
+    if measured and single_seed(row):
+        return f"{row.label} (1 seed: not compared)"
+    return f"{row.label} (n={row.n})" if row.n > 1 else row.label
 
 
 def _latex_escape(text: str) -> str:
@@ -107,7 +151,7 @@ def render(
             if (index, column) in best:
                 text = f"**{text}**" if fmt == "md" else f"\\textbf{{{text}}}"
             cells.append(text)
-        label = row.label if row.n is None or row.n <= 1 else f"{row.label} (n={row.n})"
+        label = _label(row, index in measured)
         extras = [row.extra.get(c, "") for c in extra_columns]
         if fmt == "latex":
             label, extras = _latex_escape(label), [_latex_escape(e) for e in extras]

