@@ -59,8 +59,9 @@ class NonLinguisticMixin:
                 f"method {self.name!r} needs its examples: give --feature {self.nonlinguistic}=DIR"
             )
         return NonLinguisticTask(
-            encoder, self, path, device, seed=cfg.seed, precision=cfg.precision
-        )
+            encoder, self, path, device, seed=cfg.seed, precision=cfg.precision,
+            adam_eps=cfg.adam_eps, adam_eps_style=cfg.adam_eps_style,
+        )  # fmt: skip
 
     def auxiliary_roles(self) -> tuple[str, ...]:
         return (self.nonlinguistic,) if self.nonlinguistic_settings().weight != 0 else ()

@@ -14,9 +14,12 @@ LayerNorm are bypassed, the patch embedding supplies [CLS] and positions, and no
 is needed (every token is real). Calling the HF model with ``inputs_embeds`` instead would add
 BERT's position and token-type embeddings and renormalise, which is a different model.
 
-The image step follows the authors' trainer: AdamW (weight decay 0 in all released runs),
-gradient clipping at 1.0 over every parameter, and — when ``total_steps`` is known — their cosine
-decay of the image lr without warm-up; otherwise the lr is constant. Under several processes each
+The image step follows the authors' trainer: ``transformers.AdamW`` (weight decay 0 in all
+released runs) with the text optimizer's ε (``adam_epsilon``, the same argument) placed as
+transformers places it, before the bias correction (:func:`mmcse.optim.set_transformers_eps`;
+``adam_eps_style="torch"`` is torch's placement, for both optimizers), gradient clipping at 1.0
+over every parameter, and — when ``total_steps`` is known — their cosine decay of the image lr
+without warm-up; otherwise the lr is constant. Under several processes each
 rank samples its own batch and gradients are averaged across ranks before the update, so replicas
 stay identical (the authors' image step is single-process).
 """
@@ -42,6 +45,7 @@ from mmcse.losses.heads import MLPHead
 from mmcse.nonling.augment import ViewAugmentation, augment
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
 from mmcse.nonling.specaugment import SpecAugment, spec_augment
+from mmcse.optim import EPS_STYLES, set_transformers_eps
 from mmcse.registry import LOSSES
 
 IMAGE_KIND = IMAGE_TENSOR_KIND  # the cache contract's names (mmcse.cache.kinds)
@@ -129,9 +133,15 @@ class NonLinguisticTask:
         seed: int = 42,
         total_steps: int | None = None,
         precision: str = "auto",
+        adam_eps: float = 1e-8,
+        adam_eps_style: str = "transformers",
     ) -> None:
-
+        """``adam_eps``, ``adam_eps_style``: the run's (``TrainConfig``): the released trainer
+        builds both optimizers with the same ``adam_epsilon``, both ``transformers.AdamW``."""
+        if adam_eps_style not in EPS_STYLES:
+            raise ValueError(f"adam_eps_style must be one of {EPS_STYLES}, not {adam_eps_style!r}")
         self.settings: NonLinguisticSettings = method_cfg.nonlinguistic_settings()
+        self.adam_eps, self.adam_eps_style = adam_eps, adam_eps_style
         self.encoder = encoder
         self.device = torch.device(device)
         self.seed, self.total_steps, self.precision = seed, total_steps, precision
@@ -202,10 +212,11 @@ class NonLinguisticTask:
         return self.heads.parameters()
 
     def make_optimizer(self, encoder: nn.Module) -> torch.optim.Optimizer:
-        """AdamW over the encoder and the task's modules at the task's lr (Table C.1)."""
+        """AdamW over the encoder and the task's modules at the task's lr (Table C.1); its ε
+        is set before every step when ``adam_eps_style`` is ``transformers`` (:meth:`step`)."""
         params = [*encoder.parameters(), *self.heads.parameters()]
         self.optimizer = torch.optim.AdamW(
-            params, lr=self.settings.lr, weight_decay=self.settings.weight_decay
+            params, lr=self.settings.lr, weight_decay=self.settings.weight_decay, eps=self.adam_eps
         )
         return self.optimizer
 
@@ -270,6 +281,8 @@ class NonLinguisticTask:
         if self.settings.max_grad_norm > 0:
             self.scaler.unscale_(optimizer)  # clip the true gradients (the released order)
             torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
+        if self.adam_eps_style == "transformers":
+            set_transformers_eps(optimizer, self.adam_eps)  # the released transformers.AdamW
         self.scaler.step(optimizer)  # skipped when a scaled gradient overflowed (fp16)
         self.scaler.update()
         optimizer.zero_grad(set_to_none=True)

@@ -86,8 +86,6 @@ def test_ssast_fbank_pads_and_cuts():
     assert torch.equal(ssast_fbank(x, SR), ssast_fbank(x, SR))  # dither 0: deterministic
 
 
-
-
 def test_read_wav_scales_int16(tmp_path):
     write_sine_wav(tmp_path / "a.wav", 200)
     waveform, rate = read_wav(tmp_path / "a.wav")
@@ -258,9 +256,10 @@ def tiny_bert(tmp_path_factory):
     return build_tiny_bert(tmp_path_factory.mktemp("bert"))
 
 
-class Cfg:  # the two fields auxiliary_task reads from a TrainConfig, plus features
-    def __init__(self, features):
+class Cfg:  # the fields auxiliary_task reads from a TrainConfig
+    def __init__(self, features, adam_eps=1e-8, adam_eps_style="transformers"):
         self.features, self.seed, self.precision = features, 3, "auto"
+        self.adam_eps, self.adam_eps_style = adam_eps, adam_eps_style
 
 
 def changed(before: dict, module: torch.nn.Module) -> bool:
@@ -378,3 +377,30 @@ def test_cli_extract_image_tensors(tmp_path):
     assert result.exit_code == 0, result.output
     assert "6 images, 3 classes" in result.output
     assert FeatureSet.open(tmp_path / "set").shape == (3, 24, 24)
+
+
+def test_auxiliary_step_updates_equal_transformers_adamw(tmp_path, tiny_bert):
+    """The released image optimizer is transformers.AdamW with the run's ε (trainers.py:516–522):
+    the first three updates of every parameter equal that update written out (tests/test_optim),
+    fed the step's own (clipped) gradients."""
+    from test_optim import TransformersAdamW
+
+    folder = make_image_folder(tmp_path / "imgs")
+    examples = nc.class_folder(folder, nc.IMAGE_SUFFIXES)
+    nc.write_image_tensors(examples, tmp_path / "set", dataset="toy", size=40, workers=0)
+    encoder = SentenceEncoder.from_pretrained(str(tiny_bert))
+    method = build_method("visualcse", image_batch_size=4, image_size=32, image_lr=1e-3)
+    cfg = Cfg({"image_tensor": str(tmp_path / "set")}, adam_eps=1e-4)  # ε visible at this scale
+    task = method.auxiliary_task(encoder, cfg, "cpu")
+    params = [*encoder.parameters(), *task.parameters()]
+    reference = TransformersAdamW(lr=1e-3, eps=1e-4)
+    expected: list[torch.Tensor] = []
+
+    def hand_written(optimizer, args, kwargs):  # the gradients the step is about to apply
+        expected[:] = [reference.update(i, p, p.grad) for i, p in enumerate(params)]
+
+    task.make_optimizer(encoder).register_step_pre_hook(hand_written)
+    for index in range(3):
+        task.step(index)
+        for param, want in zip(params, expected, strict=True):
+            torch.testing.assert_close(param.detach().double(), want, rtol=1e-5, atol=1e-7)
