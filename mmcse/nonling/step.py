@@ -71,6 +71,9 @@ class NonLinguisticSettings:
         init: image patch embedding init: ``auto``, ``random`` or a ViT dir / hub id.
         freq_mask, time_mask: audio SpecAugment mask parameters
             (:mod:`mmcse.nonling.specaugment`; 0 = no mask).
+        position_embeddings: learned position embeddings in the audio patch embedding (False:
+            none, the released audio path; :mod:`mmcse.nonling.patch_embed`). Images always
+            have ViT's.
     """
 
     kind: str
@@ -86,6 +89,7 @@ class NonLinguisticSettings:
     init: str = "auto"
     freq_mask: int = 0
     time_mask: int = 0
+    position_embeddings: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in (IMAGE_KIND, AUDIO_KIND):
@@ -204,7 +208,9 @@ class NonLinguisticTask:
         if self.settings.kind == IMAGE_KIND:
             return ImagePatchEmbedding.create(hidden, self.settings.image_size, self.settings.init)
         frames, bins = self.examples.shape
-        return AudioPatchEmbedding(hidden, frames, bins, self.settings.patch_size)
+        return AudioPatchEmbedding(
+            hidden, frames, bins, self.settings.patch_size, self.settings.position_embeddings
+        )
 
     # -- public API ----------------------------------------------------------------------------
     def parameters(self):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from mmcse.methods import build_method
 from mmcse.model import SentenceEncoder
 from mmcse.nonling.augment import ViewAugmentation, augment, two_views
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
-from mmcse.nonling.step import NonLinguisticTask, class_of
+from mmcse.nonling.step import NonLinguisticTask, class_of, encode_tokens
 from mmcse.registry import LOSSES
 from mmcse.tiny import build_tiny_bert
 from pipeline import nonling_cache as nc
@@ -404,3 +405,45 @@ def test_auxiliary_step_updates_equal_transformers_adamw(tmp_path, tiny_bert):
         task.step(index)
         for param, want in zip(params, expected, strict=True):
             torch.testing.assert_close(param.detach().double(), want, rtol=1e-5, atol=1e-7)
+
+
+def sine_fbank_set(tmp_path) -> Path:
+    for speaker, freq in (("s1", 220.0), ("s2", 880.0)):
+        for i in range(3):
+            write_sine_wav(tmp_path / "wavs" / speaker / f"u{i}.wav", freq * (1 + 0.1 * i))
+    examples = nc.class_folder(tmp_path / "wavs", nc.AUDIO_SUFFIXES)
+    cfg = FbankConfig(num_mel_bins=32, target_frames=48)
+    nc.write_audio_fbanks(examples, tmp_path / "set", dataset="sines", cfg=cfg, workers=0)
+    return tmp_path / "set"
+
+
+def released_audio_cls(backbone, heads, clips: torch.Tensor) -> torch.Tensor:
+    """AudioCSE/src/models.py:393–403 in order: unsqueeze, transpose(2, 3), timm's patch_embed
+    (conv, flatten(2), transpose(1, 2)), cls_token in front, pos_drop (dropout 0: identity), then
+    ``bert.encoder`` and [CLS] — no position embeddings anywhere."""
+    conv = heads["patch_embed"].projection
+    x = clips.unsqueeze(1).transpose(2, 3)
+    x = torch.nn.functional.conv2d(x, conv.weight, conv.bias, stride=conv.stride)
+    x = x.flatten(2).transpose(1, 2)
+    x = torch.cat((heads["patch_embed"].cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+    return backbone.encoder(x).last_hidden_state[:, 0]
+
+
+def test_audio_encoder_follows_the_released_layer_order(tmp_path, tiny_bert):
+    examples = sine_fbank_set(tmp_path)
+    encoder = SentenceEncoder.from_pretrained(str(tiny_bert)).eval()
+    outputs = {}
+    for positions in (False, True):
+        method = build_method(
+            "audiocse", audio_batch_size=4, audio_patch_size=16,
+            audio_position_embeddings=positions,
+        )  # fmt: skip
+        task = method.auxiliary_task(encoder, Cfg({"audio_fbank": str(examples)}), "cpu")
+        clips = torch.from_numpy(task.examples.take(np.arange(4))).float()
+        with torch.no_grad():
+            ours = encode_tokens(encoder.backbone, task.heads["patch_embed"](clips))
+            outputs[positions] = (ours, released_audio_cls(encoder.backbone, task.heads, clips))
+        has_positions = any("position_embeddings" in k for k in task.state_dict())
+        assert has_positions == positions
+    torch.testing.assert_close(*outputs[False], rtol=1e-5, atol=1e-6)  # the default = released
+    assert not torch.allclose(*outputs[True], atol=1e-3)  # the switch adds positions
