@@ -9,7 +9,9 @@ Training then decodes nothing: a step gathers rows of a memory-mapped feature se
   (32 px, enlarged like the paper's App. F).
 * ``audio_fbank`` sets: rows ``[1024, 128]`` (float16 by default) Kaldi log-mel filterbanks of
   the mean-removed waveform, SSAST's preprocessing (:mod:`pipeline.fbank`), from WAV files
-  in a class-per-folder tree (e.g. LibriSpeech converted to WAV, class = speaker).
+  in a class-per-folder tree (e.g. LibriSpeech converted to WAV, class = speaker). A
+  ``classes``-subset of it is by default AudioCSE's released rule, the classes with the most
+  files (:func:`most_files_classes`); ``by="random"`` draws them at random.
 
 Labels: every id is ``<class>/<name>`` and the manifest's ``extra["classes"]`` lists the class
 names (sorted); the trainer derives labels from the ids (:func:`mmcse.cache.kinds.class_of`), so
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +48,9 @@ FULL_RESOLUTION = 1 << 30  # open_rgb's short side: no draft downscaling
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 AUDIO_SUFFIXES = {".wav"}
 PRODUCER = "mmcse.pipeline.nonling_cache"
+#: how ``class_folder`` picks ``max_classes`` classes: the most files first (AudioCSE's released
+#: ``prep_librispeech.py`` + ``trainers.py``: the top-50 speakers), or a seeded random draw
+CLASS_PICKS = ("most", "random")
 
 
 @dataclass(frozen=True)
@@ -62,16 +68,23 @@ def class_folder(
     max_classes: int | None = None,
     per_class: int | None = None,
     seed: int = 0,
+    by: str = "random",
 ) -> list[Example]:
-    """Files under ``root/<class>/**`` with one of ``suffixes``; optionally a seeded random
-    subset of ``max_classes`` classes and ``per_class`` files each (sorted, reproducible)."""
+    """Files under ``root/<class>/**`` with one of ``suffixes``; optionally ``max_classes``
+    classes — ``by="random"``: a seeded random subset; ``"most"``: :func:`most_files_classes` —
+    and a seeded random subset of ``per_class`` files each (sorted, reproducible)."""
     root = Path(root)
     if not root.is_dir():
         raise MmcseError(f"{root}: no such folder (expected one sub-folder per class)")
+    if by not in CLASS_PICKS:
+        raise MmcseError(f"the class pick must be one of {', '.join(CLASS_PICKS)}, not {by!r}")
     rng = np.random.default_rng(seed)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if max_classes is not None and max_classes < len(classes):
-        classes = sorted(rng.choice(classes, size=max_classes, replace=False).tolist())
+        if by == "most":
+            classes = sorted(most_files_classes(root, suffixes, max_classes))
+        else:
+            classes = sorted(rng.choice(classes, size=max_classes, replace=False).tolist())
     examples = []
     for name in classes:
         files = sorted(
@@ -84,6 +97,32 @@ def class_folder(
         kinds = ", ".join(sorted(suffixes))
         raise MmcseError(f"{root}: no {kinds} files in class sub-folders")
     return examples
+
+
+def most_files_classes(root: str | Path, suffixes: set[str], k: int) -> list[str]:
+    """The ``k`` classes of ``root/<class>/**`` with the most files, AudioCSE's released rule:
+    ``prep_librispeech.py`` counts each speaker's utterances in ``os.walk`` order and sorts
+    ``sorted(counts.items(), key=count, reverse=True)`` — stable, so equal counts keep the order
+    in which ``os.walk`` first met each class (the file system's listing order, as in the released
+    run) — and ``trainers.py:481`` keeps the first ``top_classes`` = 50. A tie across the cut is
+    logged, since another file system may list the tied classes in another order."""
+    counts: dict[str, int] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        parts = Path(folder).relative_to(root).parts
+        if not parts or parts[0].startswith("."):
+            continue  # files beside the class folders belong to no class
+        found = sum(Path(f).suffix.lower() in suffixes for f in files)
+        if found:
+            counts[parts[0]] = counts.get(parts[0], 0) + found
+    ranked = sorted(counts.items(), key=lambda item: item[1], reverse=True)
+    if k < len(ranked) and ranked[k - 1][1] == ranked[k][1]:
+        tied = [name for name, n in ranked if n == ranked[k][1]]
+        logger.warning(
+            f"{root}: classes {tied} have {ranked[k][1]} files each and straddle the top-{k} "
+            "cut; kept in os.walk's listing order, as the released preparation does"
+        )
+    return [name for name, _ in ranked[:k]]
 
 
 def listed_files(root: str | Path, list_file: str | Path) -> list[Example]:

@@ -404,6 +404,8 @@ def _nonlinguistic_recipes() -> None:
         "(objective=supcon)",
         "loop, optimizer and precision: SimCSE's HF Trainer (transformers 4.5, --fp16)",
     )
+    # shown by `recipes show`: the released audio path adds no position embeddings
+    released_embedding = {"visualcse": {}, "audiocse": {"audio_position_embeddings": False}}
     kinds = {"visualcse": ("image", "image_tensor", "imagenet60"),
              "audiocse": ("audio", "audio_fbank", "librispeech50")}  # fmt: skip
     for name, (batch, lr, aux_lr, weight, source) in settings.items():
@@ -421,6 +423,7 @@ def _nonlinguistic_recipes() -> None:
                 f"{modality}_weight": weight,
                 f"{modality}_lr": aux_lr,
                 f"{modality}_objective": "class_rank_cross_entropy",  # --new_supcon
+                **released_embedding[method],
             },
             train={**HF_TRAINER_TRAIN, "learning_rate": lr, "batch_size": batch, "epochs": 1},
             seeds=(42,),

@@ -91,8 +91,13 @@ UNPAIRED_KINDS = ("image_tensor", "audio_fbank")
 UNPAIRED_SOURCES = {
     # VisualCSE §4.1: 60 random ImageNet classes × 500 images
     "imagenet60": ("extract-image-tensors", "IMAGENET_TRAIN_DIR", "--classes 60 --per-class 500"),
-    # VisualCSE App. B: LibriSpeech train-clean-100, 50 speakers (classes)
-    "librispeech50": ("extract-audio", "LIBRISPEECH_SPEAKER_DIRS", "--classes 50"),
+    # AudioCSE App. B: LibriSpeech train-clean-100, the 50 speakers with the most utterances
+    # (the released prep_librispeech.py + trainers.py:481; --class-pick random draws them)
+    "librispeech50": (
+        "extract-audio",
+        "LIBRISPEECH_SPEAKER_DIRS",
+        "--classes 50 --class-pick most",
+    ),
 }
 RAW_CAPTIONS = "--images IMAGES_DIR --captions CAPTIONS"  # placeholders the user fills in
 
@@ -323,6 +328,11 @@ class Recipe:
             f"{'dropped' if cfg.drop_last else 'kept (as torch DataLoader)'}",
             f"  evaluation  STS-B dev every {cfg.eval_steps} steps, pooler {cfg.pooler}",
             f"  seeds       {','.join(map(str, self.seeds))}",
+            *(
+                f"  examples    {n.command}"
+                for n in self.needs(cache_root)
+                if n.corpus is None and n.key.startswith("features.")
+            ),
             "  cache:",
             *(f"    {n.key:<24} {n.path}" for n in self.needs(cache_root)),
             *(f"  note: {note}" for note in self.notes),

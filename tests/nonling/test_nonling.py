@@ -447,3 +447,42 @@ def test_audio_encoder_follows_the_released_layer_order(tmp_path, tiny_bert):
         assert has_positions == positions
     torch.testing.assert_close(*outputs[False], rtol=1e-5, atol=1e-6)  # the default = released
     assert not torch.allclose(*outputs[True], atol=1e-3)  # the switch adds positions
+
+
+def released_top_speakers(path: Path, k: int, suffix: str = ".wav") -> list[str]:
+    """AudioCSE/data_preparation/prep_librispeech.py:walk (counts per speaker, the file name's
+    part before its first '-', in os.walk order; ``sorted(…, key=count, reverse=True)``) and
+    AudioCSE/src/trainers.py:481 (``top_k[i][0] for i in range(top_classes)``), as written there."""
+    import os
+    import re
+
+    mid_number: dict[str, int] = {}
+    for _root, _dirs, files in os.walk(path):
+        for file in files:
+            if file.endswith(suffix):
+                c_name = re.findall(r"(.*?)-.*", file)[0]
+                mid_number[c_name] = mid_number.get(c_name, 0) + 1
+    ranked = sorted(mid_number.items(), key=lambda x: x[1], reverse=True)
+    return [ranked[i][0] for i in range(k)]
+
+
+def test_audio_classes_are_the_released_top_speakers(tmp_path, caplog):
+    # LibriSpeech's layout: SPEAKER/CHAPTER/SPEAKER-CHAPTER-UTT; counts with ties across the cut
+    counts = {"19": 5, "26": 2, "103": 7, "1034": 3, "87": 3, "911": 3, "200": 1, "4": 6}
+    for speaker, n in counts.items():
+        for u in range(n):
+            chapter = 100 + u % 2
+            wav = tmp_path / "ls" / speaker / str(chapter) / f"{speaker}-{chapter}-{u:04d}.wav"
+            wav.parent.mkdir(parents=True, exist_ok=True)
+            wav.write_bytes(b"")
+    for k in (1, 3, 4, 5, 6):  # 4 and 5 cut through the three speakers with 3 utterances
+        want = released_top_speakers(tmp_path / "ls", k)
+        assert nc.most_files_classes(tmp_path / "ls", nc.AUDIO_SUFFIXES, k) == want
+        picked = nc.class_folder(tmp_path / "ls", nc.AUDIO_SUFFIXES, max_classes=k, by="most")
+        assert sorted({class_of(e.id) for e in picked}) == sorted(want)
+        assert len(picked) == sum(counts[s] for s in want)  # every utterance of each speaker
+    assert "straddle the top-4 cut" in caplog.text
+    drawn = nc.class_folder(tmp_path / "ls", nc.AUDIO_SUFFIXES, max_classes=3, seed=0)
+    assert len({class_of(e.id) for e in drawn}) == 3  # the switch: a seeded random draw
+    with pytest.raises(MmcseError, match="class pick"):
+        nc.class_folder(tmp_path / "ls", nc.AUDIO_SUFFIXES, max_classes=3, by="first")
