@@ -139,6 +139,13 @@ class TrainConfig:
     eval_steps: int = field(
         default=125, metadata={"min": 1, "help": "steps between STS-B dev evaluations"}
     )
+    eval_last_step: bool = field(
+        default=True,
+        metadata={
+            "help": "also score dev at the last step (MCSE's train_mix.py; the HF Trainer of "
+            "SimCSE/VisualCSE/AudioCSE: multiples of --eval-steps only)"
+        },
+    )
     eval_data: str | None = field(
         default=None,
         metadata={"help": "SentEval-layout dir ('' disables evaluation; unset: ../shared/data)"},
