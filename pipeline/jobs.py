@@ -271,7 +271,12 @@ class ImageTensorsJob(LabelledFlags):
     size: int = setting(256, "cached side length; training crops views from it")
     classes: int | None = setting(None, "random subset of this many classes (paper: 60)")
     per_class: int | None = setting(None, "random subset of files per class (paper: 500)")
-    file_list: str | None = setting(None, "exact files (authors' sampled list)", flag="--list")
+    file_list: str | None = setting(
+        None,
+        "exact files: a list (CLASS/FILE per line) or 'visualcse', the authors' released "
+        "60 x 500 list (shipped)",
+        flag="--list",
+    )
     shard_rows: int = setting(1024, "rows per shard")
 
     def run(self) -> str:

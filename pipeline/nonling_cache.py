@@ -4,8 +4,9 @@ Training then decodes nothing: a step gathers rows of a memory-mapped feature se
 
 * ``image_tensor`` sets: rows ``[3, S, S]`` uint8 (S = 256 by default: short side resized to S,
   bilinear with antialiasing, centre crop), from any class-per-folder tree (an ImageNet train
-  dir or a class subset of it, optionally the exact file list the authors released, or a random
-  ``classes × per_class`` subset as the paper's 60 × 500) or CIFAR-10/100 python pickle batches
+  dir or a class subset of it: the exact file list the authors released — shipped,
+  :data:`RELEASED_LISTS` — or another list, or a random ``classes × per_class`` subset as the
+  paper's 60 × 500) or CIFAR-10/100 python pickle batches
   (32 px, enlarged like the paper's App. F).
 * ``audio_fbank`` sets: rows ``[1024, 128]`` (float16 by default) Kaldi log-mel filterbanks of
   the mean-removed waveform, SSAST's preprocessing (:mod:`pipeline.fbank`), from WAV files
@@ -20,6 +21,7 @@ labels are joined by id like every other cached value and need no second table.
 
 from __future__ import annotations
 
+import gzip
 import logging
 import math
 import os
@@ -48,6 +50,9 @@ FULL_RESOLUTION = 1 << 30  # open_rgb's short side: no draft downscaling
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 AUDIO_SUFFIXES = {".wav"}
 PRODUCER = "mmcse.pipeline.nonling_cache"
+#: file lists shipped with mmcse, by the name ``--list`` accepts (``pipeline/data/README.md``):
+#: ``visualcse`` = the released ``VisualCSE/sampled-Imagenet.txt``, 60 classes × 500 images
+RELEASED_LISTS = {"visualcse": Path(__file__).parent / "data" / "visualcse-sampled-imagenet.txt.gz"}
 #: how ``class_folder`` picks ``max_classes`` classes: the most files first (AudioCSE's released
 #: ``prep_librispeech.py`` + ``trainers.py``: the top-50 speakers), or a seeded random draw
 CLASS_PICKS = ("most", "random")
@@ -127,9 +132,10 @@ def most_files_classes(root: str | Path, suffixes: set[str], k: int) -> list[str
 
 def listed_files(root: str | Path, list_file: str | Path) -> list[Example]:
     """The files a list names (one path per line; its last two parts are ``class/file``, as in
-    the authors' ``sampled-Imagenet.txt``), resolved under ``root``."""
+    the authors' ``sampled-Imagenet.txt``), resolved under ``root``. ``list_file``: a path (gzip
+    when it ends in ``.gz``) or a name of :data:`RELEASED_LISTS`."""
     root = Path(root)
-    lines = [line.strip() for line in read_text(Path(list_file)).splitlines() if line.strip()]
+    lines = [line.strip() for line in list_text(list_file).splitlines() if line.strip()]
     paths = [root.joinpath(*Path(line).parts[-2:]) for line in lines]
     outside = [line for line, path in zip(lines, paths, strict=True) if not inside(root, path)]
     if outside:
@@ -138,6 +144,18 @@ def listed_files(root: str | Path, list_file: str | Path) -> list[Example]:
     if missing:
         raise MmcseError(f"{len(missing)} listed files are missing under {root}, e.g. {missing[0]}")
     return [Example(_id_of(root, p), p) for p in paths]
+
+
+def list_text(list_file: str | Path) -> str:
+    """The text of a list file, or of the shipped list of that name (:data:`RELEASED_LISTS`)."""
+    path = RELEASED_LISTS.get(str(list_file), Path(list_file))
+    if not path.is_file():
+        shipped = ", ".join(RELEASED_LISTS)
+        raise MmcseError(f"{list_file}: no such list file (shipped lists: {shipped})")
+    if path.suffix != ".gz":
+        return read_text(path)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read()
 
 
 def cifar_batches(root: str | Path, split: str = "train") -> list[Example]:

@@ -93,8 +93,9 @@ CAPTION_KINDS = ("image", "text", "object")
 UNPAIRED_KINDS = ("image_tensor", "audio_fbank")
 #: unpaired example sets: dataset name → (command, its source placeholder, sampling flags)
 UNPAIRED_SOURCES = {
-    # VisualCSE §4.1: 60 random ImageNet classes × 500 images
-    "imagenet60": ("extract-image-tensors", "IMAGENET_TRAIN_DIR", "--classes 60 --per-class 500"),
+    # VisualCSE §4.1: 60 ImageNet classes × 500 images, the exact files the authors released
+    # (VisualCSE/sampled-Imagenet.txt, shipped); --classes 60 --per-class 500 draws new ones
+    "imagenet60": ("extract-image-tensors", "IMAGENET_TRAIN_DIR", "--list visualcse"),
     # AudioCSE App. B: LibriSpeech train-clean-100, the 50 speakers with the most utterances
     # (the released prep_librispeech.py + trainers.py:481; --class-pick random draws them)
     "librispeech50": (

@@ -486,3 +486,33 @@ def test_audio_classes_are_the_released_top_speakers(tmp_path, caplog):
     assert len({class_of(e.id) for e in drawn}) == 3  # the switch: a seeded random draw
     with pytest.raises(MmcseError, match="class pick"):
         nc.class_folder(tmp_path / "ls", nc.AUDIO_SUFFIXES, max_classes=3, by="first")
+
+
+RELEASED_LIST_SHA256 = "dca31e7bfb42686d76b1f4c86dd77b6bc015bab792059dcaacba8ede5c3f760d"
+
+
+def test_shipped_visualcse_list_is_the_released_file_and_selects_its_images(tmp_path):
+    """``--list visualcse`` = yiren-jian/NonLing-CSE VisualCSE/sampled-Imagenet.txt byte for byte
+    (its sha256 read off the released file). On an ImageNet-shaped tree with other images too, a
+    list in the released format (a slice of the shipped one) caches exactly the images of the
+    released ``sampled-Imagenet`` folder (ImageFolder: class = the line's parent folder)."""
+    import gzip
+    import hashlib
+
+    raw = gzip.decompress(nc.RELEASED_LISTS["visualcse"].read_bytes())
+    assert hashlib.sha256(raw).hexdigest() == RELEASED_LIST_SHA256
+    lines = raw.decode().splitlines()
+    assert nc.list_text("visualcse").splitlines() == lines
+    assert len(set(lines)) == 30_000 and len({line.split("/")[-2] for line in lines}) == 60
+    fixture = lines[:3] + lines[500:502] + lines[-2:]  # three classes
+    (tmp_path / "list.txt").write_text("\n".join(fixture) + "\n")
+    released = {tuple(line.split("/")[-2:]) for line in fixture}
+    root = tmp_path / "imagenet-train"
+    for wnid, name in [*released, ("n99999999", "n99999999_1.JPEG")]:
+        (root / wnid).mkdir(parents=True, exist_ok=True)
+        (root / wnid / name).touch()
+        (root / wnid / f"{wnid}_999999.JPEG").touch()  # not listed
+    ids = [e.id for e in nc.listed_files(root, tmp_path / "list.txt")]
+    assert sorted(ids) == sorted(f"{wnid}/{Path(name).stem}" for wnid, name in released)
+    with pytest.raises(MmcseError, match="shipped lists: visualcse"):
+        nc.listed_files(root, tmp_path / "no-such-list.txt")
