@@ -27,17 +27,11 @@ def eval_steps(eval_every: int, total: int, last: bool) -> list[int]:
     return steps
 
 
-def is_eval_step(
-    step: int,
-    eval_every: int,
-    total: int,
-    last: bool,
-    *,
-    dev_data: bool = True,
-    best_kept: bool = True,
-) -> bool:
-    """Whether the loop evaluates (scores dev and maybe keeps ``best/``) after ``step``: a step
-    of :func:`eval_steps`, or the last step when there is no dev data or no ``best/`` yet."""
+def is_eval_step(step: int, eval_every: int, total: int, last: bool, *, dev_data: bool) -> bool:
+    """Whether the loop evaluates (scores dev when there is dev data, and keeps ``best/``) after
+    ``step``: a step of :func:`eval_steps`; also the last step when there is no dev data (keep the
+    last) or when no step of the schedule comes before it (``total < eval_every``: nothing kept
+    yet). Depends on the arguments only, so every rank of a distributed run agrees."""
     if step % eval_every == 0:
         return True
-    return step == total and (last or not dev_data or not best_kept)
+    return step == total and (last or not dev_data or total < eval_every)
