@@ -35,13 +35,14 @@ step, a decision the host takes) and DDP (its gradient all-reduce runs in autogr
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
+
+from mmcse.optim import transformers_eps
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +95,6 @@ class AdamWSettings:
     eps_style: str = "transformers"
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0
-
-
-def transformers_eps(eps: float, beta2: float, step: int) -> float:
-    """torch's ε equivalent to transformers.AdamW's at step ``step`` (1-based): ε / √(1 − β₂ᵗ)."""
-    return eps / math.sqrt(1.0 - beta2**step)
 
 
 class EagerUpdate:

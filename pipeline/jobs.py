@@ -271,7 +271,12 @@ class ImageTensorsJob(LabelledFlags):
     size: int = setting(256, "cached side length; training crops views from it")
     classes: int | None = setting(None, "random subset of this many classes (paper: 60)")
     per_class: int | None = setting(None, "random subset of files per class (paper: 500)")
-    file_list: str | None = setting(None, "exact files (authors' sampled list)", flag="--list")
+    file_list: str | None = setting(
+        None,
+        "exact files: a list (CLASS/FILE per line) or 'visualcse', the authors' released "
+        "60 x 500 list (shipped)",
+        flag="--list",
+    )
     shard_rows: int = setting(1024, "rows per shard")
 
     def run(self) -> str:
@@ -300,7 +305,10 @@ class AudioJob(LabelledFlags):
 
     source: str = required("class-per-folder tree of WAV files (class=speaker)", argument=True)
     out: str = required("feature set directory to write (kind audio_fbank)", argument=True)
-    classes: int | None = setting(None, "random subset of this many classes (paper: 50)")
+    classes: int | None = setting(None, "subset of this many classes (paper: 50 speakers)")
+    class_pick: str = setting(
+        "most", "which --classes: most (the most files: AudioCSE's released top speakers)|random"
+    )
     mel_bins: int = setting(128, "mel filterbank bins")
     frames: int = setting(1024, "frames per clip (zero-padded or cut)")
     window: str = setting("hanning", "hanning (SSAST)|povey (Kaldi default)|hamming")
@@ -312,8 +320,9 @@ class AudioJob(LabelledFlags):
         from pipeline.fbank import FbankConfig
 
         examples = nc.class_folder(
-            self.source, nc.AUDIO_SUFFIXES, self.classes, self.per_class, self.seed
-        )
+            self.source, nc.AUDIO_SUFFIXES, self.classes, self.per_class, self.seed,
+            by=self.class_pick,
+        )  # fmt: skip
         cfg = FbankConfig(num_mel_bins=self.mel_bins, target_frames=self.frames, window=self.window)
         m = nc.write_audio_fbanks(
             examples, self.out, dataset=self.name(self.source), split=self.split, cfg=cfg,

@@ -4,12 +4,15 @@ Training then decodes nothing: a step gathers rows of a memory-mapped feature se
 
 * ``image_tensor`` sets: rows ``[3, S, S]`` uint8 (S = 256 by default: short side resized to S,
   bilinear with antialiasing, centre crop), from any class-per-folder tree (an ImageNet train
-  dir or a class subset of it, optionally the exact file list the authors released, or a random
-  ``classes × per_class`` subset as the paper's 60 × 500) or CIFAR-10/100 python pickle batches
+  dir or a class subset of it: the exact file list the authors released — shipped,
+  :data:`RELEASED_LISTS` — or another list, or a random ``classes × per_class`` subset as the
+  paper's 60 × 500) or CIFAR-10/100 python pickle batches
   (32 px, enlarged like the paper's App. F).
 * ``audio_fbank`` sets: rows ``[1024, 128]`` (float16 by default) Kaldi log-mel filterbanks of
   the mean-removed waveform, SSAST's preprocessing (:mod:`pipeline.fbank`), from WAV files
-  in a class-per-folder tree (e.g. LibriSpeech converted to WAV, class = speaker).
+  in a class-per-folder tree (e.g. LibriSpeech converted to WAV, class = speaker). A
+  ``classes``-subset of it is by default AudioCSE's released rule, the classes with the most
+  files (:func:`most_files_classes`); ``by="random"`` draws them at random.
 
 Labels: every id is ``<class>/<name>`` and the manifest's ``extra["classes"]`` lists the class
 names (sorted); the trainer derives labels from the ids (:func:`mmcse.cache.kinds.class_of`), so
@@ -18,8 +21,10 @@ labels are joined by id like every other cached value and need no second table.
 
 from __future__ import annotations
 
+import gzip
 import logging
 import math
+import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +50,12 @@ FULL_RESOLUTION = 1 << 30  # open_rgb's short side: no draft downscaling
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 AUDIO_SUFFIXES = {".wav"}
 PRODUCER = "mmcse.pipeline.nonling_cache"
+#: file lists shipped with mmcse, by the name ``--list`` accepts (``pipeline/data/README.md``):
+#: ``visualcse`` = the released ``VisualCSE/sampled-Imagenet.txt``, 60 classes × 500 images
+RELEASED_LISTS = {"visualcse": Path(__file__).parent / "data" / "visualcse-sampled-imagenet.txt.gz"}
+#: how ``class_folder`` picks ``max_classes`` classes: the most files first (AudioCSE's released
+#: ``prep_librispeech.py`` + ``trainers.py``: the top-50 speakers), or a seeded random draw
+CLASS_PICKS = ("most", "random")
 
 
 @dataclass(frozen=True)
@@ -62,16 +73,23 @@ def class_folder(
     max_classes: int | None = None,
     per_class: int | None = None,
     seed: int = 0,
+    by: str = "random",
 ) -> list[Example]:
-    """Files under ``root/<class>/**`` with one of ``suffixes``; optionally a seeded random
-    subset of ``max_classes`` classes and ``per_class`` files each (sorted, reproducible)."""
+    """Files under ``root/<class>/**`` with one of ``suffixes``; optionally ``max_classes``
+    classes — ``by="random"``: a seeded random subset; ``"most"``: :func:`most_files_classes` —
+    and a seeded random subset of ``per_class`` files each (sorted, reproducible)."""
     root = Path(root)
     if not root.is_dir():
         raise MmcseError(f"{root}: no such folder (expected one sub-folder per class)")
+    if by not in CLASS_PICKS:
+        raise MmcseError(f"the class pick must be one of {', '.join(CLASS_PICKS)}, not {by!r}")
     rng = np.random.default_rng(seed)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if max_classes is not None and max_classes < len(classes):
-        classes = sorted(rng.choice(classes, size=max_classes, replace=False).tolist())
+        if by == "most":
+            classes = sorted(most_files_classes(root, suffixes, max_classes))
+        else:
+            classes = sorted(rng.choice(classes, size=max_classes, replace=False).tolist())
     examples = []
     for name in classes:
         files = sorted(
@@ -86,11 +104,38 @@ def class_folder(
     return examples
 
 
+def most_files_classes(root: str | Path, suffixes: set[str], k: int) -> list[str]:
+    """The ``k`` classes of ``root/<class>/**`` with the most files, AudioCSE's released rule:
+    ``prep_librispeech.py`` counts each speaker's utterances in ``os.walk`` order and sorts
+    ``sorted(counts.items(), key=count, reverse=True)`` — stable, so equal counts keep the order
+    in which ``os.walk`` first met each class (the file system's listing order, as in the released
+    run) — and ``trainers.py:481`` keeps the first ``top_classes`` = 50. A tie across the cut is
+    logged, since another file system may list the tied classes in another order."""
+    counts: dict[str, int] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        parts = Path(folder).relative_to(root).parts
+        if not parts or parts[0].startswith("."):
+            continue  # files beside the class folders belong to no class
+        found = sum(Path(f).suffix.lower() in suffixes for f in files)
+        if found:
+            counts[parts[0]] = counts.get(parts[0], 0) + found
+    ranked = sorted(counts.items(), key=lambda item: item[1], reverse=True)
+    if k < len(ranked) and ranked[k - 1][1] == ranked[k][1]:
+        tied = [name for name, n in ranked if n == ranked[k][1]]
+        logger.warning(
+            f"{root}: classes {tied} have {ranked[k][1]} files each and straddle the top-{k} "
+            "cut; kept in os.walk's listing order, as the released preparation does"
+        )
+    return [name for name, _ in ranked[:k]]
+
+
 def listed_files(root: str | Path, list_file: str | Path) -> list[Example]:
     """The files a list names (one path per line; its last two parts are ``class/file``, as in
-    the authors' ``sampled-Imagenet.txt``), resolved under ``root``."""
+    the authors' ``sampled-Imagenet.txt``), resolved under ``root``. ``list_file``: a path (gzip
+    when it ends in ``.gz``) or a name of :data:`RELEASED_LISTS`."""
     root = Path(root)
-    lines = [line.strip() for line in read_text(Path(list_file)).splitlines() if line.strip()]
+    lines = [line.strip() for line in list_text(list_file).splitlines() if line.strip()]
     paths = [root.joinpath(*Path(line).parts[-2:]) for line in lines]
     outside = [line for line, path in zip(lines, paths, strict=True) if not inside(root, path)]
     if outside:
@@ -99,6 +144,18 @@ def listed_files(root: str | Path, list_file: str | Path) -> list[Example]:
     if missing:
         raise MmcseError(f"{len(missing)} listed files are missing under {root}, e.g. {missing[0]}")
     return [Example(_id_of(root, p), p) for p in paths]
+
+
+def list_text(list_file: str | Path) -> str:
+    """The text of a list file, or of the shipped list of that name (:data:`RELEASED_LISTS`)."""
+    path = RELEASED_LISTS.get(str(list_file), Path(list_file))
+    if not path.is_file():
+        shipped = ", ".join(RELEASED_LISTS)
+        raise MmcseError(f"{list_file}: no such list file (shipped lists: {shipped})")
+    if path.suffix != ".gz":
+        return read_text(path)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read()
 
 
 def cifar_batches(root: str | Path, split: str = "train") -> list[Example]:

@@ -59,8 +59,9 @@ class NonLinguisticMixin:
                 f"method {self.name!r} needs its examples: give --feature {self.nonlinguistic}=DIR"
             )
         return NonLinguisticTask(
-            encoder, self, path, device, seed=cfg.seed, precision=cfg.precision
-        )
+            encoder, self, path, device, seed=cfg.seed, precision=cfg.precision,
+            adam_eps=cfg.adam_eps, adam_eps_style=cfg.adam_eps_style,
+        )  # fmt: skip
 
     def auxiliary_roles(self) -> tuple[str, ...]:
         return (self.nonlinguistic,) if self.nonlinguistic_settings().weight != 0 else ()
@@ -126,6 +127,10 @@ class AudioCSE(NonLinguisticMixin, SimCSE):
     :mod:`mmcse.nonling.specaugment`); 0 and 0 = the paper's reading (dropout views only). The
     released loader's waveform mixup (rate 0.5) is not reproducible from cached fbanks
     (docs/fidelity.md, audio views).
+
+    ``audio_position_embeddings``: False (default) = the released audio path, which adds no
+    position embeddings (``AudioCSE/src/models.py:397–400``: patch_embed, cls_token, pos_drop);
+    True adds learned ones (the paper's "embedding layer of SSAST").
     """
 
     name: ClassVar[str] = "audiocse"
@@ -139,6 +144,7 @@ class AudioCSE(NonLinguisticMixin, SimCSE):
     audio_patch_size: int = 24  # the paper's 211 tokens; SSAST's own patches are 16
     audio_freq_mask: int = 48  # released: torchaudio FrequencyMasking(48)
     audio_time_mask: int = 192  # released: torchaudio TimeMasking(192)
+    audio_position_embeddings: bool = False  # released: none (models.py:397–400)
 
     def __post_init__(self) -> None:
         self.nonlinguistic_settings()
@@ -155,4 +161,5 @@ class AudioCSE(NonLinguisticMixin, SimCSE):
             patch_size=self.audio_patch_size,
             freq_mask=self.audio_freq_mask,
             time_mask=self.audio_time_mask,
+            position_embeddings=self.audio_position_embeddings,
         )

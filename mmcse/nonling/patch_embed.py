@@ -3,7 +3,7 @@
 VisualCSE/AudioCSE (Jian et al., NeurIPS 2022, §3.3, App. B) replace the language model's word
 embeddings by a patch embedding for non-linguistic inputs: non-overlapping patches, each
 linearly projected (a strided convolution) to the encoder's hidden size, a learned [CLS] token in
-front and learned position embeddings added. The result goes straight into the transformer
+front and — for images — learned position embeddings added. The result goes straight into the transformer
 layers (:func:`mmcse.nonling.step.encode_tokens`). These modules train with the student and are
 saved with the checkpoint, but are not part of the sentence encoder.
 
@@ -13,9 +13,11 @@ saved with the checkpoint, but are not part of the sentence encoder.
 * Audio: SSAST's embedding over the ``[frames, mel bins]`` log-mel spectrogram, transposed to
   ``[1, bins, frames]``. The paper's ``1 × 211 × h`` tokens come from the authors' 24×24
   stride-24 patches (128×1024 → 5×42 = 210 + [CLS]): the default here; 16×16 (SSAST's own
-  patch size, 512 + 1 tokens) is a setting. The authors' code adds no position embeddings for
-  audio (it calls timm's ``patch_embed`` and ``pos_drop`` only); we follow the paper's "embedding
-  layer of SSAST", which has them. Audio embeddings start random, as in the authors' code.
+  patch size, 512 + 1 tokens) is a setting. **No position embeddings** by default: the released
+  audio path (``AudioCSE/src/models.py:397–400``) runs timm's ``patch_embed``, prepends the
+  ``cls_token`` and applies ``pos_drop`` (dropout 0: the identity) — it never adds ``pos_embed``.
+  ``position_embeddings=True`` (AudioCSE's ``audio_position_embeddings``) adds learned ones, as
+  the paper's "embedding layer of SSAST" has. Audio embeddings start random, as in the code.
 """
 
 from __future__ import annotations
@@ -39,10 +41,16 @@ class PatchEmbedding(nn.Module):
 
     Parameter names follow Hugging Face's ``ViTEmbeddings`` (``cls_token``,
     ``position_embeddings``, ``projection``), so ViT weights load by name.
+    ``position_embeddings=False``: none (the parameter does not exist).
     """
 
     def __init__(
-        self, hidden_size: int, in_channels: int, input_size: tuple[int, int], patch_size: int
+        self,
+        hidden_size: int,
+        in_channels: int,
+        input_size: tuple[int, int],
+        patch_size: int,
+        position_embeddings: bool = True,
     ) -> None:
         super().__init__()
         rows, cols = input_size[0] // patch_size, input_size[1] // patch_size
@@ -54,9 +62,12 @@ class PatchEmbedding(nn.Module):
         self.num_patches = rows * cols
         self.projection = nn.Conv2d(in_channels, hidden_size, patch_size, stride=patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, hidden_size))
-        self.position_embeddings = nn.Parameter(torch.zeros(1, self.num_patches + 1, hidden_size))
         nn.init.trunc_normal_(self.cls_token, std=0.02)
-        nn.init.trunc_normal_(self.position_embeddings, std=0.02)
+        self.position_embeddings: nn.Parameter | None = None
+        if position_embeddings:
+            shape = (1, self.num_patches + 1, hidden_size)
+            self.position_embeddings = nn.Parameter(torch.zeros(shape))
+            nn.init.trunc_normal_(self.position_embeddings, std=0.02)
 
     def forward(self, x: Tensor) -> Tensor:
         if tuple(x.shape[-2:]) != self.input_size:
@@ -64,8 +75,10 @@ class PatchEmbedding(nn.Module):
                 f"expected inputs of size {self.input_size}, got {tuple(x.shape[-2:])}"
             )
         patches = self.projection(x.to(self.projection.weight.dtype)).flatten(2).transpose(1, 2)
-        cls = self.cls_token.expand(x.shape[0], -1, -1)
-        return torch.cat([cls, patches], dim=1) + self.position_embeddings
+        tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), patches], dim=1)
+        if self.position_embeddings is None:
+            return tokens
+        return tokens + self.position_embeddings
 
 
 class ImagePatchEmbedding(PatchEmbedding):
@@ -90,7 +103,6 @@ class ImagePatchEmbedding(PatchEmbedding):
         """Copy the embedding layer of a Hugging Face ViT (local dir, or hub id when online or
         cached; ``HF_HUB_OFFLINE=1`` restricts it to local/cached copies)."""
         from transformers import ViTModel
-
 
         quiet_transformers()
         try:
@@ -121,12 +133,18 @@ class ImagePatchEmbedding(PatchEmbedding):
 
 
 class AudioPatchEmbedding(PatchEmbedding):
-    """SSAST-style embedding for log-mel spectrograms ``[B, frames, mel bins]``."""
+    """SSAST-style embedding for log-mel spectrograms ``[B, frames, mel bins]``; by default
+    without position embeddings, as the released audio path (module docstring)."""
 
     def __init__(
-        self, hidden_size: int, frames: int = 1024, mel_bins: int = 128, patch_size: int = 24
+        self,
+        hidden_size: int,
+        frames: int = 1024,
+        mel_bins: int = 128,
+        patch_size: int = 24,
+        position_embeddings: bool = False,
     ) -> None:
-        super().__init__(hidden_size, 1, (mel_bins, frames), patch_size)
+        super().__init__(hidden_size, 1, (mel_bins, frames), patch_size, position_embeddings)
 
     def forward(self, fbank: Tensor) -> Tensor:
         return super().forward(fbank.unsqueeze(1).transpose(2, 3))  # → [B, 1, bins, frames]

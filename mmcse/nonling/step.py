@@ -14,9 +14,12 @@ LayerNorm are bypassed, the patch embedding supplies [CLS] and positions, and no
 is needed (every token is real). Calling the HF model with ``inputs_embeds`` instead would add
 BERT's position and token-type embeddings and renormalise, which is a different model.
 
-The image step follows the authors' trainer: AdamW (weight decay 0 in all released runs),
-gradient clipping at 1.0 over every parameter, and — when ``total_steps`` is known — their cosine
-decay of the image lr without warm-up; otherwise the lr is constant. Under several processes each
+The image step follows the authors' trainer: ``transformers.AdamW`` (weight decay 0 in all
+released runs) with the text optimizer's ε (``adam_epsilon``, the same argument) placed as
+transformers places it, before the bias correction (:func:`mmcse.optim.set_transformers_eps`;
+``adam_eps_style="torch"`` is torch's placement, for both optimizers), gradient clipping at 1.0
+over every parameter, and — when ``total_steps`` is known — their cosine decay of the image lr
+without warm-up; otherwise the lr is constant. Under several processes each
 rank samples its own batch and gradients are averaged across ranks before the update, so replicas
 stay identical (the authors' image step is single-process).
 """
@@ -42,6 +45,7 @@ from mmcse.losses.heads import MLPHead
 from mmcse.nonling.augment import ViewAugmentation, apply_params, augment, draw_params, pack_params
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
 from mmcse.nonling.specaugment import SpecAugment, draw_spans, mask_clips, spec_augment
+from mmcse.optim import EPS_STYLES, set_transformers_eps
 from mmcse.registry import LOSSES
 from mmcse.update import AdamWSettings, CapturedUpdate, FlatParameters
 
@@ -68,6 +72,9 @@ class NonLinguisticSettings:
         init: image patch embedding init: ``auto``, ``random`` or a ViT dir / hub id.
         freq_mask, time_mask: audio SpecAugment mask parameters
             (:mod:`mmcse.nonling.specaugment`; 0 = no mask).
+        position_embeddings: learned position embeddings in the audio patch embedding (False:
+            none, the released audio path; :mod:`mmcse.nonling.patch_embed`). Images always
+            have ViT's.
     """
 
     kind: str
@@ -83,6 +90,7 @@ class NonLinguisticSettings:
     init: str = "auto"
     freq_mask: int = 0
     time_mask: int = 0
+    position_embeddings: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in (IMAGE_KIND, AUDIO_KIND):
@@ -130,9 +138,15 @@ class NonLinguisticTask:
         seed: int = 42,
         total_steps: int | None = None,
         precision: str = "auto",
+        adam_eps: float = 1e-8,
+        adam_eps_style: str = "transformers",
     ) -> None:
-
+        """``adam_eps``, ``adam_eps_style``: the run's (``TrainConfig``): the released trainer
+        builds both optimizers with the same ``adam_epsilon``, both ``transformers.AdamW``."""
+        if adam_eps_style not in EPS_STYLES:
+            raise ValueError(f"adam_eps_style must be one of {EPS_STYLES}, not {adam_eps_style!r}")
         self.settings: NonLinguisticSettings = method_cfg.nonlinguistic_settings()
+        self.adam_eps, self.adam_eps_style = adam_eps, adam_eps_style
         self.encoder = encoder
         self.device = torch.device(device)
         self.seed, self.total_steps, self.precision = seed, total_steps, precision
@@ -196,7 +210,9 @@ class NonLinguisticTask:
         if self.settings.kind == IMAGE_KIND:
             return ImagePatchEmbedding.create(hidden, self.settings.image_size, self.settings.init)
         frames, bins = self.examples.shape
-        return AudioPatchEmbedding(hidden, frames, bins, self.settings.patch_size)
+        return AudioPatchEmbedding(
+            hidden, frames, bins, self.settings.patch_size, self.settings.position_embeddings
+        )
 
     # -- public API ----------------------------------------------------------------------------
     def parameters(self):
@@ -204,10 +220,11 @@ class NonLinguisticTask:
         return self.heads.parameters()
 
     def make_optimizer(self, encoder: nn.Module) -> torch.optim.Optimizer:
-        """AdamW over the encoder and the task's modules at the task's lr (Table C.1)."""
+        """AdamW over the encoder and the task's modules at the task's lr (Table C.1); its ε
+        is set before every step when ``adam_eps_style`` is ``transformers`` (:meth:`step`)."""
         params = [*encoder.parameters(), *self.heads.parameters()]
         self.optimizer = torch.optim.AdamW(
-            params, lr=self.settings.lr, weight_decay=self.settings.weight_decay
+            params, lr=self.settings.lr, weight_decay=self.settings.weight_decay, eps=self.adam_eps
         )
         return self.optimizer
 
@@ -232,8 +249,8 @@ class NonLinguisticTask:
         captured instead, :meth:`capture`)."""
         s = self.settings
         settings = AdamWSettings(
-            lr=s.lr, weight_decay=s.weight_decay, eps=AUX_ADAM_EPS, eps_style="torch",
-            max_grad_norm=s.max_grad_norm,
+            lr=s.lr, weight_decay=s.weight_decay, eps=self.adam_eps,
+            eps_style=self.adam_eps_style, max_grad_norm=s.max_grad_norm,
         )  # fmt: skip
         module = _ViewedTask(self.step_forward, s, self.views.size)
         groups = [[*self.encoder.parameters(), *self.heads.parameters()]]
@@ -356,6 +373,8 @@ class NonLinguisticTask:
         if self.settings.max_grad_norm > 0:
             self.scaler.unscale_(optimizer)  # clip the true gradients (the released order)
             torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
+        if self.adam_eps_style == "transformers":
+            set_transformers_eps(optimizer, self.adam_eps)  # the released transformers.AdamW
         self.scaler.step(optimizer)  # skipped when a scaled gradient overflowed (fp16)
         self.scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -432,10 +451,6 @@ class _ViewedTask(nn.Module):
             views = torch.cat([clips, clips])
         terms = self.task(views, labels)
         return {k: self.settings.weight * v for k, v in terms.items()}
-
-
-#: the auxiliary AdamW's ε (torch.optim.AdamW's default, which the auxiliary step uses)
-AUX_ADAM_EPS = 1e-8
 
 
 def autocast_dtype(device_type: str, precision: str, bf16_supported: bool) -> torch.dtype | None:

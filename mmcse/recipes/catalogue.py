@@ -260,16 +260,36 @@ def _dalr_recipes() -> None:
                 _dalr_paper(model, setting)
 
 
-def _dalr_roles(image_teacher: str, every_corpus: bool = False) -> dict[str, Feature]:
-    """DALR's sets; ``every_corpus``: the text teachers' features of Wiki1M too (eq. 14
-    distils on every batch; the released code on caption batches only)."""
+#: DALR's text teachers per student: the released code feeds the student's token ids to the
+#: teachers (``model_modified.py:670–683``, ``teachers.py:36–38``), so a RoBERTa student needs
+#: teachers with RoBERTa's tokenizer. The release names only ``Model/simcse`` and
+#: ``Model/DiffCSE`` (BERT scripts); for RoBERTa, **chosen**: the SimCSE and DiffCSE authors'
+#: published RoBERTa-base checkpoints (docs/fidelity.md)
+DALR_TEXT_TEACHER_SETS = {
+    "bert": {"simcse": "simcse", "diffcse": "diffcse"},
+    "roberta": {"simcse": "simcse-roberta", "diffcse": "diffcse-roberta"},
+}
+
+
+def _dalr_roles(image_teacher: str, model: str, every_corpus: bool = False) -> dict[str, Feature]:
+    """DALR's sets; text teachers sharing ``model``'s tokenizer (:data:`DALR_TEXT_TEACHER_SETS`);
+    ``every_corpus``: the text teachers' features of Wiki1M too (eq. 14 distils on every batch;
+    the released code on caption batches only)."""
+    teachers = DALR_TEXT_TEACHER_SETS[model]
     return {
         "image": Feature("image", image_teacher),
-        "text_teacher_diffcse": Feature("text", "diffcse", every_corpus),
-        "text_teacher_simcse": Feature("text", "simcse", every_corpus),
+        "text_teacher_diffcse": Feature("text", teachers["diffcse"], every_corpus),
+        "text_teacher_simcse": Feature("text", teachers["simcse"], every_corpus),
     }
 
 
+DALR_ROBERTA_TEACHERS_NOTE = (
+    "text teachers princeton-nlp/unsup-simcse-roberta-base + voidism/diffcse-roberta-base-sts "
+    "(extract-text --teacher simcse-roberta|diffcse-roberta): the released code feeds the "
+    "student's RoBERTa token ids to its teachers, so they must share RoBERTa's tokenizer; which "
+    "checkpoints the authors used is not released (chosen: SimCSE's and DiffCSE's own). The "
+    "BERT teachers: --set features=... naming the text-simcse / text-diffcse sets"
+)
 DALR_COMMON_NOTES = (
     "teachers as DALR's scripts set them: SimCSE first with α = 0.33, DiffCSE 0.67",
     "every caption of an image (DALR builds on KDMCSE's data pipeline)",
@@ -296,6 +316,7 @@ def _dalr_released(model: str, setting: str, image_teacher: str) -> None:
             f"the release has BERT scripts only: RoBERTa takes App. B's lr 1e-5 (batch 128) and "
             f"the {setting} script's {epochs} epochs"
         )
+        notes.append(DALR_ROBERTA_TEACHERS_NOTE)
     if setting == "wiki+coco" and model == "bert":
         notes.append("App. B/C report lr 2e-5 and 4 epochs; the released coco script runs 1e-5, 3")
     notes.append(
@@ -312,7 +333,7 @@ def _dalr_released(model: str, setting: str, image_teacher: str) -> None:
         model,
         setting,
         "all",
-        roles=_dalr_roles(image_teacher),
+        roles=_dalr_roles(image_teacher, model),
         # the two switches spelt out: the released readings (and B/32's image head)
         method_args={**_dalr_args("dalr"), "cma_image_head": not raw, "rank_log_eps": 1e-7},
         train={**MCSE_CODE_TRAIN, "learning_rate": lr, "batch_size": batch, "epochs": epochs},
@@ -340,6 +361,7 @@ def _dalr_paper(model: str, setting: str) -> None:
         "distillation on every batch (eq. 14; the released code: caption batches only): each "
         "text-teacher role reads its set of the captions and of Wiki1M",
         *DALR_COMMON_NOTES,
+        *((DALR_ROBERTA_TEACHERS_NOTE,) if model == "roberta" else ()),
     )
     _recipe(
         f"dalr-paper/{setting}/{model}",
@@ -347,7 +369,7 @@ def _dalr_paper(model: str, setting: str) -> None:
         model,
         setting,
         "all",
-        roles=_dalr_roles("clip-vit-b32", every_corpus=True),
+        roles=_dalr_roles("clip-vit-b32", model, every_corpus=True),
         method_args=_dalr_args("dalr-paper"),
         train={
             **MCSE_CODE_TRAIN,
@@ -404,6 +426,8 @@ def _nonlinguistic_recipes() -> None:
         "(objective=supcon)",
         "loop, optimizer and precision: SimCSE's HF Trainer (transformers 4.5, --fp16)",
     )
+    # shown by `recipes show`: the released audio path adds no position embeddings
+    released_embedding = {"visualcse": {}, "audiocse": {"audio_position_embeddings": False}}
     kinds = {"visualcse": ("image", "image_tensor", "imagenet60"),
              "audiocse": ("audio", "audio_fbank", "librispeech50")}  # fmt: skip
     for name, (batch, lr, aux_lr, weight, source) in settings.items():
@@ -421,6 +445,7 @@ def _nonlinguistic_recipes() -> None:
                 f"{modality}_weight": weight,
                 f"{modality}_lr": aux_lr,
                 f"{modality}_objective": "class_rank_cross_entropy",  # --new_supcon
+                **released_embedding[method],
             },
             train={**HF_TRAINER_TRAIN, "learning_rate": lr, "batch_size": batch, "epochs": 1},
             seeds=(42,),

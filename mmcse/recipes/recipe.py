@@ -58,8 +58,9 @@ COMMON_TRAIN: dict[str, Any] = {
 #: the released MCSE code (``src/train.py``, ``src/train_mix.py``; KDMCSE's and DALR's
 #: ``train_mix.py`` are copies of it): ``Accelerator()`` with no mixed precision under plain
 #: ``python`` (fp32; DALR's ``--fp16`` only casts its text teachers' embeddings), ``transformers.
-#: AdamW`` at its default ε = 1e-6, weight decay 0, no warm-up, linear decay, clip 1.0, and
-#: ``DataLoader(shuffle=True)`` keeping each corpus's last partial batch
+#: AdamW`` at its default ε = 1e-6, weight decay 0, no warm-up, linear decay, clip 1.0,
+#: ``DataLoader(shuffle=True)`` keeping each corpus's last partial batch, and STS-B dev at every
+#: 125th step and the last (``completed_steps >= max_train_steps``)
 MCSE_CODE_TRAIN: dict[str, Any] = {
     "precision": "fp32",
     "adam_eps": 1e-6,
@@ -68,10 +69,12 @@ MCSE_CODE_TRAIN: dict[str, Any] = {
     "warmup_steps": 0,
     "grad_clip": 1.0,
     "drop_last": False,
+    "eval_last_step": True,
 }
 #: SimCSE's HF-Trainer code, which VisualCSE/AudioCSE build on (transformers 4.5): ``--fp16``
 #: in their run scripts, ``TrainingArguments`` defaults ε = 1e-8, weight decay 0, no warm-up,
-#: linear decay, ``max_grad_norm`` 1.0, ``dataloader_drop_last`` False
+#: linear decay, ``max_grad_norm`` 1.0, ``dataloader_drop_last`` False, and STS-B dev at the
+#: multiples of ``--eval_steps 125`` only (``DefaultFlowCallback``: none at the last step)
 HF_TRAINER_TRAIN: dict[str, Any] = {
     "precision": "fp16",
     "adam_eps": 1e-8,
@@ -80,6 +83,7 @@ HF_TRAINER_TRAIN: dict[str, Any] = {
     "warmup_steps": 0,
     "grad_clip": 1.0,
     "drop_last": False,
+    "eval_last_step": False,
 }
 MCSE_SEEDS = (0, 1, 2, 3, 4)  # MCSE's train_mix.py: "We used [0,1,2,3,4] in experiments"
 TEXT_CORPUS = "wiki1m"
@@ -89,10 +93,16 @@ CAPTION_KINDS = ("image", "text", "object")
 UNPAIRED_KINDS = ("image_tensor", "audio_fbank")
 #: unpaired example sets: dataset name → (command, its source placeholder, sampling flags)
 UNPAIRED_SOURCES = {
-    # VisualCSE §4.1: 60 random ImageNet classes × 500 images
-    "imagenet60": ("extract-image-tensors", "IMAGENET_TRAIN_DIR", "--classes 60 --per-class 500"),
-    # VisualCSE App. B: LibriSpeech train-clean-100, 50 speakers (classes)
-    "librispeech50": ("extract-audio", "LIBRISPEECH_SPEAKER_DIRS", "--classes 50"),
+    # VisualCSE §4.1: 60 ImageNet classes × 500 images, the exact files the authors released
+    # (VisualCSE/sampled-Imagenet.txt, shipped); --classes 60 --per-class 500 draws new ones
+    "imagenet60": ("extract-image-tensors", "IMAGENET_TRAIN_DIR", "--list visualcse"),
+    # AudioCSE App. B: LibriSpeech train-clean-100, the 50 speakers with the most utterances
+    # (the released prep_librispeech.py + trainers.py:481; --class-pick random draws them)
+    "librispeech50": (
+        "extract-audio",
+        "LIBRISPEECH_SPEAKER_DIRS",
+        "--classes 50 --class-pick most",
+    ),
 }
 RAW_CAPTIONS = "--images IMAGES_DIR --captions CAPTIONS"  # placeholders the user fills in
 
@@ -321,8 +331,15 @@ class Recipe:
             f"  batches     {cfg.batch_size} per step, {cfg.epochs} epoch(s), max length "
             f"{cfg.max_seq_length}, last partial batch "
             f"{'dropped' if cfg.drop_last else 'kept (as torch DataLoader)'}",
-            f"  evaluation  STS-B dev every {cfg.eval_steps} steps, pooler {cfg.pooler}",
+            f"  evaluation  STS-B dev every {cfg.eval_steps} steps "
+            f"{'and at the last step' if cfg.eval_last_step else '(not at the last step)'}, "
+            f"pooler {cfg.pooler}",
             f"  seeds       {','.join(map(str, self.seeds))}",
+            *(
+                f"  examples    {n.command}"
+                for n in self.needs(cache_root)
+                if n.corpus is None and n.key.startswith("features.")
+            ),
             "  cache:",
             *(f"    {n.key:<24} {n.path}" for n in self.needs(cache_root)),
             *(f"  note: {note}" for note in self.notes),

@@ -23,6 +23,7 @@ from typing import Any
 
 from mmcse.devices import DEVICE_PATTERN, DEVICES
 from mmcse.errors import MmcseError
+from mmcse.optim import EPS_STYLES
 from mmcse.pooling import check_pooler
 from mmcse.rundir import METRICS_FILE
 from mmcse.settings import SettingError, check_settings
@@ -32,9 +33,7 @@ MIXINGS = ("interleave", "mcse-train-mix", "proportional-random", "caption-only"
 #: ``auto`` = bf16 autocast on CUDA; ``fp16`` = fp16 autocast + GradScaler on CUDA (the released
 #: SimCSE/VisualCSE ``--fp16``); every value trains in plain fp32 on CPU
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-#: where AdamW adds ε: ``transformers`` (to √v before bias correction: transformers.AdamW, which
-#: every released trainer here used) or ``torch`` (torch.optim.AdamW's own placement)
-ADAM_EPS_STYLES = ("transformers", "torch")
+ADAM_EPS_STYLES = EPS_STYLES  # where AdamW adds ε (mmcse.optim)
 
 
 REPORT_TO = ("none", "tensorboard")
@@ -105,7 +104,10 @@ class TrainConfig:
     )
     adam_eps_style: str = field(
         default="transformers",
-        metadata={"choices": ADAM_EPS_STYLES, "help": "AdamW epsilon before bias correction, or torch's placement"},
+        metadata={
+            "choices": ADAM_EPS_STYLES,
+            "help": "AdamW epsilon before bias correction, or torch's placement",
+        },
     )
     epochs: int = field(default=1, metadata={"min": 1, "help": "passes over the data"})
     max_steps: int = field(
@@ -136,6 +138,13 @@ class TrainConfig:
     )
     eval_steps: int = field(
         default=125, metadata={"min": 1, "help": "steps between STS-B dev evaluations"}
+    )
+    eval_last_step: bool = field(
+        default=True,
+        metadata={
+            "help": "also score dev at the last step (MCSE's train_mix.py; the HF Trainer of "
+            "SimCSE/VisualCSE/AudioCSE: multiples of --eval-steps only)"
+        },
     )
     eval_data: str | None = field(
         default=None,

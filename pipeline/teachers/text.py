@@ -47,7 +47,6 @@ SPEED_TOKENIZER = "wordpiece-speed-only"
 def load_tokenizer(source: str | Path):
     from transformers import AutoTokenizer
 
-
     quiet_transformers()
     try:
         return AutoTokenizer.from_pretrained(str(source))
@@ -58,7 +57,6 @@ def load_tokenizer(source: str | Path):
 def speed_tokenizer():
     """A whole-word BERT tokenizer over a handful of words (random-init teachers only)."""
     from transformers import BertTokenizer
-
 
     vocab = word_vocab(["a the of and in on with is are man woman dog people , ."])
     return BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
@@ -106,7 +104,6 @@ def build_bert_teacher(
 ) -> HFTextTeacher:
     from transformers import AutoModel, BertConfig, BertModel
 
-
     quiet_transformers()
     pooling = pooling or default_pooling
     if pooling not in POOLERS:
@@ -149,10 +146,15 @@ def build_bert_teacher(
     )
 
 
-#: registry name → (hub id, the authors' evaluation pooling)
+#: registry name → (hub id, the authors' evaluation pooling). The ``-roberta`` pair share
+#: RoBERTa's tokenizer: DALR's released code feeds the student's token ids to its teachers
+#: (``model_modified.py:670–683``), so its RoBERTa rows needed RoBERTa teachers; these are the
+#: SimCSE and DiffCSE authors' published RoBERTa-base checkpoints (docs/fidelity.md, DALR)
 BERT_TEACHERS = {
     "simcse": ("princeton-nlp/unsup-simcse-bert-base-uncased", "cls_before_pooler"),
     "diffcse": ("voidism/diffcse-bert-base-uncased-sts", "cls_before_pooler"),
+    "simcse-roberta": ("princeton-nlp/unsup-simcse-roberta-base", "cls_before_pooler"),
+    "diffcse-roberta": ("voidism/diffcse-roberta-base-sts", "cls_before_pooler"),
     "rankcse": ("perceptiveshawty/rankcse-listmle-bert-base-uncased", "cls_before_pooler"),
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from mmcse.methods import build_method
 from mmcse.model import SentenceEncoder
 from mmcse.nonling.augment import ViewAugmentation, augment, two_views
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
-from mmcse.nonling.step import NonLinguisticTask, class_of
+from mmcse.nonling.step import NonLinguisticTask, class_of, encode_tokens
 from mmcse.registry import LOSSES
 from mmcse.tiny import build_tiny_bert
 from pipeline import nonling_cache as nc
@@ -84,8 +85,6 @@ def test_ssast_fbank_pads_and_cuts():
     assert short.shape == (120, 128) and torch.all(short[98:] == 0) and torch.all(short[97] != 0)
     assert pad_or_cut(short, 50).shape == (50, 128)
     assert torch.equal(ssast_fbank(x, SR), ssast_fbank(x, SR))  # dither 0: deterministic
-
-
 
 
 def test_read_wav_scales_int16(tmp_path):
@@ -258,9 +257,10 @@ def tiny_bert(tmp_path_factory):
     return build_tiny_bert(tmp_path_factory.mktemp("bert"))
 
 
-class Cfg:  # the two fields auxiliary_task reads from a TrainConfig, plus features
-    def __init__(self, features):
+class Cfg:  # the fields auxiliary_task reads from a TrainConfig
+    def __init__(self, features, adam_eps=1e-8, adam_eps_style="transformers"):
         self.features, self.seed, self.precision = features, 3, "auto"
+        self.adam_eps, self.adam_eps_style = adam_eps, adam_eps_style
 
 
 def changed(before: dict, module: torch.nn.Module) -> bool:
@@ -378,3 +378,141 @@ def test_cli_extract_image_tensors(tmp_path):
     assert result.exit_code == 0, result.output
     assert "6 images, 3 classes" in result.output
     assert FeatureSet.open(tmp_path / "set").shape == (3, 24, 24)
+
+
+def test_auxiliary_step_updates_equal_transformers_adamw(tmp_path, tiny_bert):
+    """The released image optimizer is transformers.AdamW with the run's ε (trainers.py:516–522):
+    the first three updates of every parameter equal that update written out (tests/test_optim),
+    fed the step's own (clipped) gradients."""
+    from test_optim import TransformersAdamW
+
+    folder = make_image_folder(tmp_path / "imgs")
+    examples = nc.class_folder(folder, nc.IMAGE_SUFFIXES)
+    nc.write_image_tensors(examples, tmp_path / "set", dataset="toy", size=40, workers=0)
+    encoder = SentenceEncoder.from_pretrained(str(tiny_bert))
+    method = build_method("visualcse", image_batch_size=4, image_size=32, image_lr=1e-3)
+    cfg = Cfg({"image_tensor": str(tmp_path / "set")}, adam_eps=1e-4)  # ε visible at this scale
+    task = method.auxiliary_task(encoder, cfg, "cpu")
+    params = [*encoder.parameters(), *task.parameters()]
+    reference = TransformersAdamW(lr=1e-3, eps=1e-4)
+    expected: list[torch.Tensor] = []
+
+    def hand_written(optimizer, args, kwargs):  # the gradients the step is about to apply
+        expected[:] = [reference.update(i, p, p.grad) for i, p in enumerate(params)]
+
+    task.make_optimizer(encoder).register_step_pre_hook(hand_written)
+    for index in range(3):
+        task.step(index)
+        for param, want in zip(params, expected, strict=True):
+            torch.testing.assert_close(param.detach().double(), want, rtol=1e-5, atol=1e-7)
+
+
+def sine_fbank_set(tmp_path) -> Path:
+    for speaker, freq in (("s1", 220.0), ("s2", 880.0)):
+        for i in range(3):
+            write_sine_wav(tmp_path / "wavs" / speaker / f"u{i}.wav", freq * (1 + 0.1 * i))
+    examples = nc.class_folder(tmp_path / "wavs", nc.AUDIO_SUFFIXES)
+    cfg = FbankConfig(num_mel_bins=32, target_frames=48)
+    nc.write_audio_fbanks(examples, tmp_path / "set", dataset="sines", cfg=cfg, workers=0)
+    return tmp_path / "set"
+
+
+def released_audio_cls(backbone, heads, clips: torch.Tensor) -> torch.Tensor:
+    """AudioCSE/src/models.py:393–403 in order: unsqueeze, transpose(2, 3), timm's patch_embed
+    (conv, flatten(2), transpose(1, 2)), cls_token in front, pos_drop (dropout 0: identity), then
+    ``bert.encoder`` and [CLS] — no position embeddings anywhere."""
+    conv = heads["patch_embed"].projection
+    x = clips.unsqueeze(1).transpose(2, 3)
+    x = torch.nn.functional.conv2d(x, conv.weight, conv.bias, stride=conv.stride)
+    x = x.flatten(2).transpose(1, 2)
+    x = torch.cat((heads["patch_embed"].cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+    return backbone.encoder(x).last_hidden_state[:, 0]
+
+
+def test_audio_encoder_follows_the_released_layer_order(tmp_path, tiny_bert):
+    examples = sine_fbank_set(tmp_path)
+    encoder = SentenceEncoder.from_pretrained(str(tiny_bert)).eval()
+    outputs = {}
+    for positions in (False, True):
+        method = build_method(
+            "audiocse", audio_batch_size=4, audio_patch_size=16,
+            audio_position_embeddings=positions,
+        )  # fmt: skip
+        task = method.auxiliary_task(encoder, Cfg({"audio_fbank": str(examples)}), "cpu")
+        clips = torch.from_numpy(task.examples.take(np.arange(4))).float()
+        with torch.no_grad():
+            ours = encode_tokens(encoder.backbone, task.heads["patch_embed"](clips))
+            outputs[positions] = (ours, released_audio_cls(encoder.backbone, task.heads, clips))
+        has_positions = any("position_embeddings" in k for k in task.state_dict())
+        assert has_positions == positions
+    torch.testing.assert_close(*outputs[False], rtol=1e-5, atol=1e-6)  # the default = released
+    assert not torch.allclose(*outputs[True], atol=1e-3)  # the switch adds positions
+
+
+def released_top_speakers(path: Path, k: int, suffix: str = ".wav") -> list[str]:
+    """AudioCSE/data_preparation/prep_librispeech.py:walk (counts per speaker, the file name's
+    part before its first '-', in os.walk order; ``sorted(…, key=count, reverse=True)``) and
+    AudioCSE/src/trainers.py:481 (``top_k[i][0] for i in range(top_classes)``), as written there."""
+    import os
+    import re
+
+    mid_number: dict[str, int] = {}
+    for _root, _dirs, files in os.walk(path):
+        for file in files:
+            if file.endswith(suffix):
+                c_name = re.findall(r"(.*?)-.*", file)[0]
+                mid_number[c_name] = mid_number.get(c_name, 0) + 1
+    ranked = sorted(mid_number.items(), key=lambda x: x[1], reverse=True)
+    return [ranked[i][0] for i in range(k)]
+
+
+def test_audio_classes_are_the_released_top_speakers(tmp_path, caplog):
+    # LibriSpeech's layout: SPEAKER/CHAPTER/SPEAKER-CHAPTER-UTT; counts with ties across the cut
+    counts = {"19": 5, "26": 2, "103": 7, "1034": 3, "87": 3, "911": 3, "200": 1, "4": 6}
+    for speaker, n in counts.items():
+        for u in range(n):
+            chapter = 100 + u % 2
+            wav = tmp_path / "ls" / speaker / str(chapter) / f"{speaker}-{chapter}-{u:04d}.wav"
+            wav.parent.mkdir(parents=True, exist_ok=True)
+            wav.write_bytes(b"")
+    for k in (1, 3, 4, 5, 6):  # 4 and 5 cut through the three speakers with 3 utterances
+        want = released_top_speakers(tmp_path / "ls", k)
+        assert nc.most_files_classes(tmp_path / "ls", nc.AUDIO_SUFFIXES, k) == want
+        picked = nc.class_folder(tmp_path / "ls", nc.AUDIO_SUFFIXES, max_classes=k, by="most")
+        assert sorted({class_of(e.id) for e in picked}) == sorted(want)
+        assert len(picked) == sum(counts[s] for s in want)  # every utterance of each speaker
+    assert "straddle the top-4 cut" in caplog.text
+    drawn = nc.class_folder(tmp_path / "ls", nc.AUDIO_SUFFIXES, max_classes=3, seed=0)
+    assert len({class_of(e.id) for e in drawn}) == 3  # the switch: a seeded random draw
+    with pytest.raises(MmcseError, match="class pick"):
+        nc.class_folder(tmp_path / "ls", nc.AUDIO_SUFFIXES, max_classes=3, by="first")
+
+
+RELEASED_LIST_SHA256 = "dca31e7bfb42686d76b1f4c86dd77b6bc015bab792059dcaacba8ede5c3f760d"
+
+
+def test_shipped_visualcse_list_is_the_released_file_and_selects_its_images(tmp_path):
+    """``--list visualcse`` = yiren-jian/NonLing-CSE VisualCSE/sampled-Imagenet.txt byte for byte
+    (its sha256 read off the released file). On an ImageNet-shaped tree with other images too, a
+    list in the released format (a slice of the shipped one) caches exactly the images of the
+    released ``sampled-Imagenet`` folder (ImageFolder: class = the line's parent folder)."""
+    import gzip
+    import hashlib
+
+    raw = gzip.decompress(nc.RELEASED_LISTS["visualcse"].read_bytes())
+    assert hashlib.sha256(raw).hexdigest() == RELEASED_LIST_SHA256
+    lines = raw.decode().splitlines()
+    assert nc.list_text("visualcse").splitlines() == lines
+    assert len(set(lines)) == 30_000 and len({line.split("/")[-2] for line in lines}) == 60
+    fixture = lines[:3] + lines[500:502] + lines[-2:]  # three classes
+    (tmp_path / "list.txt").write_text("\n".join(fixture) + "\n")
+    released = {tuple(line.split("/")[-2:]) for line in fixture}
+    root = tmp_path / "imagenet-train"
+    for wnid, name in [*released, ("n99999999", "n99999999_1.JPEG")]:
+        (root / wnid).mkdir(parents=True, exist_ok=True)
+        (root / wnid / name).touch()
+        (root / wnid / f"{wnid}_999999.JPEG").touch()  # not listed
+    ids = [e.id for e in nc.listed_files(root, tmp_path / "list.txt")]
+    assert sorted(ids) == sorted(f"{wnid}/{Path(name).stem}" for wnid, name in released)
+    with pytest.raises(MmcseError, match="shipped lists: visualcse"):
+        nc.listed_files(root, tmp_path / "no-such-list.txt")

@@ -265,12 +265,6 @@ def test_unknown_term_lists_the_weight_fields():
 # ---- tiny caches in the Stage-1 layout and real runs ------------------------------------------
 
 
-
-
-
-
-
-
 def recipe_shapes() -> list[str]:
     """One recipe per distinct (method, roles, data setting)."""
     shapes: dict[tuple, str] = {}
@@ -342,13 +336,20 @@ def test_dalr_paper_distils_on_wiki1m_batches_from_both_corpora_sets(tiny_model,
     needs = [n for n in recipe.needs(tmp_path / "cache") if n.key == "features.text_teacher_simcse"]
     assert [n.corpus for n in needs] == ["caption", "text"]
     assert needs[1].path == tmp_path / "cache" / "wiki1m" / "train" / "text-simcse"
-    assert "extract-text --corpus" in needs[1].command and "wiki1m/train/sentences" in needs[1].command
+    assert (
+        "extract-text --corpus" in needs[1].command and "wiki1m/train/sentences" in needs[1].command
+    )
     write_tiny_cache(recipe, tmp_path / "cache")
     config = recipe.config(tmp_path / "cache", seed=0, output_dir=tmp_path / "run")
     assert config.features["text_teacher_simcse"] == ",".join(str(n.path) for n in needs)
     recipes_mod.run_recipe(
-        recipe, cache_root=tmp_path / "cache", seeds=(0,), output_dir=tmp_path / "run",
-        model=str(tiny_model), max_steps=6, overrides=tiny_overrides(recipe, mixing="interleave"),
+        recipe,
+        cache_root=tmp_path / "cache",
+        seeds=(0,),
+        output_dir=tmp_path / "run",
+        model=str(tiny_model),
+        max_steps=6,
+        overrides=tiny_overrides(recipe, mixing="interleave"),
     )  # fmt: skip  (the tiny corpora's train-mix ratio would take caption batches only)
     metrics = [json.loads(m) for m in (tmp_path / "run" / "seed0" / "metrics.jsonl").open()]
     text = [m for m in metrics if m.get("kind") == "text"]
@@ -381,3 +382,34 @@ def test_tiny_end_to_end_ablation_with_sts_eval(tiny_model, tmp_path):
     assert any(line.startswith("| full |") for line in lines)
     assert any(line.startswith("| w/o image_text |") for line in lines)
     assert "75.30 ± 0.90 (MCSE (Zhang et al., NAACL 2022), Table 1)" in md.read_text()
+
+
+# ---- DALR's text teachers share the student's tokenizer (issue 22, item 4) ---------------------
+
+
+def released_teacher_pooler(path: str) -> str:
+    """DALR ``src/train_mix.py:386–389``: the pooler each teacher is built with, from its path."""
+    return "cls_before_pooler" if ("simcse" in path or "DiffCSE" in path) else "avg"
+
+
+#: the scripts' teacher paths (``run_wiki_flickr.sh:14–15``, ``run_wiki_coco.sh``) per role
+RELEASED_TEACHER_PATHS = {
+    "text_teacher_simcse": "Model/simcse",
+    "text_teacher_diffcse": "Model/DiffCSE",
+}
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES.names() if n.startswith("dalr")])
+def test_dalr_teachers_read_the_students_token_ids(name):
+    """The released code feeds the student's token ids to both teachers (model_modified.py:
+    670–683), so each teacher's checkpoint must be of the student's family (its tokenizer), the
+    SimCSE / DiffCSE of its role, pooled as train_mix.py pools it."""
+    from pipeline.teachers.text import BERT_TEACHERS
+
+    recipe = get_recipe(name)
+    family = {"bert-base-uncased": "bert-base-uncased", "roberta-base": "roberta-base"}
+    for role, path in RELEASED_TEACHER_PATHS.items():
+        hub_id, pooling = BERT_TEACHERS[recipe.roles[role].teacher]
+        assert hub_id.endswith((f"{family[recipe.model]}", f"{family[recipe.model]}-sts"))
+        assert path.lower().removeprefix("model/") in hub_id
+        assert pooling == released_teacher_pooler(path)

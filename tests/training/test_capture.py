@@ -132,7 +132,10 @@ AUXILIARY = {"visualcse": ("image_tensor", {"image_batch_size": 4, "image_size":
 def auxiliary_task(name: str, model_dir, examples):
     kind, settings = AUXILIARY[name]
     method = build_method(name, **settings)
-    cfg = SimpleNamespace(features={kind: str(examples)}, seed=3, precision="auto")
+    cfg = SimpleNamespace(
+        features={kind: str(examples)}, seed=3, precision="auto", adam_eps=1e-8,
+        adam_eps_style="transformers",
+    )  # fmt: skip
     encoder = SentenceEncoder.from_pretrained(str(model_dir))
     torch.manual_seed(0)  # the task's heads
     return method.auxiliary_task(encoder, cfg, "cpu")
