@@ -33,6 +33,7 @@ from pathlib import Path
 
 from mmcse import distributed
 from mmcse.cache import FeatureSet
+from mmcse.cache.tokens import check_writable_folder
 from mmcse.devices import check_device
 from mmcse.errors import MmcseError
 from mmcse.evaluation.sts import load_task, load_tasks, resolve_downstream
@@ -42,7 +43,7 @@ from mmcse.pooling import check_pooler as known_pooler
 from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
 from mmcse.textfiles import decode_text
 from mmcse.training.checkpoint import check_resumable
-from mmcse.training.config import SettingError, TrainConfig
+from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, SettingError, TrainConfig
 from mmcse.training.data import CAPTION, TEXT, TrainData
 from mmcse.training.dev_eval import resolve_eval_dir
 
@@ -66,6 +67,7 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
     check_pooler(cfg.pooler)
     check_device(cfg.device)
     check_paths(cfg)
+    check_token_cache(cfg.token_cache)
     check_roles(cfg, method)
     check_unread_roles(cfg, method)
     check_terms(cfg, method)
@@ -159,6 +161,18 @@ def check_paths(cfg: TrainConfig) -> None:
                 f"--expect-fingerprint {role}: the role has {len(parts)} sets; a fingerprint "
                 "pins one set, so give one set for the role or drop the check"
             )
+
+
+def check_token_cache(setting: str) -> None:
+    """A named ``token_cache`` folder can be created and written (the check writing an entry
+    makes), so it fails here and not after tokenising a whole corpus. ``auto`` falls back to
+    memory with a warning where it cannot write; ``off`` writes nothing."""
+    if setting in (TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF):
+        return
+    try:
+        check_writable_folder(Path(setting))
+    except MmcseError as exc:
+        raise MmcseError(f"token_cache {exc}") from None
 
 
 def check_text_file(path: Path, flag: str) -> None:
