@@ -529,6 +529,8 @@ def test_ablation_checks_every_row_before_the_first_trains(
         (b"a dog runs\nthe cat \xff sits\n", [":2:", "not valid utf-8"]),
         ("a dog runs\n\ud800".encode("utf-16", "surrogatepass"), [":2:", "not valid utf-16"]),
         ("a dog runs\n".encode("utf-16-le"), ["NUL bytes", "convert it to UTF-8"]),
+        ("a dog runs\n".encode("utf-16-be"), ["NUL bytes", "convert it to UTF-8"]),
+        (b"a dog runs\nthe cat \x00 sits\na bird\n", [":2:", "UTF-8 text with a NUL byte"]),
     ],
 )
 def test_text_corpus_that_does_not_decode_is_refused_naming_the_line(
