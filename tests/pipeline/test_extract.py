@@ -463,6 +463,24 @@ def test_decode_gpu_is_refused_saying_why(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_negative_workers_is_refused_before_the_teacher_loads(tmp_path, monkeypatch, capsys):
+    from pipeline import teachers
+
+    def no_teacher(*_args, **_kwargs):
+        raise AssertionError("the teacher loaded before --workers was checked")
+
+    monkeypatch.setattr(teachers, "build_teacher", no_teacher)
+    source = _synthetic_images(tmp_path / "imgs", 2)
+    code, stderr = run_main(
+        ["extract-images", "--dataset", "local", "--images", str(source.images), "--captions",
+         str(source.captions), *_TINY_FLAGS, "--workers", "-1", "--out", str(tmp_path / "o")],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    (line,) = stderr.splitlines()
+    assert "--workers -1" in line and "0 (decode in this process)" in line
+    assert not (tmp_path / "o").exists()
+
+
 def _real_or_generated_jpegs(tmp_path: Path) -> list[Path]:
     """coco_mini's photos when present, else generated ones; plus progressive, grayscale, CMYK,
     restart-marker and MPO variants (each its own decode route)."""
