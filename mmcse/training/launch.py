@@ -34,11 +34,13 @@ def launch(
     else:
         cfg = resolve_config(config_file, **overrides)
     if dry_run:
-        from mmcse.training.preflight import preflight
+        from mmcse.training.plan import describe_preview
+        from mmcse.training.preflight import checked_run
 
-        method = preflight(cfg, resuming=bool(resume))  # the checks a real run makes first
+        method, plan = checked_run(cfg, resuming=bool(resume))  # the checks a run makes first
         yield json.dumps(cfg.to_dict(), indent=2)
         yield method.describe()
+        yield describe_preview(plan)
         yield "preflight: every input checked"
         return
 

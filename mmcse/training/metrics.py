@@ -26,6 +26,7 @@ from torch import Tensor
 
 from mmcse.errors import MmcseError
 from mmcse.rundir import RunDir, write_text_atomically
+from mmcse.training.plan import whole_corpus_batches
 
 logger = logging.getLogger(__name__)
 #: seconds between progress lines when stderr is not a terminal (log files, CI)
@@ -215,6 +216,7 @@ def describe_plan(plan: dict[str, Any]) -> str:
     if plan.get("batches_in_run"):
         taken = " + ".join(f"{n} {kind}" for kind, n in plan["batches_in_run"].items())
         lines.append(f"  this run: {taken} batches in {plan['total_steps']} steps")
+    lines += [f"  note: {note}" for note in whole_corpus_batches(plan)]
     if plan.get("recipes_mixing"):
         lines.append(f"  note: {recipes_mixing_note(plan['recipes_mixing'])}")
     lines += [

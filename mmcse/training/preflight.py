@@ -46,6 +46,7 @@ from mmcse.training.checkpoint import check_resumable
 from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, SettingError, TrainConfig
 from mmcse.training.data import CAPTION, TEXT, TrainData
 from mmcse.training.dev_eval import resolve_eval_dir
+from mmcse.training.plan import plan_warnings, preview
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,12 @@ WEIGHT_FILES = (
 
 def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
     """Check the whole run; returns the built method. ``resuming`` defaults to ``cfg.resume``."""
+    return checked_run(cfg, resuming=resuming)[0]
+
+
+def checked_run(cfg: TrainConfig, *, resuming: bool | None = None) -> tuple[Method, dict]:
+    """:func:`preflight`, returning the method and the plan's batch figures
+    (:func:`mmcse.training.plan.preview`, what ``--dry-run`` prints); warns about the plan."""
     if resuming is None:
         resuming = bool(getattr(cfg, "resume", None))
     distributed.check_env()
@@ -75,11 +82,14 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Method:
     check_model(cfg.model, cfg.max_seq_length)
     check_output_dir(cfg, resuming=resuming)
     data = check_join(cfg, method)
+    plan = preview(data)
+    for warning in plan_warnings(plan, method):
+        logger.warning(warning)
     auxiliary = auxiliary_sets(cfg, method)
     warn_random_teachers(data.role_sets | {role: [fs] for role, fs in auxiliary.items()})
     if resuming:
         check_resumable(cfg.to_dict(), input_fingerprints(data, auxiliary))
-    return method
+    return method, plan
 
 
 # ---- cheap checks --------------------------------------------------------------------------
