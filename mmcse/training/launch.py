@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.training.config import resolve_config
-from mmcse.training.loop import train
 
 
 def launch(
@@ -34,15 +33,18 @@ def launch(
     else:
         cfg = resolve_config(config_file, **overrides)
     if dry_run:
-        from mmcse.training.plan import describe_preview
         from mmcse.training.preflight import checked_run
 
         method, plan = checked_run(cfg, resuming=bool(resume))  # the checks a run makes first
+        from mmcse.training.plan import describe_preview
+
         yield json.dumps(cfg.to_dict(), indent=2)
         yield method.describe()
         yield describe_preview(plan)
         yield "preflight: every input checked"
         return
+
+    from mmcse.training.loop import train  # torch + transformers: only once settings are valid
 
     result = train(cfg, resume=bool(resume))
     if result.test is not None:

@@ -236,3 +236,37 @@ def test_library_logs_are_plain_stderr_lines_while_a_command_runs(monkeypatch, c
     captured = capsys.readouterr()
     assert captured.out == "the result\n" and captured.err == "warning: this looks odd\n"
     assert not logging.getLogger("mmcse").handlers  # shown only while the command ran
+
+
+# `mmcse ARGS` in a fresh interpreter; prints the heavy modules it imported
+HEAVY_IMPORTS = """
+import sys
+sys.path.insert(0, {root!r})
+sys.argv = ["mmcse", *sys.argv[1:]]
+import cli
+try:
+    cli.main()
+except SystemExit:
+    pass
+print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["train", "--help"],
+        ["train", "--batch-size", "0", "--dry-run"],  # a setting's range
+        ["train", "--text-corpus", "missing.txt", "--dry-run"],  # preflight's first checks
+    ],
+)
+def test_help_and_early_errors_import_neither_torch_nor_transformers(args, tmp_path):
+    """`--help` and an error in a setting or path answer in about a second: torch and
+    transformers (tens of seconds on a busy machine) load only when a command needs them."""
+    script = HEAVY_IMPORTS.format(root=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.stdout.splitlines()[-1] == "[]", proc.stdout + proc.stderr
+    assert "error:" in proc.stderr or "Usage:" in proc.stdout
