@@ -270,3 +270,17 @@ def test_help_and_early_errors_import_neither_torch_nor_transformers(args, tmp_p
     )
     assert proc.stdout.splitlines()[-1] == "[]", proc.stdout + proc.stderr
     assert "error:" in proc.stderr or "Usage:" in proc.stdout
+
+
+def test_train_help_groups_its_flags_and_shows_brackets_as_written(monkeypatch):
+    from mmcse.training import config
+
+    panels = {v for k, v in vars(config).items() if k.startswith("PANEL_")}
+    assert all(f.metadata.get("panel") in panels for f in dataclasses.fields(TrainConfig))
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(cli.app, ["train", "--help"])
+    assert result.exit_code == 0, result.output
+    titles = [line.strip("╭─╮ ").split(" ─")[0] for line in result.output.splitlines()]
+    assert {*panels, "Run"} <= set(titles)
+    assert "one [train] table" in result.output  # not eaten as a rich style tag
+    assert "tokens per sentence ([CLS], a token, [SEP])" in result.output
