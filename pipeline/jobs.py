@@ -17,6 +17,11 @@ from typing import Any
 from mmcse.devices import default_device_name
 from mmcse.errors import MmcseError
 
+#: the registered teachers (:mod:`pipeline.teachers`, its table) each extract command takes,
+#: named in its --help (importing the registry would load torch for --help)
+IMAGE_TEACHERS = "resnet50, resnet50-v2, clip-vit-b32, clip-vit-l14 (CLIP: captions too)"
+TEXT_TEACHERS = "simcse, diffcse, rankcse, clip-text, clip-vit-b32, clip-vit-l14"
+
 
 def setting(default: Any = None, help: str = "", **meta: Any) -> Any:
     """A job field: its default and its flag's help (``meta``: ``flag``, ``argument``)."""
@@ -114,7 +119,7 @@ class ImagesJob(RunFlags, TeacherFlags, DataFlags):
     """Image features (+ caption features for CLIP teachers) and the caption corpus table."""
 
     dataset: str = required("Registered dataset (flickr30k, coco, flickr8k, local).")
-    teacher: str = setting("resnet50", "Registered image teacher.")
+    teacher: str = setting("resnet50", f"Image teacher: {IMAGE_TEACHERS}.")
     out: str | None = setting(None, "Output folder (unset: cache/<dataset>/<split>).")
     workers: int | None = setting(None, "DataLoader decode workers (unset: min(8, CPUs)).")
     decode: str = setting("cpu", "Only cpu (Pillow, in the decode workers); gpu was removed.")
@@ -137,8 +142,8 @@ class TextJob(RunFlags, TeacherFlags, DataFlags):
 
     corpus: str = required("wiki1m, a caption dataset name, or a corpus table dir.")
     text_file: str | None = setting(None, "Sentence file for text corpora (wiki1m).")
-    teacher: str = setting("simcse", "Registered text teacher, or none: the corpus table only, "
-                           "no teacher pass (all SimCSE/MCSE/KDMCSE read of a text corpus).")  # fmt: skip
+    teacher: str = setting("simcse", f"Text teacher: {TEXT_TEACHERS}; or none: the corpus table "
+                           "only, no teacher pass (all SimCSE/MCSE/KDMCSE read of a text corpus).")  # fmt: skip
     out: str | None = setting(None, "Output folder (unset: cache/<corpus>/<split>).")
 
     def run(self) -> Written:
@@ -200,7 +205,7 @@ class ObjectsJob(RunFlags, TeacherFlags, DataFlags):
     num_beams: int = setting(3, "Florence-2 beams (Grounded-SAM-2 uses 3).")
     max_new_tokens: int = setting(256, "Florence-2 generation budget.")
     from_objects: str | None = setting(None, "Re-encode an objects table dir (no detection).")
-    teacher: str = setting("resnet50", "Registered image teacher for the objects.")
+    teacher: str = setting("resnet50", f"Image teacher of the objects: {IMAGE_TEACHERS}.")
     background: str = setting("mean", "Fill of the cut-out's transparent area: mean|black|white.")
     out: str | None = setting(None, "Output folder (unset: cache/<dataset>/<split>).")
     caption_policy: str = setting("longest", "longest (MCSEO) | all | random-one.")
