@@ -381,3 +381,15 @@ def test_tiny_end_to_end_ablation_with_sts_eval(tiny_model, tmp_path):
     assert any(line.startswith("| full |") for line in lines)
     assert any(line.startswith("| w/o image_text |") for line in lines)
     assert "75.30 ± 0.90 (MCSE (Zhang et al., NAACL 2022), Table 1)" in md.read_text()
+
+
+def test_recipes_list_has_a_header_over_its_columns():
+    from mmcse.recipes.catalogue import RECIPES, listing
+
+    header, *rows = listing().splitlines()
+    assert header.split() == ["recipe", "method", "STS", "avg", "published", "in"]
+    assert len(rows) == len(RECIPES.names())
+    method, avg = header.index("method"), header.index("STS avg")  # the columns line up
+    name = RECIPES.names()[0]
+    assert rows[0][method:avg].strip() == RECIPES.get(name).method
+    assert float(rows[0][avg : avg + 7]) == RECIPES.get(name).published[0].mean["avg"]
