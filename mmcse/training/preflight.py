@@ -241,7 +241,32 @@ def check_roles(cfg: TrainConfig, method: Method) -> None:
             released = _released_teachers(cfg)
             passes = not missing_roles(cfg, released) and not termless_kinds(cfg, released)
             hint = _teachers_hint(method) if passes else ""
-        raise MmcseError(f"method {method.name!r} needs cached features: give {flags}{hint}")
+        made = "; ".join(f"{role}: {role_command(role)}" for role in missing)
+        raise MmcseError(
+            f"method {method.name!r} needs cached features: give {flags}{hint} (Stage 1 makes "
+            f"them: {made})"
+        )
+
+
+#: the Stage-1 command that writes a feature role's set, by role name (the sets' folders are
+#: named ``<kind>-<teacher>``, beside the captions table); every registered role is covered
+ROLE_COMMANDS = {
+    "image": "`mmcse extract-images --teacher TEACHER` writes image-TEACHER/",
+    "clip_image": "`mmcse extract-images --teacher clip-vit-l14` writes image-clip-vit-l14/",
+    "clip_text": "`mmcse extract-images --teacher clip-vit-l14` writes text-clip-vit-l14/",
+    "object": "`mmcse extract-objects` writes object-TEACHER/",
+    "image_tensor": "`mmcse extract-image-tensors` writes the image set",
+    "audio_fbank": "`mmcse extract-audio` writes the audio set",
+}
+TEXT_TEACHER_ROLE = "text_teacher_"
+
+
+def role_command(role: str) -> str:
+    """How to make a feature role's set (``text_teacher_<name>``: that text teacher's set)."""
+    if role.startswith(TEXT_TEACHER_ROLE):
+        teacher = role.removeprefix(TEXT_TEACHER_ROLE)
+        return f"`mmcse extract-text --corpus CAPTIONS_TABLE --teacher {teacher}` writes text-{teacher}/"
+    return ROLE_COMMANDS.get(role, "see `mmcse recipes show` of a recipe of this method")
 
 
 def roles_read(cfg: TrainConfig, method: Method) -> list[str]:
