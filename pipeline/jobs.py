@@ -10,6 +10,7 @@ module is imported to build the command line, so the heavy imports are in the ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,14 +34,35 @@ def required(help: str, **meta: Any) -> Any:
 
 
 class Written(dict):
-    """``{part: Manifest | None}``; None where another rank's job finalizes the set."""
+    """``{part: Manifest | None}``; None where another rank's job finalizes the set. Printed
+    with where each set is, and which were already complete before (``before``): a re-run
+    that recomputed nothing says so."""
+
+    def __init__(self, parts: dict, out: Path | None = None, before: frozenset = frozenset()):
+        super().__init__(parts)
+        self.out, self.before = out, before
 
     def __str__(self) -> str:
-        lines = [f"{part}: {_state(m)}" for part, m in self.items()]
+        lines = [f"{self._where(part)}: {self._state(part, m)}" for part, m in self.items()]
+        if self and set(self) <= self.before:
+            lines.insert(0, f"nothing to do: every set in {self.out} was already complete")
         objects = self.get("objects")  # extract-objects' table: how many pairs it found
         if objects is not None and "pairs_per_caption" in objects.extra:
             lines.append(f"object–phrase pairs per caption: {objects.extra['pairs_per_caption']}")
         return "\n".join(lines)
+
+    def _where(self, part: str) -> str:
+        return str(self.out / part) if self.out is not None else part
+
+    def _state(self, part: str, m) -> str:
+        done = "already complete, nothing recomputed: " if part in self.before else ""
+        return done + _state(m)
+
+
+def written(target: Path, extraction: Callable[[], dict]) -> Written:
+    """Run ``extraction`` (writing into ``target``); what it wrote, and what was there before."""
+    before = frozenset(p.parent.name for p in target.glob("*/manifest.json"))
+    return Written(extraction(), target, before)
 
 
 def _state(m) -> str:
@@ -132,8 +154,9 @@ class ImagesJob(RunFlags, TeacherFlags, DataFlags):
         options = self.run_options(workers=workers, decode=self.decode, max_pixels=self.max_pixels)
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         target = _path(self.out) or Path("cache") / self.dataset / self.split
-        return Written(extract_images(records, model, self.teacher, target, options=options,
-                                      caption_policy=self.caption_policy, seed=self.seed))  # fmt: skip
+        return written(target, lambda: extract_images(
+            records, model, self.teacher, target, options=options,
+            caption_policy=self.caption_policy, seed=self.seed))  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -158,13 +181,13 @@ class TextJob(RunFlags, TeacherFlags, DataFlags):
         options = self.run_options()
         if table:
             target = _path(self.out) or Path(self.corpus).parent
-            return Written(extract_corpus_texts(Path(self.corpus), model, self.teacher, target,
-                                                options))  # fmt: skip
+            return written(target, lambda: extract_corpus_texts(
+                Path(self.corpus), model, self.teacher, target, options))  # fmt: skip
         records = self.records(self.corpus, self.text_file)
         target = _path(self.out) or Path("cache") / self.corpus / self.split
-        return Written(extract_texts(records, model, None if no_teacher else self.teacher, target,
-                                     caption_policy=self.caption_policy, seed=self.seed,
-                                     options=options))  # fmt: skip
+        return written(target, lambda: extract_texts(
+            records, model, None if no_teacher else self.teacher, target,
+            caption_policy=self.caption_policy, seed=self.seed, options=options))  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -186,7 +209,7 @@ class Hdf5Job:
         for path in (self.features, self.captions):
             if not Path(path).is_file():
                 raise MmcseError(f"{path} does not exist")
-        return Written(import_hdf5_features(
+        return written(Path(self.out), lambda: import_hdf5_features(
             Path(self.features), Path(self.captions), dataset=self.dataset, split=self.split,
             out=Path(self.out), key=self.key, teacher_name=self.teacher_name, dtype=self.dtype,
         ))  # fmt: skip
@@ -218,17 +241,18 @@ class ObjectsJob(RunFlags, TeacherFlags, DataFlags):
         if self.from_objects:
             model = self.build_teacher(self.teacher)
             target = _path(self.out) or Path(self.from_objects).parent
-            return Written(reencode_objects(Path(self.from_objects), model, self.teacher, target,
-                                            background=self.background,
-                                            options=self.run_options()))  # fmt: skip
+            return written(target, lambda: reencode_objects(
+                Path(self.from_objects), model, self.teacher, target,
+                background=self.background, options=self.run_options()))  # fmt: skip
         if self.dataset is None:
             raise MmcseError("give --dataset (or --from-objects DIR to re-encode existing objects)")
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         found, segmenter = self.detector_and_segmenter(model.device)
         target = _path(self.out) or Path("cache") / self.dataset / self.split
         settings = ObjectSettings(self.background, self.masks, self.caption_policy, self.seed)
-        return Written(extract_objects(records, found, segmenter, model, self.teacher, target,
-                                       settings=settings, options=self.run_options()))  # fmt: skip
+        return written(target, lambda: extract_objects(
+            records, found, segmenter, model, self.teacher, target,
+            settings=settings, options=self.run_options()))  # fmt: skip
 
     def detector_and_segmenter(self, device):
         """The grounder (Florence-2, or a boxes file) and the segmenter (SAM2; None: box masks)."""

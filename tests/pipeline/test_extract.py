@@ -481,6 +481,23 @@ def test_negative_workers_is_refused_before_the_teacher_loads(tmp_path, monkeypa
     assert not (tmp_path / "o").exists()
 
 
+def test_extraction_says_where_it_wrote_and_when_a_rerun_did_nothing(tmp_path):
+    source = _synthetic_images(tmp_path / "imgs", 3)
+    out = tmp_path / "o"
+    args = ["extract-images", "--dataset", "local", "--images", str(source.images), "--captions",
+            str(source.captions), *_TINY_FLAGS, "--caption-policy", "all", "--out", str(out)]  # fmt: skip
+    first = CliRunner().invoke(cli.app, args)
+    assert first.exit_code == 0, first.output
+    lines = first.stdout.splitlines()
+    assert lines[0].startswith(f"{out / 'image-resnet50'}: 3 rows, 0 errors")
+    assert lines[1].startswith(f"{out / 'captions'}: 6 rows")
+    again = CliRunner().invoke(cli.app, args)
+    assert again.exit_code == 0, again.output
+    lines = again.stdout.splitlines()
+    assert lines[0] == f"nothing to do: every set in {out} was already complete"
+    assert lines[1].startswith(f"{out / 'image-resnet50'}: already complete, nothing recomputed")
+
+
 def _real_or_generated_jpegs(tmp_path: Path) -> list[Path]:
     """coco_mini's photos when present, else generated ones; plus progressive, grayscale, CMYK,
     restart-marker and MPO variants (each its own decode route)."""
