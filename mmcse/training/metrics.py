@@ -264,9 +264,10 @@ class Progress:
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", mininterval=0.5)
 
-    def set(self, **values: str) -> None:
-        """New figures for the bar (no redraw now: the next interval shows them)."""
-        self.postfix.update(values)
+    def set(self, **values: str | float) -> None:
+        """New figures for the bar (no redraw now: the next interval shows them); a number is
+        shown with 4 significant digits (a loss of 1.2e-05 is not ``0.0000``)."""
+        self.postfix.update({k: v if isinstance(v, str) else f"{v:.4g}" for k, v in values.items()})
         if self.bar is not None:
             self.bar.set_postfix(self.postfix, refresh=False)
 
