@@ -36,7 +36,7 @@ def launch(
         from mmcse.training.preflight import checked_run
 
         method, plan = checked_run(cfg, resuming=bool(resume))  # the checks a run makes first
-        from mmcse.training.plan import describe_preview
+        from mmcse.training.plan import describe_preview  # loads torch: after the cheap checks
 
         yield json.dumps(cfg.to_dict(), indent=2)
         yield method.describe()

@@ -80,7 +80,7 @@ def checked_run(cfg: TrainConfig, *, resuming: bool | None = None) -> tuple[Meth
     check_model(cfg.model, cfg.max_seq_length)
     check_output_dir(cfg, resuming=resuming)
     data = check_join(cfg, method)
-    from mmcse.training.plan import plan_warnings, preview
+    from mmcse.training.plan import plan_warnings, preview  # torch is loaded by now
 
     plan = preview(data)
     for warning in plan_warnings(plan, method):
@@ -95,6 +95,7 @@ def checked_run(cfg: TrainConfig, *, resuming: bool | None = None) -> tuple[Meth
 
 
 def check_distributed_env() -> None:
+    """torchrun's variables (:mod:`mmcse.distributed` imports torch, so not at module level)."""
     from mmcse import distributed
 
     distributed.check_env()
