@@ -19,10 +19,12 @@ def default_device_name() -> str:
 
 def check_device(name: str, flag: str = "--device") -> None:
     """Refuse a malformed name, or a CUDA device this machine does not have, with one line."""
-    import torch
-
     if not re.fullmatch(DEVICE_PATTERN, name):
         raise MmcseError(f"{flag} must be {DEVICES}, not {name!r}")
+    if name in ("auto", "cpu"):
+        return  # exists everywhere: no torch import (seconds) to say so
+    import torch
+
     if name.startswith("cuda"):
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(name.partition(":")[2] or 0)

@@ -1,8 +1,10 @@
 """Text files read strictly, the same way by both stages (dataset loaders, training corpora).
 
 UTF-8 with or without a byte-order mark, or UTF-16/32 with a BOM. A byte that is not valid in
-the file's encoding is reported with its line number and never replaced by U+FFFD; a file with
-NUL bytes and no BOM (UTF-16/32 without a BOM) is refused with a hint to convert it.
+the file's encoding is reported with its line number and never replaced by U+FFFD. A file
+without a BOM that looks like UTF-16/32 (NUL bytes in a quarter of its first bytes, or NULs and
+no valid UTF-8) is refused with a hint to convert it; a UTF-8 file with a stray NUL byte is UTF-8
+with one bad line, named as such (a line reader skips it like an undecodable line).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def text_encoding(path: Path, head: bytes) -> str:
     for bom, encoding in _BOMS:
         if head.startswith(bom):
             return encoding
-    if b"\0" in head[:4096]:
+    if _looks_like_utf16_or_32(head[:4096]):
         raise MmcseError(
             f"{path}: holds NUL bytes, so it is not UTF-8 text (UTF-16/32 without a byte-order "
             "mark?); convert it to UTF-8, e.g. `iconv -f UTF-16LE -t UTF-8`"
@@ -35,18 +37,43 @@ def text_encoding(path: Path, head: bytes) -> str:
     return "utf-8"
 
 
+def _looks_like_utf16_or_32(head: bytes) -> bool:
+    """UTF-16/32 text puts a NUL beside nearly every Latin character; CJK text in UTF-16 has
+    fewer NULs but is not valid UTF-8. A stray NUL in valid UTF-8 is neither."""
+    nuls = head.count(0)
+    if not nuls:
+        return False
+    if nuls * 4 >= len(head):
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start < len(head) - 3  # not merely a character cut at the head's end
+    return False
+
+
+def nul_problem(line: bytes) -> str | None:
+    """Why a UTF-8 line with a NUL byte is not text (no sentence holds one), else None."""
+    at = line.find(b"\0")
+    return None if at < 0 else f"a NUL byte at byte {at} of the line (UTF-8 text holds none)"
+
+
 def decode_text(path: Path, data: bytes) -> str:
     """The whole of ``data`` (the bytes of ``path``) decoded strictly, without its BOM; an
     invalid byte is an :class:`MmcseError` naming the file and line."""
     encoding = text_encoding(path, data[:4096])
     try:
-        return data.decode(encoding)
+        text = data.decode(encoding)
     except UnicodeDecodeError as exc:
         line = data[: exc.start].decode(encoding, errors="ignore").count("\n") + 1
         raise MmcseError(
             f"{path}:{line}: not valid {encoding.removesuffix('-sig')} text ({exc.reason}); "
             "convert or fix that line"
         ) from None
+    if encoding.startswith("utf-8") and "\0" in text:
+        line = text[: text.index("\0")].count("\n") + 1
+        raise MmcseError(f"{path}:{line}: UTF-8 text with a NUL byte; remove it or fix that line")
+    return text
 
 
 def read_text_lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
@@ -72,6 +99,9 @@ def read_text_lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
         raw_lines.pop()
     for number, raw in enumerate(raw_lines, start=1):
         try:
-            yield number, raw.rstrip(b"\r").decode("utf-8"), None
+            text = raw.rstrip(b"\r").decode("utf-8")
         except UnicodeDecodeError as exc:
             yield number, None, f"invalid UTF-8 at byte {exc.start} of the line"
+            continue
+        problem = nul_problem(raw)
+        yield number, None if problem else text, problem

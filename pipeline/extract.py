@@ -99,6 +99,10 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.shard_size < 1 or self.batch_size < 1:
             raise MmcseError("--shard-size and --batch-size must be positive")
+        if self.workers < 0:  # checked here, before the teacher loads and .pending.json exists
+            raise MmcseError(
+                f"--workers {self.workers}: give 0 (decode in this process) or more processes"
+            )
         if not 0 <= self.rank < self.world_size:
             raise MmcseError(f"rank {self.rank} is outside world size {self.world_size}")
         if self.decode != "cpu":

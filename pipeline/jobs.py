@@ -10,12 +10,18 @@ module is imported to build the command line, so the heavy imports are in the ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mmcse.devices import default_device_name
 from mmcse.errors import MmcseError
+
+#: the registered teachers (:mod:`pipeline.teachers`, its table) each extract command takes,
+#: named in its --help (importing the registry would load torch for --help)
+IMAGE_TEACHERS = "resnet50, resnet50-v2, clip-vit-b32, clip-vit-l14 (CLIP: captions too)"
+TEXT_TEACHERS = "simcse, diffcse, rankcse, clip-text, clip-vit-b32, clip-vit-l14"
 
 
 def setting(default: Any = None, help: str = "", **meta: Any) -> Any:
@@ -28,14 +34,35 @@ def required(help: str, **meta: Any) -> Any:
 
 
 class Written(dict):
-    """``{part: Manifest | None}``; None where another rank's job finalizes the set."""
+    """``{part: Manifest | None}``; None where another rank's job finalizes the set. Printed
+    with where each set is, and which were already complete before (``before``): a re-run
+    that recomputed nothing says so."""
+
+    def __init__(self, parts: dict, out: Path | None = None, before: frozenset = frozenset()):
+        super().__init__(parts)
+        self.out, self.before = out, before
 
     def __str__(self) -> str:
-        lines = [f"{part}: {_state(m)}" for part, m in self.items()]
+        lines = [f"{self._where(part)}: {self._state(part, m)}" for part, m in self.items()]
+        if self and set(self) <= self.before:
+            lines.insert(0, f"nothing to do: every set in {self.out} was already complete")
         objects = self.get("objects")  # extract-objects' table: how many pairs it found
         if objects is not None and "pairs_per_caption" in objects.extra:
             lines.append(f"object–phrase pairs per caption: {objects.extra['pairs_per_caption']}")
         return "\n".join(lines)
+
+    def _where(self, part: str) -> str:
+        return str(self.out / part) if self.out is not None else part
+
+    def _state(self, part: str, m) -> str:
+        done = "already complete, nothing recomputed: " if part in self.before else ""
+        return done + _state(m)
+
+
+def written(target: Path, extraction: Callable[[], dict]) -> Written:
+    """Run ``extraction`` (writing into ``target``); what it wrote, and what was there before."""
+    before = frozenset(p.parent.name for p in target.glob("*/manifest.json"))
+    return Written(extraction(), target, before)
 
 
 def _state(m) -> str:
@@ -114,7 +141,7 @@ class ImagesJob(RunFlags, TeacherFlags, DataFlags):
     """Image features (+ caption features for CLIP teachers) and the caption corpus table."""
 
     dataset: str = required("Registered dataset (flickr30k, coco, flickr8k, local).")
-    teacher: str = setting("resnet50", "Registered image teacher.")
+    teacher: str = setting("resnet50", f"Image teacher: {IMAGE_TEACHERS}.")
     out: str | None = setting(None, "Output folder (unset: cache/<dataset>/<split>).")
     workers: int | None = setting(None, "DataLoader decode workers (unset: min(8, CPUs)).")
     decode: str = setting("cpu", "Only cpu (Pillow, in the decode workers); gpu was removed.")
@@ -127,8 +154,9 @@ class ImagesJob(RunFlags, TeacherFlags, DataFlags):
         options = self.run_options(workers=workers, decode=self.decode, max_pixels=self.max_pixels)
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         target = _path(self.out) or Path("cache") / self.dataset / self.split
-        return Written(extract_images(records, model, self.teacher, target, options=options,
-                                      caption_policy=self.caption_policy, seed=self.seed))  # fmt: skip
+        return written(target, lambda: extract_images(
+            records, model, self.teacher, target, options=options,
+            caption_policy=self.caption_policy, seed=self.seed))  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -137,8 +165,8 @@ class TextJob(RunFlags, TeacherFlags, DataFlags):
 
     corpus: str = required("wiki1m, a caption dataset name, or a corpus table dir.")
     text_file: str | None = setting(None, "Sentence file for text corpora (wiki1m).")
-    teacher: str = setting("simcse", "Registered text teacher, or none: the corpus table only, "
-                           "no teacher pass (all SimCSE/MCSE/KDMCSE read of a text corpus).")  # fmt: skip
+    teacher: str = setting("simcse", f"Text teacher: {TEXT_TEACHERS}; or none: the corpus table "
+                           "only, no teacher pass (all SimCSE/MCSE/KDMCSE read of a text corpus).")  # fmt: skip
     out: str | None = setting(None, "Output folder (unset: cache/<corpus>/<split>).")
 
     def run(self) -> Written:
@@ -153,13 +181,13 @@ class TextJob(RunFlags, TeacherFlags, DataFlags):
         options = self.run_options()
         if table:
             target = _path(self.out) or Path(self.corpus).parent
-            return Written(extract_corpus_texts(Path(self.corpus), model, self.teacher, target,
-                                                options))  # fmt: skip
+            return written(target, lambda: extract_corpus_texts(
+                Path(self.corpus), model, self.teacher, target, options))  # fmt: skip
         records = self.records(self.corpus, self.text_file)
         target = _path(self.out) or Path("cache") / self.corpus / self.split
-        return Written(extract_texts(records, model, None if no_teacher else self.teacher, target,
-                                     caption_policy=self.caption_policy, seed=self.seed,
-                                     options=options))  # fmt: skip
+        return written(target, lambda: extract_texts(
+            records, model, None if no_teacher else self.teacher, target,
+            caption_policy=self.caption_policy, seed=self.seed, options=options))  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -181,7 +209,7 @@ class Hdf5Job:
         for path in (self.features, self.captions):
             if not Path(path).is_file():
                 raise MmcseError(f"{path} does not exist")
-        return Written(import_hdf5_features(
+        return written(Path(self.out), lambda: import_hdf5_features(
             Path(self.features), Path(self.captions), dataset=self.dataset, split=self.split,
             out=Path(self.out), key=self.key, teacher_name=self.teacher_name, dtype=self.dtype,
         ))  # fmt: skip
@@ -200,7 +228,7 @@ class ObjectsJob(RunFlags, TeacherFlags, DataFlags):
     num_beams: int = setting(3, "Florence-2 beams (Grounded-SAM-2 uses 3).")
     max_new_tokens: int = setting(256, "Florence-2 generation budget.")
     from_objects: str | None = setting(None, "Re-encode an objects table dir (no detection).")
-    teacher: str = setting("resnet50", "Registered image teacher for the objects.")
+    teacher: str = setting("resnet50", f"Image teacher of the objects: {IMAGE_TEACHERS}.")
     background: str = setting("mean", "Fill of the cut-out's transparent area: mean|black|white.")
     out: str | None = setting(None, "Output folder (unset: cache/<dataset>/<split>).")
     caption_policy: str = setting("longest", "longest (MCSEO) | all | random-one.")
@@ -213,17 +241,18 @@ class ObjectsJob(RunFlags, TeacherFlags, DataFlags):
         if self.from_objects:
             model = self.build_teacher(self.teacher)
             target = _path(self.out) or Path(self.from_objects).parent
-            return Written(reencode_objects(Path(self.from_objects), model, self.teacher, target,
-                                            background=self.background,
-                                            options=self.run_options()))  # fmt: skip
+            return written(target, lambda: reencode_objects(
+                Path(self.from_objects), model, self.teacher, target,
+                background=self.background, options=self.run_options()))  # fmt: skip
         if self.dataset is None:
             raise MmcseError("give --dataset (or --from-objects DIR to re-encode existing objects)")
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         found, segmenter = self.detector_and_segmenter(model.device)
         target = _path(self.out) or Path("cache") / self.dataset / self.split
         settings = ObjectSettings(self.background, self.masks, self.caption_policy, self.seed)
-        return Written(extract_objects(records, found, segmenter, model, self.teacher, target,
-                                       settings=settings, options=self.run_options()))  # fmt: skip
+        return written(target, lambda: extract_objects(
+            records, found, segmenter, model, self.teacher, target,
+            settings=settings, options=self.run_options()))  # fmt: skip
 
     def detector_and_segmenter(self, device):
         """The grounder (Florence-2, or a boxes file) and the segmenter (SAM2; None: box masks)."""

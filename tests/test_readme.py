@@ -251,6 +251,21 @@ def test_every_readme_command_is_in_the_tables():
 # ---- the set-up block: CI and the demo's own test -------------------------------------------
 
 
+def test_every_environment_variable_and_dataset_loader_is_documented():
+    """What a new user needs before the first command: the MMCSE_* variables the code reads and
+    where each registered dataset comes from."""
+    from pipeline.datasets import DATASETS
+
+    code = [*(ROOT / "mmcse").rglob("*.py"), *(ROOT / "pipeline").rglob("*.py")]
+    variables = {v for f in code for v in re.findall(r"\bMMCSE_[A-Z_]+", f.read_text())}
+    text = README.read_text(encoding="utf-8")
+    assert variables and all(f"`{v}`" in text for v in variables)
+    where = text.split("**Where the data comes from.**")[1].split("\n\n")[1]
+    for name in DATASETS.names():
+        if name != "local":  # your own files
+            assert {"wiki1m": "Wiki1M", "coco": "COCO"}.get(name, name.capitalize()) in where
+
+
 def test_setup_commands_are_what_ci_runs():
     ci = [c for c in shell_commands(CI_SCRIPT.read_text(encoding="utf-8")) if c[:1] != ["exit"]]
     ci_pip = next(c for c in ci if c[:2] == ["pip", "install"])

@@ -155,6 +155,20 @@ def writable(folder: Path) -> bool:
     return bool(marked) and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
 
 
+def check_writable_folder(folder: Path) -> None:
+    """:class:`CacheError` unless ``folder`` is, or can be created as, a folder :func:`writable`
+    says may be written. Creates nothing: preflight asks it of a named ``token_cache`` before any
+    work, and writing an entry asks it first, so both refuse the same folders."""
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise CacheError(f"{folder}: cannot create the folder: {existing} is a file, not a folder")
+    if not writable(existing):
+        raise CacheError(
+            f"{folder}: cannot create the folder or write in it: {existing} is read-only "
+            "(no write permission); name a writable folder"
+        )
+
+
 class TokenTable:
     """Token rows of a corpus by row number: a cache entry (memory-mapped) or rows in memory."""
 
@@ -202,6 +216,8 @@ def cached_tokens(
     table = _open_valid(path, key, discard=False)
     if table is not None:
         return table
+    if must_write:  # refused before the lock creates it and a whole corpus is tokenised
+        check_writable_folder(path.parent)
     with _build_lock(path):
         table = _open_valid(path, key, discard=True)  # built meanwhile by the lock's holder?
         if table is not None:
@@ -246,6 +262,7 @@ def _move_aside(path: Path) -> None:
 def _write(
     path: Path, key: TokenKey, ids: Sequence[str], rows: np.ndarray, dataset: str, split: str
 ) -> TokenTable:
+    check_writable_folder(path.parent)
     with os_errors(path.parent, "create the folder"):
         path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(path.parent)

@@ -10,6 +10,13 @@ import typer
 
 
 def show(result: str | Iterable[str] | None) -> None:
-    """Print a command's result: a text, or each text an iterator yields as soon as it is ready."""
-    for text in [result] if isinstance(result, str) else result or ():
-        typer.echo(text)
+    """Print a command's result: a text, or each text an iterator yields as soon as it is ready.
+
+    A run stopped by a signal (:class:`mmcse.training.stop.TrainingInterrupted`, raised while
+    its lines are iterated) exits 128 + the signal's number: typer would turn any
+    KeyboardInterrupt into 130, and a job script must see SIGTERM (143) as SIGTERM."""
+    try:
+        for text in [result] if isinstance(result, str) else result or ():
+            typer.echo(text)
+    except KeyboardInterrupt as exc:
+        raise typer.Exit(getattr(exc, "exit_code", 130)) from None

@@ -2,9 +2,9 @@
 
 A field's annotation gives its flag's type, its ``metadata`` the rest: ``help``, ``flag`` (when not
 ``--field-name``), ``aliases``, ``negative`` (a boolean's off switch, else ``--no-...``),
-``choices``, ``argument`` (positional). A field without a default is a required flag; the others
-default to None, "not given" (a config file or the field's default fills them), and ``--help``
-shows the field's default. ``dict`` fields take repeated ``KEY=VALUE`` (JSON values but strings)."""
+``choices``, ``argument`` (positional), ``panel`` (its group in ``--help``). A field without a
+default is a required flag; the others default to None, "not given" (a config file or the
+field's default fills them), and ``--help`` shows the field's default. ``dict`` fields take repeated ``KEY=VALUE`` (JSON values but strings)."""
 
 from __future__ import annotations
 
@@ -29,17 +29,31 @@ def flag_parameters(cls: type) -> list[inspect.Parameter]:
         decls = [meta.get("flag", "--" + f.name.replace("_", "-")), *meta.get("aliases", ())]
         if kind is bool:
             decls[0] += "/" + meta.get("negative", "--no-" + decls[0][2:])
-        choices = ": " + "|".join(meta["choices"]) if "choices" in meta else ""
+        choices = ": " + " | ".join(meta["choices"]) if "choices" in meta else ""  # wraps
         text = meta.get("help", "") + choices
+        shown = {"metavar": _metavar(kind), "rich_help_panel": meta.get("panel")}
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            option = (typer.Argument(..., help=text) if meta.get("argument")
-                      else typer.Option(..., *decls, help=text))  # fmt: skip
+            option = (typer.Argument(..., help=plain(text)) if meta.get("argument")
+                      else typer.Option(..., *decls, help=plain(text), **shown))  # fmt: skip
         else:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            option = typer.Option(None, *decls, help=f"{text} (default: {default!r})".strip())
+            text = f"{text} (default: {default!r})".strip()
+            option = typer.Option(None, *decls, help=plain(text), **shown)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=kind))  # fmt: skip
     return params
+
+
+def plain(text: str) -> str:
+    """Help as written: typer reads it as rich markup, where ``[train]`` is a style tag."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _metavar(kind: type) -> str | None:
+    """A short value name (typer's ``<list[str]>`` widens the flag column)."""
+    return {int: "INT", float: "FLOAT", str: "TEXT", list[str]: "KEY=VALUE"}.get(kind)
 
 
 def _flag_type(hint: typing.Any) -> type:

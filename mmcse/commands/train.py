@@ -3,30 +3,31 @@ fields (:mod:`mmcse.commands.flags`); only the flags that are not settings are w
 
 from __future__ import annotations
 
+import functools
+
 import typer
 
 from mmcse.commands import show
-from mmcse.commands.flags import with_flags
+from mmcse.commands.flags import plain, with_flags
 from mmcse.training.config import TrainConfig
 
 app = typer.Typer()
 Opt = typer.Option
+RunOpt = functools.partial(Opt, rich_help_panel="Run")  # the flags that are not settings
 
 
 @app.command()
 @with_flags(TrainConfig, into="settings")
 def train(
-    config: str = Opt(
-        None, "--config", help="settings file: .json or .toml (top level, or one [train] table)"
-    ),
-    dry_run: bool = Opt(False, help="print the resolved config and method, train nothing"),
-    resume: str = Opt(
-        None,
-        help="continue the run in RUN_DIR from its last/ checkpoint (checked first); a "
-        "finished run is left as it is (exit 0) unless a larger --max-steps/--epochs extends it",
-    ),
+    config: str = RunOpt(None, "--config", metavar="FILE", help=plain(
+        "settings file: .json or .toml (top level, or one [train] table)")),
+    dry_run: bool = RunOpt(
+        False, help="check every input, print the config, method and batch plan; train nothing"),
+    resume: str = RunOpt(None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its "
+        "last/ checkpoint (checked first); a finished run is left as it is (exit 0) unless a "
+        "larger --max-steps/--epochs extends it"),
     settings: dict | None = None,
-) -> None:
+) -> None:  # fmt: skip
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
     from mmcse.training.launch import launch
 

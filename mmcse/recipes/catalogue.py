@@ -465,11 +465,11 @@ _nonlinguistic_recipes()
 
 def listing() -> str:
     """``mmcse recipes list``: every recipe, its method and the published STS avg it reproduces."""
-    lines = []
+    lines = [f"{'recipe':<34} {'method':<10} {'STS avg':<7}  published in"]
     for name in RECIPES.names():
         recipe = RECIPES.get(name)
         published = recipe.published[0] if recipe.published else None
-        avg = f"{published.mean['avg']:.2f}  {published.source}" if published else "-"
+        avg = f"{published.mean['avg']:<7.2f}  {published.source}" if published else "-"
         lines.append(f"{name:<34} {recipe.method:<10} {avg}")
     return "\n".join(lines)
 

@@ -44,6 +44,15 @@ TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF = "auto", "off"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
+#: the ``mmcse train --help`` panel of each setting (field metadata ``panel``)
+PANEL_MODEL = "Model and method"
+PANEL_DATA = "Data"
+PANEL_OPTIMISATION = "Optimisation"
+PANEL_EVALUATION = "Evaluation and checkpoints"
+PANEL_SPEED = "Speed and precision"
+PANEL_OUTPUT = "Output and logging"
+
+
 @dataclass
 class TrainConfig:
     """Everything a Stage-2 run needs. Defaults follow SimCSE/MCSE (BERT, Table 3).
@@ -55,48 +64,84 @@ class TrainConfig:
     """
 
     model: str = field(
-        default="bert-base-uncased", metadata={"help": "student: local HF dir or hub id"}
+        default="bert-base-uncased",
+        metadata={"panel": PANEL_MODEL, "help": "student: local HF dir or hub id"},
     )
     method: str = field(
-        default="simcse", metadata={"help": "registered method (mmcse methods lists them)"}
+        default="simcse",
+        metadata={"panel": PANEL_MODEL, "help": "registered method (mmcse methods lists them)"},
     )
     method_args: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"flag": "--method-arg", "help": "method hyperparameter KEY=VALUE (JSON value)"},
+        metadata={
+            "panel": PANEL_MODEL,
+            "flag": "--method-arg",
+            "help": "method hyperparameter KEY=VALUE (JSON value)",
+        },
     )
     text_corpus: str | None = field(
-        default=None, metadata={"help": "text corpus: corpus table dir or .txt (a sentence a line)"}
+        default=None,
+        metadata={
+            "panel": PANEL_DATA,
+            "help": "text corpus: corpus table dir or .txt (a sentence a line)",
+        },
     )
     caption_corpus: str | None = field(
-        default=None, metadata={"help": "caption corpus table dir (from extract-images)"}
+        default=None,
+        metadata={"panel": PANEL_DATA, "help": "caption corpus table dir (from extract-images)"},
     )
     features: dict[str, str] = field(
-        default_factory=dict, metadata={"flag": "--feature", "help": "cached features ROLE=DIR"}
+        default_factory=dict,
+        metadata={"panel": PANEL_DATA, "flag": "--feature", "help": "cached features ROLE=DIR"},
     )
     expect_fingerprints: dict[str, str] = field(
         default_factory=dict,
-        metadata={"flag": "--expect-fingerprint", "help": "refuse a --feature set unless ROLE=SHA"},
+        metadata={
+            "panel": PANEL_DATA,
+            "flag": "--expect-fingerprint",
+            "help": "refuse a --feature set unless ROLE=SHA",
+        },
     )
     mixing: str = field(
         default="interleave",
-        metadata={"choices": MIXINGS, "help": "how text and caption batches take turns"},
+        metadata={
+            "panel": PANEL_DATA,
+            "choices": MIXINGS,
+            "help": "how text and caption batches take turns",
+        },
     )
-    output_dir: str = field(default="runs/latest", metadata={"help": "run directory"})
+    output_dir: str = field(
+        default="runs/latest", metadata={"panel": PANEL_OUTPUT, "help": "run directory"}
+    )
     overwrite: bool = field(
-        default=False, metadata={"help": "replace the run in a non-empty --output-dir"}
+        default=False,
+        metadata={"panel": PANEL_OUTPUT, "help": "replace the run in a non-empty --output-dir"},
     )
     batch_size: int = field(
         default=64,
-        metadata={"min": 2, "help": "per process (x world size under torchrun); 2+: negatives"},
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "min": 2,
+            "help": "per process (x world size under torchrun); 2+: negatives",
+        },
     )
     learning_rate: float = field(
         default=3e-5,
-        metadata={"above": 0, "flag": "--lr", "aliases": ("--learning-rate",), "help": "peak LR"},
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "above": 0,
+            "flag": "--lr",
+            "aliases": ("--learning-rate",),
+            "help": "peak LR",
+        },
     )
-    weight_decay: float = field(default=0.0, metadata={"min": 0, "help": "AdamW weight decay"})
+    weight_decay: float = field(
+        default=0.0, metadata={"panel": PANEL_OPTIMISATION, "min": 0, "help": "AdamW weight decay"}
+    )
     adam_eps: float = field(
         default=1e-6,
         metadata={
+            "panel": PANEL_OPTIMISATION,
             "above": 0,
             "below": 1,
             "help": "AdamW epsilon (transformers.AdamW's, used by MCSE/KDMCSE/DALR; torch: 1e-8)",
@@ -105,20 +150,34 @@ class TrainConfig:
     adam_eps_style: str = field(
         default="transformers",
         metadata={
+            "panel": PANEL_OPTIMISATION,
             "choices": ADAM_EPS_STYLES,
             "help": "AdamW epsilon before bias correction, or torch's placement",
         },
     )
-    epochs: int = field(default=1, metadata={"min": 1, "help": "passes over the data"})
+    epochs: int = field(
+        default=1, metadata={"panel": PANEL_OPTIMISATION, "min": 1, "help": "passes over the data"}
+    )
     max_steps: int = field(
-        default=0, metadata={"min": 0, "help": "> 0 stops early (and sets the schedule length)"}
+        default=0,
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "min": 0,
+            "help": "> 0 stops early (and sets the schedule length)",
+        },
     )
     max_seq_length: int = field(
-        default=32, metadata={"min": 3, "help": "tokens per sentence ([CLS], a token, [SEP])"}
+        default=32,
+        metadata={
+            "panel": PANEL_DATA,
+            "min": 3,
+            "help": "tokens per sentence ([CLS], a token, [SEP])",
+        },
     )
     token_cache: str = field(
         default=TOKEN_CACHE_AUTO,
         metadata={
+            "panel": PANEL_DATA,
             "pattern": r".*\S.*",
             "hint": "auto, off or a folder",
             "help": "corpus token ids cached once (mmcse.cache.tokens): auto = tokens/ beside "
@@ -127,17 +186,40 @@ class TrainConfig:
     )
     drop_last: bool = field(
         default=False,
-        metadata={"negative": "--keep-last", "help": "drop each corpus's last partial batch"},
+        metadata={
+            "panel": PANEL_DATA,
+            "negative": "--keep-last",
+            "help": "drop each corpus's last partial batch",
+        },
     )
-    warmup_steps: int = field(default=0, metadata={"min": 0, "help": "linear LR warmup steps"})
+    warmup_steps: int = field(
+        default=0,
+        metadata={"panel": PANEL_OPTIMISATION, "min": 0, "help": "linear LR warmup steps"},
+    )
     grad_clip: float = field(
-        default=1.0, metadata={"min": 0, "help": "max gradient norm (0 disables clipping)"}
+        default=1.0,
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "min": 0,
+            "help": "max gradient norm (0 disables clipping)",
+        },
     )
     seed: int = field(  # numpy's seed range
-        default=42, metadata={"min": 0, "max": 2**32 - 1, "help": "seeds data order and dropout"}
+        default=42,
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "min": 0,
+            "max": 2**32 - 1,
+            "help": "seeds data order and dropout",
+        },
     )
     eval_steps: int = field(
-        default=125, metadata={"min": 1, "help": "steps between STS-B dev evaluations"}
+        default=125,
+        metadata={
+            "panel": PANEL_EVALUATION,
+            "min": 1,
+            "help": "steps between STS-B dev evaluations",
+        },
     )
     eval_last_step: bool = field(
         default=True,
@@ -148,64 +230,122 @@ class TrainConfig:
     )
     eval_data: str | None = field(
         default=None,
-        metadata={"help": "SentEval-layout dir ('' disables evaluation; unset: ../shared/data)"},
+        metadata={
+            "panel": PANEL_EVALUATION,
+            "help": "SentEval-layout dir ('' disables evaluation; unset: ../shared/data)",
+        },
     )
     final_eval: bool = field(
-        default=True, metadata={"help": "score best/ on the 7 STS test sets at the end"}
+        default=True,
+        metadata={
+            "panel": PANEL_EVALUATION,
+            "help": "score best/ on the 7 STS test sets at the end",
+        },
     )
     pooler: str = field(
         default="auto",
         metadata={
+            "panel": PANEL_MODEL,
             "help": "auto (the student's own sentence-transformers pooling, else "
             "cls_before_pooler) | cls | cls_before_pooler | avg (= mean) | max | "
-            "avg_first_last | avg_top2"
+            "avg_first_last | avg_top2",
         },
     )
     dropout: float = field(
-        default=0.1, metadata={"min": 0, "below": 1, "help": "encoder dropout (the views' noise)"}
+        default=0.1,
+        metadata={
+            "panel": PANEL_MODEL,
+            "min": 0,
+            "below": 1,
+            "help": "encoder dropout (the views' noise)",
+        },
     )
     device: str = field(
-        default="auto", metadata={"pattern": DEVICE_PATTERN, "hint": DEVICES, "help": DEVICES}
+        default="auto",
+        metadata={
+            "panel": PANEL_SPEED,
+            "pattern": DEVICE_PATTERN,
+            "hint": DEVICES,
+            "help": DEVICES,
+        },
     )
     precision: str = field(
         default="auto",
-        metadata={"choices": PRECISIONS, "help": "autocast (auto: bf16 on CUDA; CPU: fp32 always)"},
+        metadata={
+            "panel": PANEL_SPEED,
+            "choices": PRECISIONS,
+            "help": "autocast (auto: bf16 on CUDA; CPU: fp32 always)",
+        },
     )
     attn_implementation: str = field(
         default="sdpa",
-        metadata={"choices": ATTN_IMPLEMENTATIONS, "help": "encoder attention (eager: HF's)"},
+        metadata={
+            "panel": PANEL_SPEED,
+            "choices": ATTN_IMPLEMENTATIONS,
+            "help": "encoder attention (eager: HF's)",
+        },
     )
     compile_encoder: bool = field(
         default=False,
-        metadata={"flag": "--compile", "help": "torch.compile the encoder (slow first steps)"},
+        metadata={
+            "panel": PANEL_SPEED,
+            "flag": "--compile",
+            "help": "torch.compile the encoder (slow first steps)",
+        },
     )
     capture: str = field(
         default="auto",
         metadata={
+            "panel": PANEL_SPEED,
             "choices": CAPTURES,
             "help": "compile the whole step (encoder, every loss term, backward) into one graph, "
             "replayed as CUDA graphs on CUDA; pads batches to --max-seq-length; auto: on CUDA",
         },
     )
     fused_adamw: bool = field(
-        default=True, metadata={"help": "AdamW's fused kernel on CUDA (same update; not on CPU)"}
+        default=True,
+        metadata={
+            "panel": PANEL_SPEED,
+            "help": "AdamW's fused kernel on CUDA (same update; not on CPU)",
+        },
     )
     tf32: bool = field(
-        default=False, metadata={"help": "TF32 matmuls in fp32 runs on CUDA (~1e-3 rel. error)"}
+        default=False,
+        metadata={
+            "panel": PANEL_SPEED,
+            "help": "TF32 matmuls in fp32 runs on CUDA (~1e-3 rel. error)",
+        },
     )
     dynamic_padding: bool = field(
-        default=True, metadata={"help": "pad a batch to its longest sentence, not max_seq_length"}
+        default=True,
+        metadata={
+            "panel": PANEL_SPEED,
+            "help": "pad a batch to its longest sentence, not max_seq_length",
+        },
     )
     log_every: int = field(
-        default=10, metadata={"min": 1, "help": f"steps per {METRICS_FILE} record (terms averaged)"}
+        default=10,
+        metadata={
+            "panel": PANEL_OUTPUT,
+            "min": 1,
+            "help": f"steps per {METRICS_FILE} record (terms averaged)",
+        },
     )
     save_every: int = field(
         default=0,
-        metadata={"min": 0, "help": "steps between resumable last/ saves (0: --eval-steps)"},
+        metadata={
+            "panel": PANEL_EVALUATION,
+            "min": 0,
+            "help": "steps between resumable last/ saves (0: --eval-steps)",
+        },
     )
     report_to: str = field(
         default="none",
-        metadata={"choices": REPORT_TO, "help": "tensorboard also writes RUN_DIR/tensorboard"},
+        metadata={
+            "panel": PANEL_OUTPUT,
+            "choices": REPORT_TO,
+            "help": "tensorboard also writes RUN_DIR/tensorboard",
+        },
     )
 
     def __post_init__(self) -> None:

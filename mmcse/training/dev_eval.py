@@ -7,10 +7,15 @@ sorted longest first and padded into the *same* batches ``encode_sentences`` bui
 the device; a call runs the forwards, pools, and scores. Same batches, same ops: the score is
 identical to encoding and scoring the dev set from scratch (tested), only the host work is gone.
 The run (:class:`mmcse.training.loop.Run`) owns one; nothing is cached between runs.
+
+An evaluation takes 40-110 s on a CPU (the whole dev set through the encoder), so it says when
+it starts, how far it is every :data:`PROGRESS_INTERVAL` seconds, and its score and time.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +25,11 @@ from mmcse.evaluation.encode import _autocast, model_max_length, pad_batch
 from mmcse.evaluation.sts import default_data_dir, load_stsb_dev, resolve_downstream, score_task
 from mmcse.pooling import needs_hidden_states, pool
 from mmcse.training.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+#: seconds between the progress lines of one evaluation
+PROGRESS_INTERVAL = 10.0
 
 
 class DevEvaluator:
@@ -51,9 +61,14 @@ class DevEvaluator:
         was_training = backbone.training
         backbone.eval()
         chunks = []
+        started = last_line = time.monotonic()
+        batches = self._on(device)
+        logger.info(
+            "dev eval: encoding %d STS-B dev sentences (%d batches)", len(self.order), len(batches)
+        )
         try:
             with torch.inference_mode(), _autocast(device):
-                for input_ids, attention_mask in self._on(device):
+                for done, (input_ids, attention_mask) in enumerate(batches, start=1):
                     out = backbone(
                         input_ids=input_ids,
                         attention_mask=attention_mask,
@@ -61,11 +76,21 @@ class DevEvaluator:
                         return_dict=True,
                     )
                     chunks.append(pool(out, attention_mask, encoder.pooler).float())
+                    if time.monotonic() - last_line >= PROGRESS_INTERVAL and done < len(batches):
+                        last_line = time.monotonic()
+                        logger.info(
+                            "dev eval: %d/%d batches, %.0f s",
+                            done,
+                            len(batches),
+                            last_line - started,
+                        )
         finally:
             backbone.train(was_training)
         vectors = np.empty((len(self.order), chunks[0].shape[1]), dtype=np.float32)
         vectors[self.order] = torch.cat(chunks).cpu().numpy()  # one device→host copy
-        return score_task(self.task, vectors, self.rows)["all"]
+        score = score_task(self.task, vectors, self.rows)["all"]
+        logger.info("dev eval: STS-B dev %.2f in %.1f s", score, time.monotonic() - started)
+        return score
 
 
 def resolve_eval_dir(cfg: TrainConfig) -> Path | None:

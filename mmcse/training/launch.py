@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.training.config import resolve_config
-from mmcse.training.loop import train
 
 
 def launch(
@@ -36,11 +35,17 @@ def launch(
     if dry_run:
         from mmcse.training.preflight import preflight
 
-        method = preflight(cfg, resuming=bool(resume)).method  # the checks a real run makes first
+        checked = preflight(cfg, resuming=bool(resume))  # the checks a run makes first
+        method, plan = checked.method, checked.plan
+        from mmcse.training.plan import describe_preview  # loads torch: after the cheap checks
+
         yield json.dumps(cfg.to_dict(), indent=2)
         yield method.describe()
+        yield describe_preview(plan)
         yield "preflight: every input checked"
         return
+
+    from mmcse.training.loop import train  # torch + transformers: only once settings are valid
 
     result = train(cfg, resume=bool(resume))
     if result.test is not None:

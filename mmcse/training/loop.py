@@ -29,8 +29,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import signal
-import threading
 import time
 from contextlib import nullcontext
 from functools import partial
@@ -65,6 +63,7 @@ from mmcse.training.metrics import LossWindow, MetricsLog, Progress
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 from mmcse.training.record import RunRecord, RunResult
+from mmcse.training.stop import StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
 from mmcse.update import (
     AdamWSettings,
@@ -116,38 +115,6 @@ def precision_name(device: torch.device, precision: str) -> str:
     if device.type != "cuda" or precision == "fp32":
         return "fp32"
     return "fp16 autocast + GradScaler" if precision == "fp16" else "bf16 autocast"
-
-
-class StopRequest:
-    """SIGINT asks the loop to stop after the current step (a second one interrupts at once)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.previous = None
-
-    def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        logger.warning("stopping after this step (Ctrl-C again to abort now)")
-
-    def agreed(self, at_sync_point: bool) -> bool:
-        """Under DDP every rank must stop at the same step: they agree at sync points only."""
-        if not dist.is_distributed():
-            return self.requested
-        return at_sync_point and dist.any_rank(self.requested)
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Raised after SIGINT once last/ is saved; ``mmcse`` exits 130 (the resume hint is printed)."""
 
 
 class Trainer:

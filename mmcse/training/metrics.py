@@ -26,6 +26,7 @@ from torch import Tensor
 
 from mmcse.errors import MmcseError
 from mmcse.rundir import RunDir, write_text_atomically
+from mmcse.training.plan import whole_corpus_batches
 
 logger = logging.getLogger(__name__)
 #: seconds between progress lines when stderr is not a terminal (log files, CI)
@@ -251,6 +252,7 @@ def describe_plan(plan: dict[str, Any]) -> str:
     if plan.get("batches_in_run"):
         taken = " + ".join(f"{n} {kind}" for kind, n in plan["batches_in_run"].items())
         lines.append(f"  this run: {taken} batches in {plan['total_steps']} steps")
+    lines += [f"  note: {note}" for note in whole_corpus_batches(plan)]
     if plan.get("recipes_mixing"):
         lines.append(f"  note: {recipes_mixing_note(plan['recipes_mixing'])}")
     lines += [
@@ -298,9 +300,10 @@ class Progress:
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", mininterval=0.5)
 
-    def set(self, **values: str) -> None:
-        """New figures for the bar (no redraw now: the next interval shows them)."""
-        self.postfix.update(values)
+    def set(self, **values: str | float) -> None:
+        """New figures for the bar (no redraw now: the next interval shows them); a number is
+        shown with 4 significant digits (a loss of 1.2e-05 is not ``0.0000``)."""
+        self.postfix.update({k: v if isinstance(v, str) else f"{v:.4g}" for k, v in values.items()})
         if self.bar is not None:
             self.bar.set_postfix(self.postfix, refresh=False)
 

@@ -6,11 +6,11 @@ overwrite an earlier run silently. :func:`preflight` looks at everything the run
 in the order of cost, and raises one :class:`~mmcse.errors.MmcseError` naming the setting (and
 the fix, where there is one):
 
-1. torchrun variables, the method and its settings (at least one loss term for every batch kind
-   the run trains on), the pooler, the device;
-2. corpora and feature-set folders exist and are readable (a sentence file is strict UTF-8),
-   every role the method reads is given, and every role given is one the method reads (a role
-   it never reads is refused as a typo; one switched off in this run is a warning);
+1. without loading torch: the pooler, the device, corpora and feature-set folders exist and are
+   readable (a sentence file is strict UTF-8), a named ``token_cache`` folder can be written;
+2. torchrun variables, the method and its settings (at least one loss term for every batch kind
+   the run trains on), every role the method reads is given, and every role given is one the
+   method reads (a role it never reads is refused as a typo; one switched off is a warning);
 3. the SentEval folder has STS-B dev (and, with ``final_eval``, every test file), parsed;
 4. the student: a local HF folder (config, tokenizer, room for ``--max-seq-length``), or a hub
    id that resolves (cache, else a 3 s reachability probe; never the hub client's retries);
@@ -31,21 +31,22 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mmcse import distributed
-from mmcse.cache import FeatureSet
 from mmcse.devices import check_device
 from mmcse.errors import MmcseError
-from mmcse.evaluation.sts import load_task, load_tasks, resolve_downstream
 from mmcse.hub import check_hub_id, load_tokenizer, local_or_hub_id
-from mmcse.methods import Method, build_method
 from mmcse.pooling import check_pooler as known_pooler
 from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
 from mmcse.textfiles import decode_text
-from mmcse.training.checkpoint import check_resumable
-from mmcse.training.config import SettingError, TrainConfig
-from mmcse.training.data import CAPTION, TEXT, TrainData
-from mmcse.training.dev_eval import resolve_eval_dir
+from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, SettingError, TrainConfig
+
+# Modules that load torch (methods, data, evaluation, checkpoints: seconds, tens of seconds on a
+# busy machine) are imported where used: the cheap checks, run first, answer a wrong path or
+# setting in about a second.
+if TYPE_CHECKING:
+    from mmcse.methods import Method
+    from mmcse.training.data import TrainData
 
 logger = logging.getLogger(__name__)
 
@@ -65,17 +66,20 @@ class Checked:
     method: Method
     data: TrainData  # every corpus opened and joined to its feature sets, not yet tokenised
     auxiliary: dict  # the auxiliary task's example sets by role (VisualCSE's images)
+    plan: dict  # the batch figures (:func:`mmcse.training.plan.preview`, what --dry-run shows)
 
 
 def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
-    """Check the whole run; returns what it built. ``resuming`` defaults to ``cfg.resume``."""
+    """Check the whole run; returns what it built and the plan's batch figures (warning about
+    the plan). ``resuming`` defaults to ``cfg.resume``."""
     if resuming is None:
         resuming = bool(getattr(cfg, "resume", None))
-    distributed.check_env()
-    method = checked_method(cfg.method, cfg.method_args)
     check_pooler(cfg.pooler)
-    check_device(cfg.device)
     check_paths(cfg)
+    check_token_cache(cfg.token_cache)
+    check_device(cfg.device)  # a GPU name loads torch to look
+    check_distributed_env()  # the first check that loads torch
+    method = checked_method(cfg.method, cfg.method_args)
     check_roles(cfg, method)
     check_unread_roles(cfg, method)
     check_terms(cfg, method)
@@ -83,11 +87,25 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
     check_model(cfg.model, cfg.max_seq_length)
     check_output_dir(cfg, resuming=resuming)
     data = check_join(cfg, method)
+    from mmcse.training.plan import plan_warnings, preview  # torch is loaded by now
+
+    plan = preview(data)
+    for warning in plan_warnings(plan, method):
+        logger.warning(warning)
     auxiliary = auxiliary_sets(cfg, method)
     warn_random_teachers(data.role_sets | {role: [fs] for role, fs in auxiliary.items()})
     if resuming:
+        from mmcse.training.checkpoint import check_resumable
+
         check_resumable(cfg.to_dict(), input_fingerprints(data, auxiliary))
-    return Checked(method, data, auxiliary)
+    return Checked(method, data, auxiliary, plan)
+
+
+def check_distributed_env() -> None:
+    """torchrun's variables (:mod:`mmcse.distributed` imports torch, so not at module level)."""
+    from mmcse import distributed
+
+    distributed.check_env()
 
 
 # ---- cheap checks --------------------------------------------------------------------------
@@ -97,6 +115,8 @@ def checked_method(name: str, settings: dict) -> Method:
     """The method with its ``--method-arg`` settings. :mod:`mmcse.methods` refuses a setting
     with a ValueError; here that is the user's error, one line naming it. A method left with no
     loss term (every weight 0) has nothing to train and is refused too."""
+    from mmcse.methods import build_method
+
     try:
         method = build_method(name, **settings)
     except MmcseError:
@@ -131,6 +151,8 @@ def check_terms(cfg: TrainConfig, method: Method) -> None:
 
 def _released_teachers(cfg: TrainConfig) -> Method:
     """The method with DALR's released ``teachers_on=caption``."""
+    from mmcse.methods import build_method
+
     return build_method(cfg.method, **{**cfg.method_args, "teachers_on": "caption"})
 
 
@@ -171,6 +193,20 @@ def check_paths(cfg: TrainConfig) -> None:
             )
 
 
+def check_token_cache(setting: str) -> None:
+    """A named ``token_cache`` folder can be created and written (the check writing an entry
+    makes), so it fails here and not after tokenising a whole corpus. ``auto`` falls back to
+    memory with a warning where it cannot write; ``off`` writes nothing."""
+    from mmcse.cache.tokens import check_writable_folder
+
+    if setting in (TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF):
+        return
+    try:
+        check_writable_folder(Path(setting))
+    except MmcseError as exc:
+        raise MmcseError(f"token_cache {exc}") from None
+
+
 def check_text_file(path: Path, flag: str) -> None:
     """A sentence file decodes as training will read it (UTF-8, or UTF-16/32 with a byte-order
     mark; :mod:`mmcse.textfiles`): a bad byte is refused naming the line, never kept as U+FFFD."""
@@ -182,6 +218,7 @@ def check_text_file(path: Path, flag: str) -> None:
 
 def sources_of(cfg: TrainConfig) -> list[str]:
     """The corpus kinds a run trains on (as :class:`mmcse.training.data.TrainData` picks them)."""
+    from mmcse.training.data import CAPTION, TEXT
 
     kinds = []
     if cfg.text_corpus and cfg.mixing != "caption-only":
@@ -193,6 +230,7 @@ def sources_of(cfg: TrainConfig) -> list[str]:
 
 def missing_roles(cfg: TrainConfig, method: Method) -> list[str]:
     """Feature roles the method reads on the run's corpora that no ``--feature`` gives."""
+    from mmcse.training.data import CAPTION
 
     needed: list[str] = []
     for kind in sources_of(cfg):
@@ -211,11 +249,37 @@ def check_roles(cfg: TrainConfig, method: Method) -> None:
             released = _released_teachers(cfg)
             passes = not missing_roles(cfg, released) and not termless_kinds(cfg, released)
             hint = _teachers_hint(method) if passes else ""
-        raise MmcseError(f"method {method.name!r} needs cached features: give {flags}{hint}")
+        made = "; ".join(f"{role}: {role_command(role)}" for role in missing)
+        raise MmcseError(
+            f"method {method.name!r} needs cached features: give {flags}{hint} (Stage 1 makes "
+            f"them: {made})"
+        )
+
+
+#: the Stage-1 command that writes a feature role's set, by role name (the sets' folders are
+#: named ``<kind>-<teacher>``, beside the captions table); every registered role is covered
+ROLE_COMMANDS = {
+    "image": "`mmcse extract-images --teacher TEACHER` writes image-TEACHER/",
+    "clip_image": "`mmcse extract-images --teacher clip-vit-l14` writes image-clip-vit-l14/",
+    "clip_text": "`mmcse extract-images --teacher clip-vit-l14` writes text-clip-vit-l14/",
+    "object": "`mmcse extract-objects` writes object-TEACHER/",
+    "image_tensor": "`mmcse extract-image-tensors` writes the image set",
+    "audio_fbank": "`mmcse extract-audio` writes the audio set",
+}
+TEXT_TEACHER_ROLE = "text_teacher_"
+
+
+def role_command(role: str) -> str:
+    """How to make a feature role's set (``text_teacher_<name>``: that text teacher's set)."""
+    if role.startswith(TEXT_TEACHER_ROLE):
+        teacher = role.removeprefix(TEXT_TEACHER_ROLE)
+        return f"`mmcse extract-text --corpus CAPTIONS_TABLE --teacher {teacher}` writes text-{teacher}/"
+    return ROLE_COMMANDS.get(role, "see `mmcse recipes show` of a recipe of this method")
 
 
 def roles_read(cfg: TrainConfig, method: Method) -> list[str]:
     """The feature roles this run reads: on its corpora, and by the auxiliary task."""
+    from mmcse.training.data import CAPTION
 
     kinds = sources_of(cfg)
     roles = [*(method.text_roles if kinds else ())]
@@ -231,6 +295,8 @@ def method_roles(method: Method) -> list[str]:
 
 def _every_term_on(cfg: TrainConfig, method: Method) -> Method:
     """The method with each zero weight made 1: the roles it knows, switched-off terms too."""
+    from mmcse.methods import build_method
+
     zero = {f: 1.0 for f in method.weight_fields() if getattr(method, f) == 0}
     if not zero:
         return method
@@ -281,6 +347,8 @@ def _teachers_hint(method: Method) -> str:
 
 def check_eval_data(cfg: TrainConfig) -> None:
     """The SentEval folder has STS-B dev (and every test file for the final evaluation)."""
+    from mmcse.evaluation.sts import load_task, load_tasks, resolve_downstream
+    from mmcse.training.dev_eval import resolve_eval_dir
 
     eval_dir = resolve_eval_dir(cfg)
     if eval_dir is None:
@@ -369,6 +437,8 @@ def check_tokenizer(local: Path, name: str) -> None:
 
 def check_output_dir(cfg: TrainConfig, *, resuming: bool = False) -> None:
     """A new or empty folder we can write, unless ``--overwrite`` or resuming (main rank only)."""
+    from mmcse import distributed
+
     if distributed.env_rank() != 0:
         return  # rank 0 may already have started writing it
     check_output_path(Path(cfg.output_dir), overwrite=cfg.overwrite or resuming)
@@ -399,6 +469,8 @@ def check_join(cfg: TrainConfig, method: Method):
     """Open the corpora and sets and match every role's ids, exactly as training will, without
     tokenising (and reading only the id columns of a corpus table the join needs); returns the
     (untokenised) :class:`~mmcse.training.data.TrainData`."""
+    from mmcse import distributed
+    from mmcse.training.data import TrainData
 
     try:
         data = TrainData(cfg, None, method)
@@ -411,6 +483,7 @@ def check_join(cfg: TrainConfig, method: Method):
 
 def auxiliary_sets(cfg: TrainConfig, method: Method) -> dict:
     """The sets the method's auxiliary task reads (VisualCSE's images), opened, by role."""
+    from mmcse.cache import FeatureSet
 
     return {
         role: FeatureSet.open(cfg.features[role])
@@ -446,6 +519,8 @@ def warn_random_teachers(role_sets: dict) -> None:
 def _join_hint(cfg: TrainConfig, method: Method) -> str:
     """The teachers_on hint, when the run would pass with DALR's released setting (its ids
     joined, and a term for every batch kind)."""
+    from mmcse.training.data import TrainData
+
     if getattr(method, "teachers_on", None) != "all":
         return ""
 

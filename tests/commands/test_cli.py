@@ -236,3 +236,51 @@ def test_library_logs_are_plain_stderr_lines_while_a_command_runs(monkeypatch, c
     captured = capsys.readouterr()
     assert captured.out == "the result\n" and captured.err == "warning: this looks odd\n"
     assert not logging.getLogger("mmcse").handlers  # shown only while the command ran
+
+
+# `mmcse ARGS` in a fresh interpreter; prints the heavy modules it imported
+HEAVY_IMPORTS = """
+import sys
+sys.path.insert(0, {root!r})
+sys.argv = ["mmcse", *sys.argv[1:]]
+import cli
+try:
+    cli.main()
+except SystemExit:
+    pass
+print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["train", "--help"],
+        ["train", "--batch-size", "0", "--dry-run"],  # a setting's range
+        ["train", "--text-corpus", "missing.txt", "--dry-run"],  # preflight's first checks
+    ],
+)
+def test_help_and_early_errors_import_neither_torch_nor_transformers(args, tmp_path):
+    """`--help` and an error in a setting or path answer in about a second: torch and
+    transformers (tens of seconds on a busy machine) load only when a command needs them."""
+    script = HEAVY_IMPORTS.format(root=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.stdout.splitlines()[-1] == "[]", proc.stdout + proc.stderr
+    assert "error:" in proc.stderr or "Usage:" in proc.stdout
+
+
+def test_train_help_groups_its_flags_and_shows_brackets_as_written(monkeypatch):
+    from mmcse.training import config
+
+    panels = {v for k, v in vars(config).items() if k.startswith("PANEL_")}
+    assert all(f.metadata.get("panel") in panels for f in dataclasses.fields(TrainConfig))
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(cli.app, ["train", "--help"])
+    assert result.exit_code == 0, result.output
+    titles = [line.strip("╭─╮ ").split(" ─")[0] for line in result.output.splitlines()]
+    assert {*panels, "Run"} <= set(titles)
+    assert "one [train] table" in result.output  # not eaten as a rich style tag
+    assert "tokens per sentence ([CLS], a token, [SEP])" in result.output

@@ -463,6 +463,41 @@ def test_decode_gpu_is_refused_saying_why(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_negative_workers_is_refused_before_the_teacher_loads(tmp_path, monkeypatch, capsys):
+    from pipeline import teachers
+
+    def no_teacher(*_args, **_kwargs):
+        raise AssertionError("the teacher loaded before --workers was checked")
+
+    monkeypatch.setattr(teachers, "build_teacher", no_teacher)
+    source = _synthetic_images(tmp_path / "imgs", 2)
+    code, stderr = run_main(
+        ["extract-images", "--dataset", "local", "--images", str(source.images), "--captions",
+         str(source.captions), *_TINY_FLAGS, "--workers", "-1", "--out", str(tmp_path / "o")],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    (line,) = stderr.splitlines()
+    assert "--workers -1" in line and "0 (decode in this process)" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_extraction_says_where_it_wrote_and_when_a_rerun_did_nothing(tmp_path):
+    source = _synthetic_images(tmp_path / "imgs", 3)
+    out = tmp_path / "o"
+    args = ["extract-images", "--dataset", "local", "--images", str(source.images), "--captions",
+            str(source.captions), *_TINY_FLAGS, "--caption-policy", "all", "--out", str(out)]  # fmt: skip
+    first = CliRunner().invoke(cli.app, args)
+    assert first.exit_code == 0, first.output
+    lines = first.stdout.splitlines()
+    assert lines[0].startswith(f"{out / 'image-resnet50'}: 3 rows, 0 errors")
+    assert lines[1].startswith(f"{out / 'captions'}: 6 rows")
+    again = CliRunner().invoke(cli.app, args)
+    assert again.exit_code == 0, again.output
+    lines = again.stdout.splitlines()
+    assert lines[0] == f"nothing to do: every set in {out} was already complete"
+    assert lines[1].startswith(f"{out / 'image-resnet50'}: already complete, nothing recomputed")
+
+
 def _real_or_generated_jpegs(tmp_path: Path) -> list[Path]:
     """coco_mini's photos when present, else generated ones; plus progressive, grayscale, CMYK,
     restart-marker and MPO variants (each its own decode route)."""

@@ -374,6 +374,15 @@ def test_utf8_bom_text_logs_a_bad_line_like_plain_utf8(tmp_path):
     assert error.reason.startswith("line 2: invalid UTF-8")
 
 
+def test_a_utf8_line_with_a_nul_byte_is_skipped_and_named_not_called_utf16(tmp_path):
+    text = tmp_path / "wiki.txt"
+    text.write_bytes(b"first sentence here\nbad \x00 byte\nthird sentence here\n")
+    records = load_dataset("wiki1m", DataSource(text=text), "train")
+    assert [s.text for s in records.sentences] == ["first sentence here", "third sentence here"]
+    (error,) = records.errors
+    assert error.reason == "line 2: a NUL byte at byte 4 of the line (UTF-8 text holds none)"
+
+
 def test_utf16_without_a_byte_order_mark_is_refused(tmp_path):
     text = tmp_path / "wiki.txt"
     text.write_bytes("hello\nworld\n".encode("utf-16-le"))

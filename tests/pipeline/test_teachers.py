@@ -294,3 +294,22 @@ def test_bench_extract_cli_rejects_missing_cuda_in_one_line():
         cwd=ROOT,
     )
     assert done.returncode == 2 and done.stderr.strip().startswith("error: device 'cuda'")
+
+
+def test_extract_help_names_every_registered_teacher_of_its_kind():
+    """The names are written in pipeline.jobs (its --help must not load torch): held to the
+    registry and the kinds in pipeline.teachers' table."""
+    import dataclasses
+    import re
+
+    import pipeline.teachers as teachers
+    from pipeline import jobs
+
+    table = re.findall(r"^``([a-z0-9-]+)``\s+(image|text|both)\s", teachers.__doc__, re.M)
+    assert sorted(name for name, _ in table) == sorted(TEACHERS.names())
+    image = {name for name, kind in table if kind != "text"}
+    text = {name for name, kind in table if kind != "image"}
+    assert set(re.findall(r"[a-z0-9-]+", jobs.IMAGE_TEACHERS.split("(")[0])) == image
+    assert set(jobs.TEXT_TEACHERS.split(", ")) == text
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(jobs.ImagesJob)}
+    assert jobs.IMAGE_TEACHERS in helps["teacher"]

@@ -413,3 +413,15 @@ def test_dalr_teachers_read_the_students_token_ids(name):
         assert hub_id.endswith((f"{family[recipe.model]}", f"{family[recipe.model]}-sts"))
         assert path.lower().removeprefix("model/") in hub_id
         assert pooling == released_teacher_pooler(path)
+
+
+def test_recipes_list_has_a_header_over_its_columns():
+    from mmcse.recipes.catalogue import RECIPES, listing
+
+    header, *rows = listing().splitlines()
+    assert header.split() == ["recipe", "method", "STS", "avg", "published", "in"]
+    assert len(rows) == len(RECIPES.names())
+    method, avg = header.index("method"), header.index("STS avg")  # the columns line up
+    name = RECIPES.names()[0]
+    assert rows[0][method:avg].strip() == RECIPES.get(name).method
+    assert float(rows[0][avg : avg + 7]) == RECIPES.get(name).published[0].mean["avg"]

@@ -145,6 +145,26 @@ def test_prepared_dev_score_equals_encoding_from_scratch(tiny_model):
     assert evaluator.batches is prepared
 
 
+def test_a_dev_evaluation_says_it_started_how_far_it_is_and_its_score(
+    tiny_model, monkeypatch, caplog
+):
+    """It runs 40-110 s on a CPU between two training lines: not in silence."""
+    from mmcse.training import dev_eval
+
+    encoder = SentenceEncoder.from_pretrained(str(tiny_model))
+    evaluator = dev_eval.DevEvaluator(encoder, load_tokenizer(str(tiny_model)), SENTEVAL_MINI, 4)
+    monkeypatch.setattr(dev_eval, "PROGRESS_INTERVAL", 0.0)  # a line after every batch
+    with caplog.at_level("INFO", logger=dev_eval.__name__):
+        score = evaluator(encoder)
+    lines = [r.getMessage() for r in caplog.records]
+    n = len(evaluator.batches)
+    assert lines[0].startswith("dev eval: encoding ") and lines[0].endswith(f"({n} batches)")
+    assert [line.split(",")[0] for line in lines[1:-1]] == [
+        f"dev eval: {k}/{n} batches" for k in range(1, n)
+    ]
+    assert lines[-1].startswith(f"dev eval: STS-B dev {score:.2f} in ")
+
+
 # ---- heads fused across the two dropout views --------------------------------------------------
 
 B, H, L, P = 6, 16, 9, 3

@@ -193,6 +193,36 @@ def test_dry_run_refuses_missing_roles(tiny_model, tiny_world, tmp_path, monkeyp
     refused(args, monkeypatch, capsys, "--feature image=DIR")
 
 
+@pytest.mark.parametrize(
+    ("method", "words"),
+    [
+        ("kdmcse", ["--feature clip_image=DIR --feature clip_text=DIR",
+                    "clip_image: `mmcse extract-images --teacher clip-vit-l14` writes image-clip"]),
+        ("dalr", ["--feature text_teacher_simcse=DIR",
+                  "`mmcse extract-text --corpus CAPTIONS_TABLE --teacher simcse` writes text-simcse/"]),
+    ],
+)  # fmt: skip
+def test_missing_roles_name_the_command_that_makes_them(
+    method, words, tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--dry-run", "--method", method)
+    i = args.index("--feature")
+    del args[i : i + 2]
+    refused(args, monkeypatch, capsys, *words)
+
+
+def test_every_registered_role_has_its_stage1_command():
+    from mmcse.methods import build_method
+    from mmcse.registry import METHODS
+    from mmcse.training.preflight import ROLE_COMMANDS, TEXT_TEACHER_ROLE
+
+    roles = set()
+    for name in METHODS.names():
+        method = build_method(name)
+        roles |= {*method.text_roles, *method.caption_roles, *method.auxiliary_roles()}
+    assert roles and all(r in ROLE_COMMANDS or r.startswith(TEXT_TEACHER_ROLE) for r in roles)
+
+
 def test_dry_run_passes_and_writes_nothing(tiny_model, tiny_world, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     code, errors, _ = run_main(
@@ -529,6 +559,8 @@ def test_ablation_checks_every_row_before_the_first_trains(
         (b"a dog runs\nthe cat \xff sits\n", [":2:", "not valid utf-8"]),
         ("a dog runs\n\ud800".encode("utf-16", "surrogatepass"), [":2:", "not valid utf-16"]),
         ("a dog runs\n".encode("utf-16-le"), ["NUL bytes", "convert it to UTF-8"]),
+        ("a dog runs\n".encode("utf-16-be"), ["NUL bytes", "convert it to UTF-8"]),
+        (b"a dog runs\nthe cat \x00 sits\na bird\n", [":2:", "UTF-8 text with a NUL byte"]),
     ],
 )
 def test_text_corpus_that_does_not_decode_is_refused_naming_the_line(

@@ -179,6 +179,17 @@ def test_non_tty_progress_logs_a_line_per_interval(monkeypatch, library_log):
     assert len(library_log().splitlines()) == 3
 
 
+def test_progress_shows_a_number_with_significant_digits(monkeypatch, library_log):
+    monkeypatch.setattr(metrics_log, "LOG_LINE_INTERVAL", 0.0)
+    progress = Progress(total=2, initial=0, desc="train x", enabled=True)
+    progress.set(loss=1.2345e-5, dev="-")
+    progress.update(1)
+    progress.set(loss=0.123456789)
+    progress.update(2)
+    first, second = library_log().splitlines()
+    assert "loss 1.234e-05 dev -" in first and "loss 0.1235 dev -" in second
+
+
 def test_truncate_keeps_records_up_to_the_step_and_drops_a_cut_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 3}\n{"step": 5, "stsb_dev": 1}\n{"step": 6}\n{"step": 7, "lo')

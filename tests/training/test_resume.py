@@ -1,4 +1,4 @@
-"""Atomic checkpoints, unfinished-run marking, training resume after SIGKILL/SIGINT."""
+"""Atomic checkpoints, unfinished-run marking, training resume after SIGKILL/SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ from mmcse.rundir import BEST_DIR, RUN_INFO_FILE, atomic_dir, recover_dir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training import metrics as metrics_log
 from mmcse.training.config import TrainConfig
-from mmcse.training.loop import TrainingInterrupted, train
+from mmcse.training.loop import train
+from mmcse.training.stop import TrainingInterrupted
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
@@ -129,6 +131,64 @@ def test_sigint_stops_after_the_step_and_resumes(tiny_model, tiny_world, tmp_pat
     assert train(cfg, resume=True).steps == 5
     straight = train(TrainConfig(**{**cfg.to_dict(), "output_dir": str(tmp_path / "straight")}))
     assert comparable(cfg_dir) == comparable(straight.output_dir)
+
+
+# `mmcse train --config FILE` through the CLI entry point; after writing the record of step 3 it
+# waits until the parent has sent its signal (the parent removes the file after sending).
+SIGNALLED_CHILD = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from mmcse.training import metrics as metrics_log
+
+ready, config = sys.argv[1], sys.argv[2]
+real_write = metrics_log.MetricsLog.write
+def write(self, record):
+    real_write(self, record)
+    if record.get("step") == 3 and "loss" in record:
+        open(ready, "w").close()
+        while os.path.exists(ready):
+            time.sleep(0.01)
+metrics_log.MetricsLog.write = write
+import cli
+sys.argv = ["mmcse", "train", "--config", config]
+cli.main()
+"""
+
+
+def signal_child_at_step_3(cfg: dict, signum: int, tmp_path: Path) -> subprocess.CompletedProcess:
+    config, ready = tmp_path / "train.json", tmp_path / "ready"
+    config.write_text(json.dumps(cfg))
+    script = SIGNALLED_CHILD.format(root=str(ROOT))
+    args = [sys.executable, "-c", script, str(ready), str(config)]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        deadline = time.monotonic() + 600
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if ready.exists():
+            proc.send_signal(signum)
+            ready.unlink()
+        out, err = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)]
+)
+def test_sigterm_and_sigusr1_stop_after_the_step_save_and_resume(
+    signum, tiny_model, tiny_world, tmp_path, uninterrupted
+):
+    """What SLURM, Kubernetes and `timeout` send: saved like Ctrl-C, exit 128 + the signal."""
+    cfg = settings(tiny_model, tiny_world, tmp_path / "run")
+    proc = signal_child_at_step_3(cfg, signum, tmp_path)
+    assert proc.returncode == 128 + signum, proc.stderr[-3000:]
+    assert f"{signal.Signals(signum).name} received" in proc.stderr
+    run = Path(cfg["output_dir"])
+    assert f"Continue with: mmcse train --resume {run}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads((run / "last" / RUN_INFO_FILE).read_text())["step"] == 3
+    assert train(TrainConfig(**cfg), resume=True).steps == 10
+    assert comparable(run) == comparable(uninterrupted)
+    assert same_weights(run / BEST_DIR, uninterrupted / BEST_DIR)
 
 
 def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):

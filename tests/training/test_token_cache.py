@@ -132,6 +132,36 @@ def test_a_named_folder_that_cannot_be_written_is_one_error_line(tiny_model, wor
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("where", ["under-a-file", "read-only"])
+def test_preflight_refuses_a_token_cache_folder_the_run_could_not_write(
+    where, tiny_model, world, tmp_path, monkeypatch, capsys
+):
+    """Before any work: `--dry-run` fails with one line, not the run after tokenising."""
+    from support.cli import assert_one_error, run_main
+
+    (tmp_path / "file").write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)  # read-only even for root (mmcse.cache.tokens.writable)
+    folder = tmp_path / "file" / "tokens" if where == "under-a-file" else locked / "tokens"
+    cfg = mcse_config(tiny_model, world, tmp_path / "run", token_cache=str(folder))
+    try:
+        with pytest.raises(MmcseError, match=f"token_cache {folder}: cannot create the folder"):
+            preflight(cfg)
+        config = tmp_path / "train.json"
+        config.write_text(json.dumps(cfg.to_dict()))
+        code, stderr = run_main(
+            ["train", "--config", str(config), "--dry-run"], monkeypatch, capsys
+        )
+        assert_one_error(code, stderr, f"token_cache {folder}")
+        monkeypatch.setattr(data_module, "encode_rows", no_encoding)  # refused before tokenising
+        with pytest.raises(MmcseError, match="cannot create the folder"):
+            load(cfg, tiny_model)
+    finally:
+        locked.chmod(0o755)
+    assert not folder.exists()
+
+
 def test_token_cache_setting_is_checked():
     with pytest.raises(MmcseError, match="token_cache"):
         TrainConfig(token_cache="  ")

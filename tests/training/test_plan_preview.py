@@ -1,0 +1,78 @@
+"""The plan before a run: `--dry-run` prints the batches of each kind, and preflight warns when a
+multimodal method would barely see captions or a corpus is smaller than one batch."""
+
+from __future__ import annotations
+
+from support.cli import run_main_output
+from support.worlds import sentences
+
+
+def dry_run(tiny_model, tiny_world, tmp_path, monkeypatch, capsys, *extra: str):
+    args = [
+        "train", "--model", str(tiny_model), "--method", "mcse",
+        "--text-corpus", tiny_world["text"], "--caption-corpus", tiny_world["captions"],
+        "--feature", f"image={tiny_world['image']}", "--batch-size", "8",
+        "--eval-data", "", "--no-final-eval", "--device", "cpu",
+        "--output-dir", str(tmp_path / "run"), "--dry-run", *extra,
+    ]  # fmt: skip
+    code, out, err = run_main_output(args, monkeypatch, capsys)
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    return out, warnings
+
+
+def test_dry_run_shows_the_batches_of_each_kind(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    out, warnings = dry_run(tiny_model, tiny_world, tmp_path, monkeypatch, capsys)
+    # 96 text and 64 caption sentences in batches of 8, interleaved, one epoch
+    assert "per epoch: 12 text, 8 caption batches of 8 x 1 epoch(s) -> 20 steps" in out
+    assert "this run: 12 text + 8 caption batches in 20 steps" in out
+    assert not warnings
+
+
+def test_a_multimodal_run_with_few_caption_batches_is_warned(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    text = tmp_path / "wiki.txt"
+    text.write_text("\n".join(sentences(1600, seed=3)) + "\n")  # 200 text batches, 8 caption
+    out, warnings = dry_run(
+        tiny_model, tiny_world, tmp_path, monkeypatch, capsys, "--text-corpus", str(text)
+    )
+    assert "this run: 200 text + 8 caption batches in 208 steps" in out
+    (warning,) = warnings
+    assert "mcse will train 8 caption batches in 208 steps (3.8 %, under 5%)" in warning
+
+
+def test_a_batch_larger_than_the_corpus_is_said_as_what_it_trains(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    """Not refused (the released loaders keep a partial batch, so a small caption set is one
+    batch), but the plan and a warning say the batch really trained."""
+    out, warnings = dry_run(
+        tiny_model, tiny_world, tmp_path, monkeypatch, capsys, "--batch-size", "100000"
+    )
+    said = [
+        f"the {kind} corpus has {n} sentences, fewer than a batch of 100000: each pass trains "
+        f"it as one batch of {n} ({n - 1} in-batch negatives, not 99999)"
+        for kind, n in (("text", 96), ("caption", 64))
+    ]
+    assert all(f"note: {line}" in out for line in said)
+    assert warnings == [f"warning: {line}" for line in said]
+
+
+def test_the_published_mcse_mix_is_not_warned_a_barely_multimodal_one_is():
+    from mmcse.methods import build_method
+    from mmcse.training.plan import plan_warnings
+
+    mcse, simcse = build_method("mcse"), build_method("simcse")
+    published = {  # Wiki1M + Flickr30k (random-one), batch 64, one epoch of train_mix.py
+        "sentences": {"text": 1_000_000, "caption": 29_000},
+        "global_batch": 64,
+        "batches_in_run": {"text": 15_605, "caption": 473},
+    }
+    assert plan_warnings(published, mcse) == []
+    barely = {**published, "batches_in_run": {"text": 23, "caption": 1}}  # the issue's run
+    (warning,) = plan_warnings(barely, mcse)
+    assert "1 caption batches in 24 steps (4.2 %" in warning
+    assert plan_warnings(barely, simcse) == []  # no caption-only term: nothing is missed
