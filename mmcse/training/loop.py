@@ -63,6 +63,7 @@ from mmcse.training.metrics import LossWindow, MetricsLog, Progress
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 from mmcse.training.record import RunRecord, RunResult
+from mmcse.training.schedule import is_eval_step
 from mmcse.training.stop import StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
 from mmcse.update import (
@@ -278,7 +279,8 @@ class Trainer:
         step, cfg = self.step_count, self.cfg
         if step % cfg.log_every == 0 or step == self.total:
             self._log(log, progress, epoch)
-        if step % cfg.eval_steps == 0 or step == self.total:
+        dev_data = self.record.eval_dir is not None
+        if is_eval_step(step, cfg.eval_steps, self.total, cfg.eval_last_step, dev_data=dev_data):
             self._evaluate(log, progress, epoch)
         stopping = stop.agreed(step % cfg.log_every == 0)
         if step % self.save_every == 0 or step == self.total or stopping:
@@ -330,9 +332,8 @@ class Trainer:
         record = {"step": self.step_count, "epoch": epoch, "time": time.time()}
         record.update(lr=self.update.lr(), **window)
         log.write(record)
-        progress.set(
-            loss=f"{record['loss']:.4f}", dev=self._dev_text(), rate=window["steps_per_s"]
-        )
+        # the rate of this window: a compile in the first steps does not drag it down
+        progress.set(loss=record["loss"], dev=self._dev_text(), steps_s=window["steps_per_s"])
 
     def _dev_evaluator(self) -> DevEvaluator:
         """The run's STS-B dev evaluator, its data prepared at the first evaluation."""

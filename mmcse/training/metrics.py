@@ -295,6 +295,7 @@ class Progress:
         self.bar = None
         self.last_line = time.monotonic()
         self.started, self.start_step = time.monotonic(), initial
+        self.line_step: int | None = None  # the step of the last progress line
         if enabled and self.tty:
             from tqdm import tqdm
 
@@ -314,11 +315,17 @@ class Progress:
         elif self.enabled:
             now = time.monotonic()
             if now - self.last_line >= LOG_LINE_INTERVAL or step == self.total:
-                self.last_line = now
                 logger.info(self.line(now))
+                self.last_line, self.line_step = now, step
 
     def line(self, now: float) -> str:
-        rate = (self.step - self.start_step) / max(now - self.started, 1e-9)
+        """The progress line; its rate is the steps since the last line's (recent speed: a
+        compile in the first steps would drag an average since the start for the whole run)."""
+        if self.line_step is None:
+            since, steps = self.started, self.step - self.start_step
+        else:
+            since, steps = self.last_line, self.step - self.line_step
+        rate = steps / max(now - since, 1e-9)
         eta = (self.total - self.step) / rate if rate > 0 else float("nan")
         extra = " ".join(f"{k} {v}" for k, v in self.postfix.items())
         return (

@@ -27,6 +27,7 @@ from mmcse.training.dev_eval import resolve_eval_dir
 from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics
 from mmcse.training.plan import mixing_plan
 from mmcse.training.preflight import input_fingerprints
+from mmcse.training.schedule import eval_steps
 
 logger = logging.getLogger(__name__)
 
@@ -180,9 +181,8 @@ class RunRecord:
         )
 
     def eval_steps(self) -> list[int]:
-        every, total = self.trainer.cfg.eval_steps, self.trainer.total
-        steps = list(range(every, total + 1, every))
-        return steps if steps and steps[-1] == total else [*steps, total]
+        cfg = self.trainer.cfg
+        return eval_steps(cfg.eval_steps, self.trainer.total, cfg.eval_last_step)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def run_info(self, step: int, dev: float | None) -> dict:
