@@ -17,7 +17,16 @@ import torch
 from torch import Tensor, nn
 
 from mmcse.hub import local_or_hub_id, quiet_transformers
-from mmcse.pooling import needs_hidden_states, pool
+from mmcse.pooling import (
+    AUTO,
+    DEFAULT_POOLER,
+    StModule,
+    check_pooler,
+    needs_hidden_states,
+    pool,
+    st_encoding,
+    student_pooling,
+)
 from mmcse.rundir import Checkpoint
 
 
@@ -37,7 +46,7 @@ class SentenceEncoder(nn.Module):
         post_pooling: nn.Module | None = None,
     ) -> None:
         """``post_pooling``: sentence-transformers modules after pooling (Dense, Normalize) that
-        evaluation applies to a model shipping them (:func:`mmcse.pooling.resolve_encoding`);
+        evaluation applies to a model shipping them (:func:`mmcse.model.resolve_encoding`);
         training never sets it."""
         super().__init__()
         self.backbone = backbone
@@ -59,8 +68,6 @@ class SentenceEncoder(nn.Module):
         quiet_transformers()
         source = local_or_hub_id(path_or_id)  # a local path's typo is not sent to the hub
         if pooler in (None, "auto"):  # the run's / the student's own pooling
-            from mmcse.pooling import resolve_pooler
-
             pooler = resolve_pooler(None, source)[0]
         config = AutoConfig.from_pretrained(source)
         if dropout is not None:  # SimCSE's augmentation is the encoder's own dropout
@@ -113,3 +120,53 @@ class SentenceEncoder(nn.Module):
         state = {k: v.detach().cpu().contiguous().clone() for k, v in heads.state_dict().items()}
         save_file(state, str(checkpoint.heads))
         checkpoint.write_info(run_info)
+
+
+# ---- which pooling a model directory is encoded with ------------------------------------------
+
+
+def resolve_encoding(
+    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
+) -> tuple[str, str, list[StModule]]:
+    """``(pooler, where it came from, modules after pooling)`` that evaluation encodes with.
+
+    A given pooler is the bare encoder with that pooling. Otherwise a sentence-transformers
+    dir (``modules.json``: all-MiniLM-L6-v2, an ``mmcse export``) encodes as its modules say,
+    Dense and Normalize included, i.e. as ``SentenceTransformer(dir).encode`` does; anything
+    else pools as :func:`resolve_pooler` says, with no module after it.
+    """
+    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
+    if name == AUTO and model_dir is not None and Path(model_dir).is_dir():
+        found = st_encoding(model_dir)
+        if found is not None:
+            return found[0], "the model's sentence-transformers modules", found[1]
+    pooler, source = resolve_pooler(requested, model_dir, fallback)
+    return pooler, source, []
+
+
+def recorded_pooler(model_dir: str | Path) -> str | None:
+    """The pooler a training checkpoint recorded in its run info, if it is one."""
+    info = Checkpoint(model_dir).read_info() or {}
+    return info.get("pooler") or None
+
+
+def resolve_pooler(
+    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
+) -> tuple[str, str]:
+    """``(pooler, where it came from)``; ``requested`` None/``auto`` looks at the model dir.
+
+    Order: an explicit name > the run's recorded pooler > the student's sentence-transformers
+    pooling config > ``fallback`` (the method's / SimCSE's ``cls_before_pooler``). Hub ids and
+    missing dirs simply have no local config.
+    """
+    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
+    if name != AUTO:
+        return name, "given"
+    if model_dir is not None and Path(model_dir).is_dir():
+        recorded = recorded_pooler(model_dir)
+        if recorded:
+            return check_pooler(recorded), "the run's recorded pooler"
+        student = student_pooling(model_dir)
+        if student:
+            return student, "the student's sentence-transformers pooling config"
+    return check_pooler(fallback), "default"

@@ -10,12 +10,13 @@ sentence-transformers' ``cls`` is our ``cls_before_pooler``.
 
 ``auto`` (the training default) means: the pooling a training run recorded, else the pooling the
 student ships as a sentence-transformers model (``1_Pooling/config.json``: all-MiniLM-L6-v2 is
-``mean``), else SimCSE's ``cls_before_pooler``. :func:`resolve_pooler` does this before any model
-loads; :func:`check_pooler` validates a name.
+``mean``), else SimCSE's ``cls_before_pooler``. :func:`mmcse.model.resolve_pooler` does this
+before any model loads (it reads the run's record; this module reads no run and imports no
+mmcse module but errors); :func:`check_pooler` validates a name.
 
 Evaluation (and ``mmcse export``) encodes a sentence-transformers directory as
 ``SentenceTransformer(dir)`` does: its Pooling module and the modules after it (Dense,
-Normalize; :func:`resolve_encoding`). Training pools only; a student whose modules.json has a
+Normalize; :func:`mmcse.model.resolve_encoding`). Training pools only; a student whose modules.json has a
 Dense after pooling needs an explicit pooler there.
 """
 
@@ -27,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmcse.errors import MmcseError
-from mmcse.rundir import Checkpoint
 
 if TYPE_CHECKING:  # names are checked (TrainConfig) without importing torch
     from torch import Tensor
@@ -157,53 +157,6 @@ def st_encoding(model_dir: str | Path) -> tuple[str, list[StModule]] | None:
         return None
     pooling, after = listed
     return _pooler_of_config(pooling), after
-
-
-def resolve_encoding(
-    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
-) -> tuple[str, str, list[StModule]]:
-    """``(pooler, where it came from, modules after pooling)`` that evaluation encodes with.
-
-    A given pooler is the bare encoder with that pooling. Otherwise a sentence-transformers
-    dir (``modules.json``: all-MiniLM-L6-v2, an ``mmcse export``) encodes as its modules say,
-    Dense and Normalize included, i.e. as ``SentenceTransformer(dir).encode`` does; anything
-    else pools as :func:`resolve_pooler` says, with no module after it.
-    """
-    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
-    if name == AUTO and model_dir is not None and Path(model_dir).is_dir():
-        found = st_encoding(model_dir)
-        if found is not None:
-            return found[0], "the model's sentence-transformers modules", found[1]
-    pooler, source = resolve_pooler(requested, model_dir, fallback)
-    return pooler, source, []
-
-
-def recorded_pooler(model_dir: str | Path) -> str | None:
-    """The pooler a training checkpoint recorded in its run info, if it is one."""
-    info = Checkpoint(model_dir).read_info() or {}
-    return info.get("pooler") or None
-
-
-def resolve_pooler(
-    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
-) -> tuple[str, str]:
-    """``(pooler, where it came from)``; ``requested`` None/``auto`` looks at the model dir.
-
-    Order: an explicit name > the run's recorded pooler > the student's sentence-transformers
-    pooling config > ``fallback`` (the method's / SimCSE's ``cls_before_pooler``). Hub ids and
-    missing dirs simply have no local config.
-    """
-    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
-    if name != AUTO:
-        return name, "given"
-    if model_dir is not None and Path(model_dir).is_dir():
-        recorded = recorded_pooler(model_dir)
-        if recorded:
-            return check_pooler(recorded), "the run's recorded pooler"
-        student = student_pooling(model_dir)
-        if student:
-            return student, "the student's sentence-transformers pooling config"
-    return check_pooler(fallback), "default"
 
 
 def masked_mean(states: Tensor, mask: Tensor) -> Tensor:

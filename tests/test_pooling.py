@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from mmcse.errors import MmcseError
-from mmcse.pooling import check_pooler, resolve_pooler, student_pooling
+from mmcse.model import resolve_pooler
+from mmcse.pooling import check_pooler, student_pooling
 from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train

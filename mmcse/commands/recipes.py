@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from mmcse.commands import show
-from mmcse.rundir import ABLATION_TABLE
+from mmcse.recipes.layout import ABLATION_TABLE
 
 app = typer.Typer()  # ablate
 recipes_app = typer.Typer(help="Paper settings as named recipes.", no_args_is_help=True)
@@ -32,9 +32,10 @@ def recipes_list() -> None:
 @recipes_app.command("show")
 def recipes_show(name: str = _NAME, cache_root: str = _CACHE_ROOT) -> None:
     """A recipe's settings, the cache sets it reads and its published numbers."""
-    from mmcse.recipes.catalogue import card
+    from mmcse.recipes import get_recipe
+    from mmcse.reports.recipes import recipe_card
 
-    show(card(name, cache_root))
+    show(recipe_card(get_recipe(name), cache_root))
 
 
 @recipes_app.command("run")
@@ -50,7 +51,7 @@ def recipes_run(
     overwrite: bool = _OVERWRITE,
 ) -> None:
     """Train a recipe over seeds and print it next to the published numbers."""
-    from mmcse.recipes.runs import recipe_run
+    from mmcse.reports.recipes import recipe_run
 
     show(recipe_run(name, cache_root=cache_root, seeds=seeds, model=model, max_steps=max_steps,
                     output_dir=output_dir, sets=set_, dry_run=dry_run, overwrite=overwrite))  # fmt: skip
@@ -71,7 +72,7 @@ def ablate(
     overwrite: bool = _OVERWRITE,
 ) -> None:
     """Rerun a recipe with loss terms switched off; mean ± std and Welch p-values per row."""
-    from mmcse.recipes.ablate import ablate_run
+    from mmcse.reports.recipes import ablate_run
 
     show(ablate_run(recipe, drop, cache_root=cache_root, seeds=seeds, model=model,
                     max_steps=max_steps, output_dir=output_dir, out=out, sets=set_,

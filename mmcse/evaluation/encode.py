@@ -142,7 +142,7 @@ class Normalize(nn.Module):
 
 
 def post_pooling_modules(modules: Sequence[StModule]) -> nn.Module | None:
-    """The modules after pooling (:func:`mmcse.pooling.resolve_encoding`) as one torch module,
+    """The modules after pooling (:func:`mmcse.model.resolve_encoding`) as one torch module,
     applied as sentence-transformers applies them; None when there are none."""
     if not modules:
         return None

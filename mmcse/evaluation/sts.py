@@ -57,8 +57,8 @@ from mmcse.evaluation.encode import (
     precision_name,
 )
 from mmcse.hub import load_tokenizer, resolve_model_source
-from mmcse.model import SentenceEncoder
-from mmcse.pooling import check_pooler, resolve_encoding
+from mmcse.model import SentenceEncoder, resolve_encoding
+from mmcse.pooling import check_pooler
 
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -294,7 +294,7 @@ def average_of_printed(scores: Iterable[float]) -> float:
 def load_encoder(path: str | Path, pooler: str | None, device: str | None):
     """Encoder, tokenizer, pooler and resolved directory for a run directory or HF model.
 
-    ``pooler=None`` encodes as the model does (:func:`mmcse.pooling.resolve_encoding`): a
+    ``pooler=None`` encodes as the model does (:func:`mmcse.model.resolve_encoding`): a
     sentence-transformers dir with its own modules after pooling (Dense, Normalize), a run with
     its recorded pooler; a given pooler is the bare encoder with that pooling."""
 

@@ -3,7 +3,7 @@
 A recipe is one row of a paper's table made runnable: the method and its hyperparameters, the
 student, the data setting (Wiki1M sentences and/or one caption dataset, how their batches mix,
 which caption policy Stage 1 must use), the cached feature set behind each role, the training
-settings, and the published numbers it should reproduce (:mod:`mmcse.reports.published`).
+settings, and the published numbers it should reproduce (:mod:`mmcse.recipes.published`).
 
 Names are ``method/setting/model[/variant]`` (``mcse/wiki+flickr/bert``,
 ``mcse/flickr/bert/clip-vit-b32``, ``visualcse/bert``). ``mmcse recipes run NAME`` resolves the
@@ -42,8 +42,8 @@ from typing import Any
 from mmcse.cache import Manifest
 from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.errors import MmcseError
+from mmcse.recipes.published import PUBLISHED, Published
 from mmcse.registry import Registry
-from mmcse.reports.published import PUBLISHED, Published
 from mmcse.training.config import TrainConfig, resolve_config
 
 RECIPES = Registry("recipe")

@@ -4,40 +4,38 @@ A recipe is a paper's setting. ``mmcse recipes run``/``mmcse ablate`` accept ove
 student, fewer steps, ``--set batch_size=...``, fewer seeds); a run with any of them is not the
 published setting, so :func:`departures` compares the TrainConfig each seed would get with and
 without them (field by field, so nothing slips through) and the tables and the recipe record
-(:class:`mmcse.rundir.SeedsDir`) state the difference. :func:`describe_plan` is ``--dry-run``:
+(:class:`mmcse.recipes.layout.SeedsDir`) state the difference. :func:`describe_plan` is ``--dry-run``:
 what would run, where, with which changes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mmcse.environment import differences, record_notes
 from mmcse.errors import MmcseError
+from mmcse.files import write_json
 from mmcse.pooling import student_pooling
-from mmcse.recipes.recipe import Recipe, get_recipe
-from mmcse.reports.compare import (
-    Row,
-    delta,
-    departure_note,
-    markdown_table,
-    published_row,
-    scores_of,
-    summarize,
-)
-from mmcse.reports.published import COLUMNS
-from mmcse.rundir import RunDir, SeedsDir, write_json
+from mmcse.recipes.layout import SeedsDir
+from mmcse.recipes.recipe import Recipe
+from mmcse.recipes.summary import Row, delta, departure_note, published_row, scores_of, summarize
+from mmcse.rundir import RunDir
 from mmcse.training.config import TrainConfig, parse_pairs, parse_value
 from mmcse.training.preflight import check_output_path, check_terms, checked_method
 
 logger = logging.getLogger(__name__)
 
 #: fields that differ per run by design, never a departure from the recipe
-_PER_RUN = ("seed", "output_dir", "overwrite", "save_every", "report_to")  # where a run goes and how it is watched, not what it trains
+_PER_RUN = (
+    "seed",
+    "output_dir",
+    "overwrite",
+    "save_every",
+    "report_to",
+)  # where a run goes and how it is watched, not what it trains
 
 
 def departures(
@@ -297,9 +295,20 @@ def comparison_rows(recipe: Recipe, runs: SeedRuns, overridden: bool = False) ->
     return rows
 
 
-def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tuple[SeedRuns, str]:
-    """Run the seeds, write the recipe record and its tables into ``output_dir``
-    (:class:`mmcse.rundir.SeedsDir`), return the runs and the table."""
+@dataclass
+class RecipeOutcome:
+    """A finished ``recipes run``: the seeds' runs, the rows beside the published ones, the notes
+    under the table, and where the record went (its tables: :mod:`mmcse.reports.recipes`)."""
+
+    runs: SeedRuns
+    rows: list[Row]
+    notes: list[str]
+    seeds_dir: SeedsDir
+
+
+def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> RecipeOutcome:
+    """Run the seeds and write the recipe record into ``output_dir``
+    (:class:`mmcse.recipes.layout.SeedsDir`)."""
     given = {k: kwargs.get(k) for k in ("cache_root", "seeds", "model", "max_steps", "overrides")}
     changes = departures(recipe, **given)
     runs = run_seeds(recipe, output_dir=output_dir, **kwargs)
@@ -313,14 +322,9 @@ def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tupl
     }
     seeds_dir = SeedsDir(output_dir)
     write_json(seeds_dir.results, report)
-    from mmcse.reports.tables import write_tables  # results.md/.csv/.tex, as mmcse compare
-
     notes = [n for n in (departure_note(changes), pooling_hint(recipe, **given)) if n]
     notes += environment_notes([runs])
-    this_run = [i for i, r in enumerate(rows) if r.label.startswith("this run")]
-    write_tables(rows, COLUMNS, seeds_dir.tables, ("source",), this_run, notes=notes)
-    table = markdown_table(rows, extra_columns=("source",))
-    return runs, table + "".join(f"\n\n{n}" for n in notes)
+    return RecipeOutcome(runs, rows, notes, seeds_dir)
 
 
 # ---- ``mmcse recipes run``: flags to runs -----------------------------------------------------
@@ -342,30 +346,3 @@ def set_overrides(items: list[str] | None, overwrite: bool = False) -> dict[str,
     """``--set KEY=VALUE`` TrainConfig overrides (JSON values), ``overwrite`` added when asked."""
     overrides = {k: parse_value(v) for k, v in parse_pairs(items, "--set").items()}
     return {**overrides, "overwrite": True} if overwrite else overrides
-
-
-def recipe_run(
-    name: str,
-    *,
-    cache_root: str | Path = "cache",
-    seeds: str | None = None,
-    model: str | None = None,
-    max_steps: int | None = None,
-    output_dir: str | Path | None = None,
-    sets: list[str] | None = None,
-    dry_run: bool = False,
-    overwrite: bool = False,
-) -> Iterator[str]:
-    """``mmcse recipes run``: train recipe ``name`` over ``seeds`` into ``output_dir`` (default
-    runs/<name>) and yield the table beside the published numbers; ``dry_run`` yields the plan."""
-
-    recipe = get_recipe(name)
-    out, chosen = Path(output_dir or f"runs/{name}"), parse_seeds(recipe, seeds)
-    given = dict(cache_root=cache_root, seeds=chosen, model=model, max_steps=max_steps)
-    if dry_run:
-        overrides = set_overrides(sets)
-        yield describe_plan(recipe, [(name, out, overrides)], **given, user_overrides=overrides)
-        return
-    _, table = run_recipe(recipe, output_dir=out, **given, overrides=set_overrides(sets, overwrite))
-    yield table
-    yield f"results: {SeedsDir(out).results}"

@@ -1,6 +1,6 @@
 """One results table in three formats (markdown, CSV, LaTeX), best cells marked.
 
-Rows are :class:`mmcse.reports.compare.Row` (mean, sample std over seeds, ``n``, extra text
+Rows are :class:`mmcse.recipes.summary.Row` (mean, sample std over seeds, ``n``, extra text
 columns). The best mean of each column among *measured* rows (not published rows, not
 differences) is marked: bold in markdown and LaTeX, listed in CSV's ``best`` column; a column
 whose numbers are not comparable (``unranked``) marks none. A column compares one protocol only
@@ -22,7 +22,8 @@ import numpy as np
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.transfer import TRANSFER_TITLES
-from mmcse.reports.compare import TITLES, Row
+from mmcse.recipes.summary import Row
+from mmcse.reports.compare import TITLES
 
 FORMATS = {"md": ".md", "csv": ".csv", "latex": ".tex"}
 ALL_TITLES = {**TITLES, **TRANSFER_TITLES, "transfer avg": "Transfer Avg."}

@@ -43,12 +43,13 @@ from mmcse.devices import pick_device
 from mmcse.environment import environment
 from mmcse.errors import MmcseError, naming_os_errors
 from mmcse.evaluation import format_rows
+from mmcse.files import atomic_dir, write_json
 from mmcse.hub import load_tokenizer
 from mmcse.losses.base import LossInputs
 from mmcse.methods import Method, build_heads, build_losses, build_method
-from mmcse.model import SentenceEncoder
-from mmcse.pooling import DEFAULT_POOLER, resolve_pooler
-from mmcse.rundir import FINAL, Checkpoint, RunDir, atomic_dir, resolve_model_dir, write_json
+from mmcse.model import SentenceEncoder, resolve_pooler
+from mmcse.pooling import DEFAULT_POOLER
+from mmcse.rundir import FINAL, Checkpoint, RunDir, resolve_model_dir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch, TrainData

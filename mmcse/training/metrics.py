@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from mmcse.errors import MmcseError
-from mmcse.rundir import RunDir, write_text_atomically
+from mmcse.files import write_text_atomically
+from mmcse.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 #: seconds between progress lines when stderr is not a terminal (log files, CI)

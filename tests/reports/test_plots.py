@@ -17,6 +17,7 @@ import mmcse.recipes.runs as recipes_mod
 from mmcse.errors import MmcseError
 from mmcse.recipes import Recipe, get_recipe
 from mmcse.reports.plots import loss_series, write_run_plots
+from mmcse.reports.recipes import write_ablation
 from mmcse.reports.runs import Run
 from mmcse.rundir import RunDir
 
@@ -118,7 +119,7 @@ def test_ablation_bar_chart(monkeypatch, tmp_path):
         seeds=(0, 1, 2),
         output_dir=tmp_path / "abl",
     )
-    ablate_mod.write_ablation(result, tmp_path / "abl" / "ablation.md")
+    write_ablation(result, tmp_path / "abl" / "ablation.md")
     written = write_run_plots([tmp_path / "abl"])
     assert written == [tmp_path / "abl" / "ablation.png"]  # fake runs logged no metrics
     assert written[0].read_bytes()[:8] == PNG_MAGIC
