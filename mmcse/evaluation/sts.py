@@ -50,15 +50,11 @@ from mmcse.devices import check_device, default_device_name
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation.align_uniform import align_uniform
-from mmcse.evaluation.encode import (
-    encode_sentences,
-    encoder_device,
-    post_pooling_modules,
-    precision_name,
-)
+from mmcse.evaluation.encode import encode_sentences, encoder_device, post_pooling_modules
 from mmcse.hub import load_tokenizer, resolve_model_source
 from mmcse.model import SentenceEncoder, resolve_encoding
 from mmcse.pooling import check_pooler
+from mmcse.precision import precision_name
 
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation import probe
-from mmcse.evaluation.encode import encode_sentences, encoder_device, precision_name
+from mmcse.evaluation.encode import encode_sentences, encoder_device
 from mmcse.evaluation.report import _render
 from mmcse.evaluation.sts import (
     average_of_printed,
@@ -52,6 +52,7 @@ from mmcse.evaluation.sts import (
     resolve_downstream,
     resolve_encoder,
 )
+from mmcse.precision import precision_name
 
 TRANSFER_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 TRANSFER_TITLES = {task: ("SST" if task == "SST2" else task) for task in TRANSFER_TASKS}

@@ -42,6 +42,7 @@ from mmcse.losses.heads import MLPHead
 from mmcse.nonling.augment import ViewAugmentation, augment
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
 from mmcse.nonling.specaugment import SpecAugment, spec_augment
+from mmcse.precision import autocast_for, grad_scaler_for
 from mmcse.registry import LOSSES
 
 IMAGE_KIND = IMAGE_TENSOR_KIND  # the cache contract's names (mmcse.cache.kinds)
@@ -145,9 +146,9 @@ class NonLinguisticTask:
         self.heads = nn.ModuleDict({"patch_embed": self._patch_embedding(hidden), "mlp": mlp})
         self.heads.to(self.device)
         self.optimizer: torch.optim.Optimizer | None = None
-        self.amp_dtype = autocast_dtype(self.device.type, precision, _bf16_supported(self.device))
-        # its own loss scaler under fp16, as the released trainer's image_scaler (else a no-op)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+        # the run's precision policy; under fp16 its own loss scaler, as the released trainer's
+        # image_scaler (autocast(dtype=float16) + image_scaler; else a no-op)
+        self.scaler = grad_scaler_for(self.device, precision)
         self.views = ViewAugmentation(size=self.settings.image_size)
         self.masks = SpecAugment(self.settings.freq_mask, self.settings.time_mask)
         self.steps_taken = 0
@@ -316,8 +317,7 @@ class NonLinguisticTask:
             group["lr"] = self.settings.lr * scale
 
     def _autocast(self):
-        dtype = self.amp_dtype
-        return torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=bool(dtype))
+        return autocast_for(self.device, self.precision)
 
 
 class _TaskForward(nn.Module):
@@ -334,23 +334,6 @@ class _TaskForward(nn.Module):
         extras = {} if labels is None else {"labels": labels}
         inputs = LossInputs(view1=view1, view2=view2, batch_kind=self.modality, extras=extras)
         return self.loss(inputs, {"student": self.heads["mlp"]})
-
-
-def autocast_dtype(device_type: str, precision: str, bf16_supported: bool) -> torch.dtype | None:
-    """The dtype the image/audio step autocasts to, None for none: under ``fp16`` fp16 with its
-    own loss scaler (the released trainer's ``autocast(dtype=float16)`` + ``image_scaler``),
-    under ``auto``/``bf16`` bf16 where supported; on a CPU, or under ``fp32``, none."""
-    if device_type != "cuda":
-        return None
-    if precision == "fp16":
-        return torch.float16
-    if precision in ("auto", "bf16") and bf16_supported:
-        return torch.bfloat16
-    return None
-
-
-def _bf16_supported(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_bf16_supported()
 
 
 def average_gradients(params: list[Tensor]) -> None:

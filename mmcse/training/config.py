@@ -24,14 +24,12 @@ from typing import Any
 from mmcse.devices import DEVICE_PATTERN, DEVICES
 from mmcse.errors import MmcseError
 from mmcse.pooling import check_pooler
+from mmcse.precision import PRECISIONS
 from mmcse.rundir import METRICS_FILE
 from mmcse.settings import SettingError, check_settings
 
 #: ``mcse-train-mix`` = MCSE's released ``train_mix.py`` schedule (see :mod:`mmcse.training.data`)
 MIXINGS = ("interleave", "mcse-train-mix", "proportional-random", "caption-only", "text-only")
-#: ``auto`` = bf16 autocast on CUDA; ``fp16`` = fp16 autocast + GradScaler on CUDA (the released
-#: SimCSE/VisualCSE ``--fp16``); every value trains in plain fp32 on CPU
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 #: where AdamW adds ε: ``transformers`` (to √v before bias correction: transformers.AdamW, which
 #: every released trainer here used) or ``torch`` (torch.optim.AdamW's own placement)
 ADAM_EPS_STYLES = ("transformers", "torch")
@@ -160,7 +158,7 @@ class TrainConfig:
     )
     precision: str = field(
         default="auto",
-        metadata={"choices": PRECISIONS, "help": "autocast (auto: bf16 on CUDA; CPU: fp32 always)"},
+        metadata={"choices": PRECISIONS, "help": "autocast (auto: bf16 where the GPU has it; CPU: fp32)"},
     )
     attn_implementation: str = field(
         default="sdpa",

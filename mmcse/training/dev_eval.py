@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmcse.evaluation.encode import _autocast, model_max_length, pad_batch
+from mmcse.evaluation.encode import eval_autocast, model_max_length, pad_batch
 from mmcse.evaluation.sts import default_data_dir, load_stsb_dev, resolve_downstream, score_task
 from mmcse.pooling import needs_hidden_states, pool
 from mmcse.training.config import TrainConfig
@@ -52,7 +52,7 @@ class DevEvaluator:
         backbone.eval()
         chunks = []
         try:
-            with torch.inference_mode(), _autocast(device):
+            with torch.inference_mode(), eval_autocast(device):
                 for input_ids, attention_mask in self._on(device):
                     out = backbone(
                         input_ids=input_ids,

@@ -30,7 +30,6 @@ import random
 import signal
 import threading
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from mmcse.losses.base import LossInputs
 from mmcse.methods import Method, build_heads, build_losses, build_method
 from mmcse.model import SentenceEncoder, resolve_pooler
 from mmcse.pooling import DEFAULT_POOLER
+from mmcse.precision import autocast_for, grad_scaler_for, precision_name
 from mmcse.rundir import FINAL, Checkpoint, RunDir, resolve_model_dir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
@@ -151,19 +151,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def autocast_for(device: torch.device, precision: str):
-    """bf16 (``auto``/``bf16``) or fp16 autocast on CUDA; plain fp32 on CPU and for ``fp32``."""
-    if device.type != "cuda" or precision == "fp32":
-        return nullcontext()
-    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
-    return torch.autocast("cuda", dtype=dtype)
-
-
-def grad_scaler_for(device: torch.device, precision: str) -> torch.amp.GradScaler:
-    """fp16 needs loss scaling (as the released ``--fp16`` runs had); disabled otherwise."""
-    return torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and precision == "fp16")
-
-
 def adamw_groups(student: nn.Module) -> list[dict]:
     """One AdamW group per module whose parameters step together (the encoder, each head):
     parameters of a group share their step count, which ε's scaling needs."""
@@ -208,12 +195,6 @@ def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]
         student_dir = None  # the loader reports the bad path
     fallback = getattr(method, "pooler", DEFAULT_POOLER)
     return resolve_pooler(cfg.pooler, student_dir, fallback)
-
-
-def precision_name(device: torch.device, precision: str) -> str:
-    if device.type != "cuda" or precision == "fp32":
-        return "fp32"
-    return "fp16 autocast + GradScaler" if precision == "fp16" else "bf16 autocast"
 
 
 class StopRequest:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mmcse.errors import MmcseError
+from mmcse.precision import autocast_for, grad_scaler_for
 from mmcse.recipes import RECIPES, get_recipe
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import (
@@ -20,13 +21,7 @@ from mmcse.training.data import (
     TrainData,
     train_mix_counts,
 )
-from mmcse.training.loop import (
-    adamw_groups,
-    autocast_for,
-    grad_scaler_for,
-    linear_schedule,
-    use_transformers_eps,
-)
+from mmcse.training.loop import adamw_groups, linear_schedule, use_transformers_eps
 
 # ---- a TrainData over fake corpora of given sizes (the schedule only needs their lengths) ----
 
@@ -311,7 +306,11 @@ def test_kdmcse_reproduction_keeps_the_filter_off_and_a_recipe_turns_it_on():
 def test_visualcse_roberta_recipes_follow_one_source_each():
     readme = get_recipe("visualcse/roberta")
     table = get_recipe("visualcse/roberta/table-c1")
-    released = {"image_weight": 0.2, "image_lr": 1e-7, "image_objective": "class_rank_cross_entropy"}
+    released = {
+        "image_weight": 0.2,
+        "image_lr": 1e-7,
+        "image_objective": "class_rank_cross_entropy",
+    }
     assert readme.method_args == released and "README" in readme.source
     assert table.method_args["image_lr"] == 5e-7 and "Table C.1" in table.source
     assert table.published == readme.published
