@@ -236,6 +236,15 @@ def find_runs(path: str | Path) -> list[RunDir]:
     return [RunDir(p) for p in runs]
 
 
+def run_finished(info: dict[str, Any] | None) -> bool | None:
+    """Whether the run that saved a checkpoint with run info ``info`` completed (run info from
+    before the flag existed counts as finished); None without run info. The one reading of
+    ``finished``."""
+    if info is None:
+        return None
+    return info.get("finished", True) is not False
+
+
 # ---- the layout -------------------------------------------------------------------------------
 
 
@@ -277,15 +286,12 @@ class Checkpoint:
         write_json(self.run_info, info, default=str)  # the config may hold paths
 
     def finished(self) -> bool:
-        """Its run completed (run info from before the flag existed counts as finished); False
-        without run info."""
-        info = self.read_info()
-        return info is not None and info.get("finished", True) is not False
+        """Its run completed (:func:`run_finished`); False without run info."""
+        return run_finished(self.read_info()) is True
 
     def unfinished(self) -> bool:
         """Its run info says the run has not completed (killed, or still running)."""
-        info = self.read_info()
-        return info is not None and info.get("finished", True) is False
+        return run_finished(self.read_info()) is False
 
     def mark_finished(self) -> None:
         """Flip ``finished`` to true in the run info (one atomic file replace)."""

@@ -104,8 +104,11 @@ def default_data_dir() -> Path | None:
     return candidate if candidate.is_dir() else None
 
 
-def resolve_downstream(data_dir: str | Path | None) -> Path:
-    """The ``downstream`` folder of a SentEval data folder (or of the default one)."""
+def resolve_downstream(data_dir: str | Path | None, needs: str | None = "STS") -> Path:
+    """The ``downstream`` folder of a SentEval data folder (or of the default one): the first of
+    ``DIR/downstream`` and ``DIR`` that holds the folder ``needs`` (STS scoring: ``STS``); with
+    ``needs`` None (transfer tasks, each checked by name) the first that exists. Every suite
+    resolves its folder here, so they agree on which folder ``--data`` names."""
     if data_dir is None:
         data_dir = default_data_dir()
         if data_dir is None:
@@ -114,10 +117,15 @@ def resolve_downstream(data_dir: str | Path | None) -> Path:
                 "../shared/data/senteval); pass --data DIR, the folder holding downstream/STS"
             )
     root = Path(data_dir)
-    for candidate in (root / "downstream", root):
-        if (candidate / "STS").is_dir():
+    if not root.is_dir():
+        raise MmcseError(f"{root} is not a SentEval data folder: it does not exist")
+    candidates = [folder for folder in (root / "downstream", root) if folder.is_dir()]
+    if needs is None:
+        return candidates[0]
+    for candidate in candidates:
+        if (candidate / needs).is_dir():
             return candidate
-    raise MmcseError(f"{root} is not a SentEval data folder: no downstream/STS inside it")
+    raise MmcseError(f"{root} is not a SentEval data folder: no downstream/{needs} inside it")
 
 
 def _read_text(path: Path) -> str:

@@ -49,7 +49,7 @@ import torch
 
 from mmcse.errors import MmcseError
 from mmcse.files import atomic_dir, read_json, sha256_file, write_json
-from mmcse.rundir import INTEGRITY_FILE, Checkpoint, RunDir
+from mmcse.rundir import INTEGRITY_FILE, Checkpoint, RunDir, run_finished
 from mmcse.training.config import read_config_file, resolve_config
 
 logger = logging.getLogger(__name__)
@@ -331,7 +331,7 @@ def finished_note(settings: dict[str, Any]) -> str | None:
     extending it; None when there is training to do."""
     run = RunDir(settings["output_dir"])
     info = run.last.read_info()
-    if info is None or not run.last.finished():
+    if not run_finished(info):
         return None
     ran = info.get("config") if isinstance(info.get("config"), dict) else {}
     if any(settings.get(k) != ran.get(k, settings.get(k)) for k in EXTENDING):
@@ -348,7 +348,7 @@ def extension_of(settings: dict[str, Any]) -> dict[str, Any] | None:
     """``{"step", "max_steps", "epochs"}`` of the finished run ``settings`` extend, else None."""
     run = RunDir(settings["output_dir"])
     info = run.last.read_info()
-    if info is None or not run.last.finished():
+    if not run_finished(info):
         return None
     ran = info.get("config") or {}
     return {"step": info.get("step"), **{k: ran.get(k) for k in EXTENDING}}

@@ -291,7 +291,7 @@ class Run:
 
     def plan(self) -> tuple[int, int]:
         """(global batch, total optimizer steps)."""
-        global_batch = self.cfg.batch_size * dist.world_size()
+        global_batch = dist.global_batch(self.cfg.batch_size)
         per_epoch = sum(self.data.batches_per_epoch(global_batch).values())  # = len(schedule)
         total = per_epoch * self.cfg.epochs
         if self.cfg.max_steps > 0:
