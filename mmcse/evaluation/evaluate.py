@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mmcse.errors import MmcseError
@@ -11,59 +12,90 @@ from mmcse.evaluation import evaluate_sts, format_table
 from mmcse.evaluation.probe import check_mode
 from mmcse.evaluation.suites import parse_suites, record, run_extra_suites, write_out
 from mmcse.hub import resolve_model_source
-from mmcse.rundir import Checkpoint
+from mmcse.rundir import Checkpoint, run_finished
 
 logger = logging.getLogger(__name__)
 
 
-def evaluate_model(
-    model: str,
-    *,
-    tasks: str = "sts",
-    data: str | None = None,
-    out: str | None = None,
-    mode: str = "test",
-    pooler: str | None = None,
-    batch_size: int = 128,
-    device: str | None = None,
-    align_uniform: bool = False,
-    transfer_mode: str = "test",
-    images_features: str | None = None,
-    captions: str | None = None,
-    head: str | None = None,
-) -> Iterator[str]:
-    """Score ``model`` on ``tasks`` (``"sts,transfer,retrieval"``, see
+@dataclass(frozen=True)
+class EvalRequest:
+    """What ``mmcse eval`` is asked: the flags are made from these fields
+    (:func:`mmcse.commands.flags.with_flags`) and the request travels as one object through
+    :func:`evaluate_model` to every suite."""
+
+    model: str = field(metadata={"help": "training run directory (uses run/best) or HF model dir"})
+    tasks: str = field(
+        default="sts",
+        metadata={"help": "comma-separated: sts, transfer (or some of MR,CR,SUBJ,MPQA,SST2,"
+                  "TREC,MRPC), retrieval"},
+    )  # fmt: skip
+    data: str | None = field(
+        default=None,
+        metadata={"help": "SentEval folder (holds downstream/STS) [../shared/data/senteval]"},
+    )
+    out: str | None = field(default=None, metadata={"help": "write the results as JSON here"})
+    mode: str = field(
+        default="test",
+        metadata={"choices": ("test", "dev"), "help": "STS: the 7 tasks, or STS-B/SICK-R dev"},
+    )
+    pooler: str | None = field(
+        default=None,
+        metadata={"help": "cls | cls_before_pooler | avg (= mean) | max | avg_first_last | "
+                  "avg_top2 | auto (default: the run's, else the student's own 1_Pooling "
+                  "config, else cls_before_pooler)"},
+    )  # fmt: skip
+    batch_size: int = field(default=128, metadata={"help": "sentences per forward pass"})
+    device: str | None = field(
+        default=None, metadata={"help": "cpu, cuda, cuda:1, ... (default: cuda if any)"}
+    )
+    align_uniform: bool = field(
+        default=False, metadata={"help": "STS: also alignment and uniformity"}
+    )
+    transfer_mode: str = field(
+        default="test",
+        metadata={"choices": ("test", "fasttest"), "help": "the papers' 10-fold Adam, or fast"},
+    )
+    images_features: str | None = field(
+        default=None, metadata={"help": "retrieval: held-out images' feature set (by id)"}
+    )
+    captions: str | None = field(
+        default=None, metadata={"help": "retrieval: their caption corpus (--caption-policy all)"}
+    )
+    head: str | None = field(
+        default=None, metadata={"help": "retrieval: which loss term's heads [default: first]"}
+    )
+
+
+def evaluate_model(request: EvalRequest) -> Iterator[str]:
+    """Score ``request.model`` on ``request.tasks`` (``"sts,transfer,retrieval"``, see
     :func:`~mmcse.evaluation.suites.parse_suites`); yields each table as soon as it is scored,
     then the files written. A run directory (or its best/) records each suite's result as soon as
     it is scored, beside the earlier ones (:func:`~mmcse.evaluation.suites.record`); every
     result's details hold its protocol and environment. A checkpoint of an unfinished run is
     evaluated with a warning."""
-
-    suites = parse_suites(tasks, images_features, captions, data)
-    check_mode(transfer_mode)  # refused now, not after the STS tasks ran
-    warning = unfinished_warning(resolve_model_source(model))
+    r = request
+    suites = parse_suites(r.tasks, r.images_features, r.captions, r.data)
+    check_mode(r.transfer_mode)  # refused now, not after the STS tasks ran
+    warning = unfinished_warning(resolve_model_source(r.model))
     if warning:
         logger.warning(warning)
     collected: dict = {}
     if "sts" in suites:
         collected["sts"] = evaluate_sts(
-            model,
-            data_dir=data,
-            mode=mode,
-            pooler=pooler,
-            batch_size=batch_size,
-            device=device,
-            with_align_uniform=align_uniform,
+            r.model,
+            data_dir=r.data,
+            mode=r.mode,
+            pooler=r.pooler,
+            batch_size=r.batch_size,
+            device=r.device,
+            with_align_uniform=r.align_uniform,
             progress=True,
         )
         yield format_table(collected["sts"])
-        yield from record(model, "sts", collected["sts"])
-    yield from run_extra_suites(
-        model, suites, data, pooler, batch_size, device, transfer_mode, images_features,
-        captions, head, collected,
-    )  # fmt: skip
-    if out:
-        yield write_out(collected, out)
+        yield from record(r.model, "sts", collected["sts"])
+    yield from run_extra_suites(request, suites, collected)
+    if r.out:
+        yield write_out(collected, r.out)
 
 
 def unfinished_warning(model_dir: str | Path) -> str | None:
@@ -73,7 +105,7 @@ def unfinished_warning(model_dir: str | Path) -> str | None:
         info = checkpoint.read_info()
     except MmcseError:
         return f"{checkpoint.run_info} is unreadable; cannot tell whether its run finished"
-    if info is None or info.get("finished", True) is not False:
+    if run_finished(info) is not False:
         return None
     of_total = f" of {info['total_steps']}" if info.get("total_steps") else ""
     return (

@@ -26,7 +26,7 @@ from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
 from mmcse.recipes.layout import AblationDir
 from mmcse.recipes.published import PUBLISHED_ABLATIONS
-from mmcse.recipes.recipe import Recipe
+from mmcse.recipes.recipe import Recipe, RecipeRunSpec
 from mmcse.recipes.runs import (
     SeedRuns,
     check_method,
@@ -160,52 +160,30 @@ def _p_text(p: float | None) -> str:
 
 
 def ablate(
-    recipe: Recipe,
-    drops: list[tuple[str, ...]],
-    *,
-    cache_root: str | Path,
-    seeds: tuple[int, ...],
-    output_dir: str | Path,
-    model: str | None = None,
-    max_steps: int | None = None,
-    overrides: dict[str, Any] | None = None,
+    recipe: Recipe, drops: list[tuple[str, ...]], spec: RecipeRunSpec, output_dir: str | Path
 ) -> Ablation:
-    """Train the full recipe and every ``w/o`` row over ``seeds``; p-values against the full."""
-
-    changes = departures(
-        recipe,
-        cache_root=cache_root,
-        seeds=seeds,
-        model=model,
-        max_steps=max_steps,
-        overrides=overrides,
-    )
-    plan = ablation_plan(recipe, drops, output_dir, overrides)
+    """Train the full recipe and every ``w/o`` row over the spec's seeds; p-values against the
+    full."""
+    spec = spec.for_recipe(recipe)
+    changes = departures(recipe, spec)
+    plan = ablation_plan(recipe, drops, output_dir, spec.overrides)
     for terms, _fields, row_out, row_overrides in plan:  # every row checked before one trains
-        given = dict(model=model, max_steps=max_steps, overrides=row_overrides)
-        row = recipe.config(cache_root, seed=seeds[0], output_dir=row_out, **given)
+        row = recipe.config(spec.with_overrides(row_overrides), seed=spec.seeds[0],
+                            output_dir=row_out)  # fmt: skip
         check_method(row, label_of(terms))  # e.g. every term dropped, as the dry run says
-        check_seed_dirs(row_out, seeds, row_overrides)
+        check_seed_dirs(row_out, spec.seeds, row_overrides)
     rows = []
     for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):
         logger.info(
-            f"ablation row {i} of {len(plan)}: {label_of(terms)} (seeds {','.join(map(str, seeds))})"
+            f"ablation row {i} of {len(plan)}: {label_of(terms)} "
+            f"(seeds {','.join(map(str, spec.seeds))})"
         )
-        runs = run_seeds(
-            recipe,
-            cache_root=cache_root,
-            seeds=seeds,
-            output_dir=row_out,
-            label=label_of(terms),
-            model=model,
-            max_steps=max_steps,
-            overrides=row_overrides,
-        )
+        runs = run_seeds(recipe, spec.with_overrides(row_overrides), row_out, label_of(terms))
         rows.append(AblationRow(terms, fields, runs))
     full = rows[0].avgs
     for row in rows[1:]:
         row.p_value = welch_p(row.avgs, full)
-    return Ablation(recipe, tuple(seeds), rows, changes)
+    return Ablation(recipe, tuple(spec.seeds), rows, changes)
 
 
 def ablation_plan(

@@ -24,13 +24,11 @@ from mmcse.recipes.ablate import (
 )
 from mmcse.recipes.layout import AblationDir, SeedsDir
 from mmcse.recipes.published import COLUMNS, PUBLISHED_ABLATIONS
-from mmcse.recipes.recipe import Recipe
+from mmcse.recipes.recipe import Recipe, RecipeRunSpec
 from mmcse.recipes.runs import (
     RecipeOutcome,
     describe_plan,
-    parse_seeds,
     run_recipe,
-    set_overrides,
 )
 from mmcse.recipes.summary import published_row
 from mmcse.reports.compare import markdown_table
@@ -82,61 +80,39 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
 
 
 def recipe_run(
-    name: str,
-    *,
-    cache_root: str | Path = "cache",
-    seeds: str | None = None,
-    model: str | None = None,
-    max_steps: int | None = None,
-    output_dir: str | Path | None = None,
-    sets: list[str] | None = None,
-    dry_run: bool = False,
-    overwrite: bool = False,
+    name: str, spec: RecipeRunSpec, output_dir: str | Path | None = None, dry_run: bool = False
 ) -> Iterator[str]:
-    """``mmcse recipes run``: train recipe ``name`` over ``seeds`` into ``output_dir`` (default
+    """``mmcse recipes run``: train recipe ``name`` as ``spec`` says into ``output_dir`` (default
     runs/<name>) and yield the table beside the published numbers; ``dry_run`` yields the plan."""
     recipe = get_recipe(name)
-    out, chosen = Path(output_dir or f"runs/{name}"), parse_seeds(recipe, seeds)
-    given = dict(cache_root=cache_root, seeds=chosen, model=model, max_steps=max_steps)
+    spec, out = spec.for_recipe(recipe), Path(output_dir or f"runs/{name}")
     if dry_run:
-        overrides = set_overrides(sets)
-        yield describe_plan(recipe, [(name, out, overrides)], **given, user_overrides=overrides)
+        yield describe_plan(recipe, [(name, out, spec.overrides)], spec)
         return
-    outcome = run_recipe(recipe, output_dir=out, **given, overrides=set_overrides(sets, overwrite))
-    yield recipe_tables(outcome)
+    yield recipe_tables(run_recipe(recipe, spec, out))
     yield f"results: {SeedsDir(out).results}"
 
 
 def ablate_run(
     recipe: str,
     drop: str,
-    *,
-    cache_root: str | Path = "cache",
-    seeds: str | None = None,
-    model: str | None = None,
-    max_steps: int | None = None,
+    spec: RecipeRunSpec,
     output_dir: str | Path | None = None,
     out: str | Path | None = None,
-    sets: list[str] | None = None,
     dry_run: bool = False,
-    overwrite: bool = False,
 ) -> Iterator[str]:
     """``mmcse ablate``: ablate the recipe named ``recipe`` with the rows ``drop``
-    (:func:`mmcse.recipes.ablate.parse_drops`) into ``output_dir`` (default
-    runs/ablate/<recipe>); write the table to ``out`` (default <output-dir>/ablation.md, + .json)
-    and yield it; ``dry_run`` yields the plan."""
+    (:func:`mmcse.recipes.ablate.parse_drops`) as ``spec`` says into ``output_dir`` (default
+    runs/ablate/<recipe>); write the table to ``out`` (default <output-dir>/ablation.md, +
+    .json) and yield it; ``dry_run`` yields the plan."""
     chosen = get_recipe(recipe)
-    runs_dir = Path(output_dir or f"runs/ablate/{recipe}")
-    given = dict(cache_root=cache_root, seeds=parse_seeds(chosen, seeds), model=model,
-                 max_steps=max_steps)  # fmt: skip
+    spec, runs_dir = spec.for_recipe(chosen), Path(output_dir or f"runs/ablate/{recipe}")
     if dry_run:
-        overrides = set_overrides(sets)
-        plan = ablation_plan(chosen, parse_drops(drop), runs_dir, overrides)
+        plan = ablation_plan(chosen, parse_drops(drop), runs_dir, spec.overrides)
         rows = [(label_of(terms), d, over) for terms, _, d, over in plan]
-        yield describe_plan(chosen, rows, **given, user_overrides=overrides)
+        yield describe_plan(chosen, rows, spec)
         return
-    overrides = set_overrides(sets, overwrite)
-    result = ablate(chosen, parse_drops(drop), output_dir=runs_dir, **given, overrides=overrides)
+    result = ablate(chosen, parse_drops(drop), spec, runs_dir)
     md, js = write_ablation(result, out or AblationDir(runs_dir).table)
     yield ablation_markdown(result)
     yield f"wrote {md} and {js}"

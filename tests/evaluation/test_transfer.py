@@ -297,7 +297,7 @@ def test_eval_records_transfer_per_task_shows_progress_and_keeps_earlier_tasks(
     import logging
     import shutil
 
-    from mmcse.evaluation.evaluate import evaluate_model
+    from mmcse.evaluation.evaluate import EvalRequest, evaluate_model
     from mmcse.reports.results import merge_results, run_result
     from mmcse.rundir import BEST_DIR, RunDir
 
@@ -307,8 +307,9 @@ def test_eval_records_transfer_per_task_shows_progress_and_keeps_earlier_tasks(
     (run.path / BEST_DIR / "mmcse_run.json").write_text(json.dumps({"pooler": "avg"}))
 
     def evaluate(tasks: str) -> list[str]:
-        return list(evaluate_model(str(run.path), tasks=tasks, data=str(tmp_path),
-                                   transfer_mode="fasttest", device="cpu"))  # fmt: skip
+        request = EvalRequest(str(run.path), tasks=tasks, data=str(tmp_path),
+                              transfer_mode="fasttest", device="cpu")  # fmt: skip
+        return list(evaluate_model(request))
 
     with caplog.at_level(logging.INFO, logger="mmcse.evaluation.transfer"):
         evaluate("CR")

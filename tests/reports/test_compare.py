@@ -21,6 +21,7 @@ from mmcse.files import write_json
 from mmcse.recipes import Recipe, get_recipe
 from mmcse.recipes.layout import SeedsDir
 from mmcse.recipes.published import COLUMNS, PUBLISHED
+from mmcse.recipes.recipe import RecipeRunSpec
 from mmcse.reports.compare_runs import compare_table, comparison
 from mmcse.reports.recipes import recipe_tables, write_ablation
 from mmcse.rundir import RunDir
@@ -136,7 +137,9 @@ def test_recipes_run_and_ablate_write_md_csv_latex(monkeypatch, tmp_path):
     monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
     recipe = get_recipe("mcse/wiki+flickr/bert")
     recipe_tables(
-        recipes_mod.run_recipe(recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r")
+        recipes_mod.run_recipe(
+            recipe, RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1)), output_dir=tmp_path / "r"
+        )
     )
     for suffix in (".md", ".csv", ".tex"):
         assert (tmp_path / "r" / f"results{suffix}").is_file()
@@ -148,8 +151,7 @@ def test_recipes_run_and_ablate_write_md_csv_latex(monkeypatch, tmp_path):
     result = ablate_mod.ablate(
         get_recipe("dalr/wiki+flickr/bert"),
         ablate_mod.parse_drops("image_text"),
-        cache_root=tmp_path,
-        seeds=(0, 1),
+        RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1)),
         output_dir=tmp_path / "abl",
     )
     md, _ = write_ablation(result, tmp_path / "abl" / "ablation.md")
@@ -290,7 +292,7 @@ def test_compare_lists_where_the_environments_differ(tmp_path):
 
 
 def test_mmcse_eval_records_sts_in_the_run_so_compare_counts_it_scored(tmp_path):
-    from mmcse.evaluation.evaluate import evaluate_model
+    from mmcse.evaluation.evaluate import EvalRequest, evaluate_model
     from mmcse.evaluation.sts import load_tasks
     from mmcse.tiny import build_tiny_bert
 
@@ -301,7 +303,7 @@ def test_mmcse_eval_records_sts_in_the_run_so_compare_counts_it_scored(tmp_path)
     write_json(run.best.run_info, {"pooler": "cls"})
     with pytest.raises(MmcseError, match="none of these runs has results"):
         compare_table([run.path])
-    list(evaluate_model(str(run.path), data=str(fixture), device="cpu"))
+    list(evaluate_model(EvalRequest(str(run.path), data=str(fixture), device="cpu")))
     entry = run.read_result_entries("sts")[-1]
     assert entry["source"] == "eval" and entry["protocol"]["mode"] == "test"
     assert entry["environment"]["packages"]["torch"]
@@ -323,7 +325,9 @@ def test_recipes_run_and_ablate_record_the_environment_of_their_runs(monkeypatch
     monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
     recipe = get_recipe("mcse/wiki+flickr/bert")
     recipe_tables(
-        recipes_mod.run_recipe(recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r")
+        recipes_mod.run_recipe(
+            recipe, RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1)), output_dir=tmp_path / "r"
+        )
     )
     record = json.loads(SeedsDir(tmp_path / "r").results.read_text())
     assert record["environment"]["packages"]["torch"] == "2.14.1"
@@ -337,8 +341,7 @@ def test_recipes_run_and_ablate_record_the_environment_of_their_runs(monkeypatch
     result = ablate_mod.ablate(
         get_recipe("dalr/wiki+flickr/bert"),
         ablate_mod.parse_drops("image_text"),
-        cache_root=tmp_path,
-        seeds=(0,),
+        RecipeRunSpec(cache_root=tmp_path, seeds=(0,)),
         output_dir=tmp_path / "abl",
     )
     md, record_path = write_ablation(result, tmp_path / "abl" / "ablation.md")
