@@ -6,7 +6,7 @@ import typer
 
 from mmcse.commands import show
 from mmcse.commands.flags import with_flags
-from mmcse.evaluation.evaluate import EvalRequest
+from mmcse.evaluation.request import EvalRequest
 
 app = typer.Typer()
 Opt = typer.Option

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.report import write_report
+from mmcse.evaluation.request import EvalRequest
 from mmcse.evaluation.retrieval import evaluate_retrieval, format_retrieval_table
 from mmcse.evaluation.transfer import (
     TRANSFER_TASKS,
@@ -23,9 +23,6 @@ from mmcse.evaluation.transfer import (
     parse_tasks,
 )
 from mmcse.rundir import EVAL, RunDir, is_run_dir, run_of_checkpoint, run_of_model
-
-if TYPE_CHECKING:  # the request is evaluate.py's, which imports this module
-    from mmcse.evaluation.evaluate import EvalRequest
 
 SUITES = ("sts", "transfer", "retrieval")
 

@@ -9,7 +9,7 @@ from support.cli import run_main_output
 
 import mmcse.evaluation.evaluate as evaluate_mod
 import mmcse.evaluation.suites as suites_mod
-from mmcse.evaluation.evaluate import EvalRequest
+from mmcse.evaluation.request import EvalRequest
 
 #: one value per field, none of them a default
 GIVEN = {

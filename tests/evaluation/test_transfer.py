@@ -297,7 +297,8 @@ def test_eval_records_transfer_per_task_shows_progress_and_keeps_earlier_tasks(
     import logging
     import shutil
 
-    from mmcse.evaluation.evaluate import EvalRequest, evaluate_model
+    from mmcse.evaluation.evaluate import evaluate_model
+    from mmcse.evaluation.request import EvalRequest
     from mmcse.reports.results import merge_results, run_result
     from mmcse.rundir import BEST_DIR, RunDir
 

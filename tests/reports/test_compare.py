@@ -292,7 +292,8 @@ def test_compare_lists_where_the_environments_differ(tmp_path):
 
 
 def test_mmcse_eval_records_sts_in_the_run_so_compare_counts_it_scored(tmp_path):
-    from mmcse.evaluation.evaluate import EvalRequest, evaluate_model
+    from mmcse.evaluation.evaluate import evaluate_model
+    from mmcse.evaluation.request import EvalRequest
     from mmcse.evaluation.sts import load_tasks
     from mmcse.tiny import build_tiny_bert
 
