@@ -29,12 +29,12 @@ class EvalRequest:
     pooler: str | None = field(
         default=None,
         metadata={"help": "cls | cls_before_pooler | avg (= mean) | max | avg_first_last | "
-                  "avg_top2 | auto (default: the run's, else the student's own 1_Pooling "
+                  "avg_top2 | auto (None: the run's, else the student's own 1_Pooling "
                   "config, else cls_before_pooler)"},
     )  # fmt: skip
     batch_size: int = field(default=128, metadata={"help": "sentences per forward pass"})
     device: str | None = field(
-        default=None, metadata={"help": "cpu, cuda, cuda:1, ... (default: cuda if any)"}
+        default=None, metadata={"help": "cpu, cuda, cuda:1, ... (None: cuda if any)"}
     )
     align_uniform: bool = field(
         default=False, metadata={"help": "STS: also alignment and uniformity"}
@@ -50,5 +50,5 @@ class EvalRequest:
         default=None, metadata={"help": "retrieval: their caption corpus (--caption-policy all)"}
     )
     head: str | None = field(
-        default=None, metadata={"help": "retrieval: which loss term's heads [default: first]"}
+        default=None, metadata={"help": "retrieval: which loss term's heads (None: the first)"}
     )

@@ -110,7 +110,7 @@ class RecipeRunSpec:
     #: a flag's ``"0,1,2"`` becomes the tuple; None: the recipe's own (:meth:`for_recipe`)
     seeds: tuple[int, ...] | None = field(
         default=None,
-        metadata={"help": "comma-separated seeds (default: the recipe's, e.g. 0,1,2,3,4)"},
+        metadata={"help": "comma-separated seeds; None: the recipe's (e.g. 0,1,2,3,4)"},
     )
     model: str | None = field(
         default=None, metadata={"help": "student override: local HF dir or hub id"}
