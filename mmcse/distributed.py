@@ -68,6 +68,17 @@ def env_rank() -> int:
     return rank() if is_distributed() else env_int("RANK", 0) or 0
 
 
+def env_world_size() -> int:
+    """The processes this run trains on: the process group's size once it exists, else what
+    torchrun's ``WORLD_SIZE`` says it will be (preflight runs before the group is joined)."""
+    return world_size() if is_distributed() else env_int("WORLD_SIZE", 1, minimum=1) or 1
+
+
+def global_batch(batch_size: int) -> int:
+    """Sentences per optimizer step across every process (in-batch negatives are gathered)."""
+    return batch_size * env_world_size()
+
+
 def check_env() -> None:
     """Refuse malformed torchrun variables with one line naming the variable."""
     world = env_int("WORLD_SIZE", 1, minimum=1)

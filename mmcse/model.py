@@ -16,8 +16,20 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from mmcse.errors import MmcseError
 from mmcse.hub import local_or_hub_id, quiet_transformers
-from mmcse.pooling import needs_hidden_states, pool
+from mmcse.pooling import (
+    AUTO,
+    DEFAULT_POOLER,
+    ST_MODULES_FILE,
+    StModule,
+    check_pooler,
+    needs_hidden_states,
+    pool,
+    st_encoding,
+    st_settings,
+    student_pooling,
+)
 from mmcse.rundir import Checkpoint
 
 
@@ -37,7 +49,7 @@ class SentenceEncoder(nn.Module):
         post_pooling: nn.Module | None = None,
     ) -> None:
         """``post_pooling``: sentence-transformers modules after pooling (Dense, Normalize) that
-        evaluation applies to a model shipping them (:func:`mmcse.pooling.resolve_encoding`);
+        evaluation applies to a model shipping them (:func:`mmcse.model.resolve_encoding`);
         training never sets it."""
         super().__init__()
         self.backbone = backbone
@@ -60,8 +72,6 @@ class SentenceEncoder(nn.Module):
         quiet_transformers()
         source = local_or_hub_id(path_or_id)  # a local path's typo is not sent to the hub
         if pooler in (None, "auto"):  # the run's / the student's own pooling
-            from mmcse.pooling import resolve_pooler
-
             pooler = resolve_pooler(None, source)[0]
         config = AutoConfig.from_pretrained(source)
         if dropout is not None:  # SimCSE's augmentation is the encoder's own dropout
@@ -114,3 +124,110 @@ class SentenceEncoder(nn.Module):
         state = {k: v.detach().cpu().contiguous().clone() for k, v in heads.state_dict().items()}
         save_file(state, str(checkpoint.heads))
         checkpoint.write_info(run_info)
+
+
+# ---- which pooling a model directory is encoded with ------------------------------------------
+
+
+def student_dir(model_dir: str | Path) -> Path | None:
+    """The local folder of the student a training checkpoint started from (its run info's
+    ``config.model``): a folder still on disk, or a hub id's snapshot in the hub cache."""
+    info = Checkpoint(model_dir).read_info() or {}
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    name = config.get("model")
+    if not isinstance(name, str) or not name:
+        return None
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or name.startswith((".", "/", "~")):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, ST_MODULES_FILE)
+    except ValueError:  # not a valid hub id either
+        return None
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
+def encoding_dir(model_dir: str | Path) -> tuple[Path, str] | None:
+    """``(sentence-transformers dir, in words)`` whose modules and settings ``model_dir``
+    encodes with: its own, else (a training checkpoint) its student's, when the run pooled as the
+    student does and the student's modules after pooling are parameter-free (a Dense the run
+    did not train is not applied); None when neither."""
+    model_dir = Path(model_dir)
+    if st_encoding(model_dir) is not None:
+        return model_dir, "the model's sentence-transformers modules"
+    student = student_dir(model_dir)
+    recorded = recorded_pooler(model_dir)
+    if student is None or recorded is None:
+        return None
+    try:
+        found = st_encoding(student)
+    except MmcseError:  # modules mmcse cannot reproduce: the checkpoint is the bare encoder
+        return None
+    if found is None or found[0] != check_pooler(recorded):
+        return None
+    if any(module.kind != "Normalize" for module in found[1]):
+        return None
+    return student, f"its student's sentence-transformers modules ({student})"
+
+
+def encoding_max_length(requested: str | None, model_dir: str | Path | None) -> int | None:
+    """The ``max_seq_length`` a model encodes with when no pooler is given (its own or its
+    student's sentence-transformers setting); None: what tokenizer and model allow."""
+    if requested not in (None, AUTO) or model_dir is None or not Path(model_dir).is_dir():
+        return None
+    found = encoding_dir(model_dir)
+    length = st_settings(found[0]).get("max_seq_length") if found else None
+    return length if isinstance(length, int) and length > 0 else None
+
+
+def resolve_encoding(
+    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
+) -> tuple[str, str, list[StModule]]:
+    """``(pooler, where it came from, modules after pooling)`` that evaluation encodes with.
+
+    A given pooler is the bare encoder with that pooling. Otherwise a sentence-transformers
+    dir (``modules.json``: all-MiniLM-L6-v2, an ``mmcse export``) encodes as its modules say,
+    Dense and Normalize included, i.e. as ``SentenceTransformer(dir).encode`` does, and so does
+    a checkpoint that pooled as its sentence-transformers student (:func:`encoding_dir`);
+    anything else pools as :func:`resolve_pooler` says, with no module after it.
+    """
+    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
+    if name == AUTO and model_dir is not None and Path(model_dir).is_dir():
+        found = encoding_dir(model_dir)
+        if found is not None:
+            pooler, modules = st_encoding(found[0])
+            return pooler, found[1], modules
+    pooler, source = resolve_pooler(requested, model_dir, fallback)
+    return pooler, source, []
+
+
+def recorded_pooler(model_dir: str | Path) -> str | None:
+    """The pooler a training checkpoint recorded in its run info, if it is one."""
+    info = Checkpoint(model_dir).read_info() or {}
+    return info.get("pooler") or None
+
+
+def resolve_pooler(
+    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
+) -> tuple[str, str]:
+    """``(pooler, where it came from)``; ``requested`` None/``auto`` looks at the model dir.
+
+    Order: an explicit name > the run's recorded pooler > the student's sentence-transformers
+    pooling config > ``fallback`` (the method's / SimCSE's ``cls_before_pooler``). Hub ids and
+    missing dirs simply have no local config.
+    """
+    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
+    if name != AUTO:
+        return name, "given"
+    if model_dir is not None and Path(model_dir).is_dir():
+        recorded = recorded_pooler(model_dir)
+        if recorded:
+            return check_pooler(recorded), "the run's recorded pooler"
+        student = student_pooling(model_dir)
+        if student:
+            return student, "the student's sentence-transformers pooling config"
+    return check_pooler(fallback), "default"

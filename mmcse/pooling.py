@@ -10,18 +10,14 @@ sentence-transformers' ``cls`` is our ``cls_before_pooler``.
 
 ``auto`` (the training default) means: the pooling a training run recorded, else the pooling the
 student ships as a sentence-transformers model (``1_Pooling/config.json``: all-MiniLM-L6-v2 is
-``mean``), else SimCSE's ``cls_before_pooler``. :func:`resolve_pooler` does this before any model
-loads; :func:`check_pooler` validates a name.
+``mean``), else SimCSE's ``cls_before_pooler``. :func:`mmcse.model.resolve_pooler` does this
+before any model loads (it reads the run's record; this module reads no run and imports no
+mmcse module but errors); :func:`check_pooler` validates a name.
 
 Evaluation (and ``mmcse export``) encodes a sentence-transformers directory as
 ``SentenceTransformer(dir)`` does: its Pooling module and the modules after it (Dense,
-Normalize; :func:`resolve_encoding`) and its ``max_seq_length`` (:func:`encoding_max_length`).
-Training pools only; a student whose modules.json has a Dense after pooling needs an explicit
-pooler there. A training checkpoint has no modules.json of its own; when it pooled as its student
-(the run info's ``config.model``, a sentence-transformers dir still on disk or in the hub cache)
-does, it encodes with the student's parameter-free modules (Normalize) and ``max_seq_length``
-too (:func:`encoding_dir`): fine-tuning all-MiniLM-L6-v2 keeps its unit-length vectors and its
-256-token limit.
+Normalize; :func:`mmcse.model.resolve_encoding`). Training pools only; a student whose modules.json has a
+Dense after pooling needs an explicit pooler there.
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmcse.errors import MmcseError
-from mmcse.rundir import Checkpoint
 
 if TYPE_CHECKING:  # names are checked (TrainConfig) without importing torch
     from torch import Tensor
@@ -166,51 +161,6 @@ def st_encoding(model_dir: str | Path) -> tuple[str, list[StModule]] | None:
     return _pooler_of_config(pooling), after
 
 
-def student_dir(model_dir: str | Path) -> Path | None:
-    """The local folder of the student a training checkpoint started from (its run info's
-    ``config.model``): a folder still on disk, or a hub id's snapshot in the hub cache."""
-    info = Checkpoint(model_dir).read_info() or {}
-    config = info.get("config") if isinstance(info.get("config"), dict) else {}
-    name = config.get("model")
-    if not isinstance(name, str) or not name:
-        return None
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or name.startswith((".", "/", "~")):
-        return None
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        cached = try_to_load_from_cache(name, ST_MODULES_FILE)
-    except ValueError:  # not a valid hub id either
-        return None
-    return Path(cached).parent if isinstance(cached, str) else None
-
-
-def encoding_dir(model_dir: str | Path) -> tuple[Path, str] | None:
-    """``(sentence-transformers dir, in words)`` whose modules and settings ``model_dir``
-    encodes with: its own, else (a training checkpoint) its student's, when the run pooled as the
-    student does and the student's modules after pooling are parameter-free (a Dense the run
-    did not train is not applied); None when neither."""
-    model_dir = Path(model_dir)
-    if st_encoding(model_dir) is not None:
-        return model_dir, "the model's sentence-transformers modules"
-    student = student_dir(model_dir)
-    recorded = recorded_pooler(model_dir)
-    if student is None or recorded is None:
-        return None
-    try:
-        found = st_encoding(student)
-    except MmcseError:  # modules mmcse cannot reproduce: the checkpoint is the bare encoder
-        return None
-    if found is None or found[0] != check_pooler(recorded):
-        return None
-    if any(module.kind != "Normalize" for module in found[1]):
-        return None
-    return student, f"its student's sentence-transformers modules ({student})"
-
-
 def st_settings(folder: str | Path) -> dict:
     """A sentence-transformers dir's ``sentence_bert_config.json`` (empty when absent)."""
     path = Path(folder) / ST_CONFIG_FILE
@@ -219,65 +169,6 @@ def st_settings(folder: str | Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise MmcseError(f"{path} is not valid JSON") from None
     return settings if isinstance(settings, dict) else {}
-
-
-def encoding_max_length(requested: str | None, model_dir: str | Path | None) -> int | None:
-    """The ``max_seq_length`` a model encodes with when no pooler is given (its own or its
-    student's sentence-transformers setting); None: what tokenizer and model allow."""
-    if requested not in (None, AUTO) or model_dir is None or not Path(model_dir).is_dir():
-        return None
-    found = encoding_dir(model_dir)
-    length = st_settings(found[0]).get("max_seq_length") if found else None
-    return length if isinstance(length, int) and length > 0 else None
-
-
-def resolve_encoding(
-    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
-) -> tuple[str, str, list[StModule]]:
-    """``(pooler, where it came from, modules after pooling)`` that evaluation encodes with.
-
-    A given pooler is the bare encoder with that pooling. Otherwise a sentence-transformers
-    dir (``modules.json``: all-MiniLM-L6-v2, an ``mmcse export``) encodes as its modules say,
-    Dense and Normalize included, i.e. as ``SentenceTransformer(dir).encode`` does, and so does
-    a checkpoint that pooled as its sentence-transformers student (:func:`encoding_dir`);
-    anything else pools as :func:`resolve_pooler` says, with no module after it.
-    """
-    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
-    if name == AUTO and model_dir is not None and Path(model_dir).is_dir():
-        found = encoding_dir(model_dir)
-        if found is not None:
-            pooler, modules = st_encoding(found[0])
-            return pooler, found[1], modules
-    pooler, source = resolve_pooler(requested, model_dir, fallback)
-    return pooler, source, []
-
-
-def recorded_pooler(model_dir: str | Path) -> str | None:
-    """The pooler a training checkpoint recorded in its run info, if it is one."""
-    info = Checkpoint(model_dir).read_info() or {}
-    return info.get("pooler") or None
-
-
-def resolve_pooler(
-    requested: str | None, model_dir: str | Path | None, fallback: str = DEFAULT_POOLER
-) -> tuple[str, str]:
-    """``(pooler, where it came from)``; ``requested`` None/``auto`` looks at the model dir.
-
-    Order: an explicit name > the run's recorded pooler > the student's sentence-transformers
-    pooling config > ``fallback`` (the method's / SimCSE's ``cls_before_pooler``). Hub ids and
-    missing dirs simply have no local config.
-    """
-    name = check_pooler(requested, allow_auto=True) if requested is not None else AUTO
-    if name != AUTO:
-        return name, "given"
-    if model_dir is not None and Path(model_dir).is_dir():
-        recorded = recorded_pooler(model_dir)
-        if recorded:
-            return check_pooler(recorded), "the run's recorded pooler"
-        student = student_pooling(model_dir)
-        if student:
-            return student, "the student's sentence-transformers pooling config"
-    return check_pooler(fallback), "default"
 
 
 def masked_mean(states: Tensor, mask: Tensor) -> Tensor:

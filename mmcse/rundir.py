@@ -24,14 +24,8 @@
                                the settings and the fingerprints it was saved with (checked
                                before a resume: :mod:`mmcse.training.checkpoint`)
 
-    SEEDS/                   mmcse recipes run (mmcse ablate: one per row, named by the row)
-      seed<k>/               one RUN per seed
-      results.json           the recipe record: overrides, per-seed scores, comparison rows
-      results.md .csv .tex   its table
-
-    ABLATION/                mmcse ablate: one SEEDS folder per row, and
-      ablation.md .json      the table and the full record (by default; --out moves them)
-      ablation.png           its bar chart (mmcse plot)
+    The folders of several runs (``mmcse recipes run``, ``mmcse ablate``) are the recipes'
+    (:mod:`mmcse.recipes.layout`).
 
 Run info (``mmcse_run.json``, :meth:`Checkpoint.read_info`), one JSON object:
 
@@ -69,37 +63,40 @@ write_results` / :meth:`RunDir.read_result_entries`) accumulate, one entry per e
        "recorded": "2025-01-01T12:00:00+00:00"}]}
 
 A new entry replaces, task by task, what an entry of the same source and protocol holds
-(logged); every other result stays. :meth:`RunDir.read_results` gives the run's own result as
-one flat evaluator-style dict (the end-of-training one first), :func:`merge_results` one such
-dict per (source, protocol). A file in the old flat format is read as one ``legacy`` entry.
+(logged); every other result stays. A file in the old flat format is read as one ``legacy``
+entry. How entries merge into one result per protocol, and which speaks for the run, is the
+reports' (:mod:`mmcse.reports.results`).
 
 Nothing is ever half-written: a checkpoint is written in a hidden ``.tmp-<name>-*`` directory
-beside it and renamed into place (:func:`atomic_dir`; a kill between the two renames leaves the
-previous save as ``.old-<name>``, which :meth:`RunDir.recover` puts back), and every JSON file is
-written to a hidden temp file, fsynced and renamed over the old one (:func:`write_json`). Readers
-never look at hidden names. ``metrics.jsonl`` is appended to, so its readers skip a torn last line.
+beside it and renamed into place (:func:`mmcse.files.atomic_dir`; a kill between the two
+renames leaves the previous save as ``.old-<name>``, which :meth:`RunDir.recover` puts back),
+and every JSON file is written to a hidden temp file, fsynced, renamed over the old one and the
+folder fsynced (:func:`mmcse.files.write_json`). Readers never look at hidden names. ``metrics.jsonl`` is appended to, so its readers skip a torn last line.
 
 Everything else reads and writes a run through :class:`RunDir`, :class:`Checkpoint` and
-:class:`SeedsDir`; a new record (say, the run's environment) is one more name and property here.
+:class:`~mmcse.recipes.layout.SeedsDir`; a new record (say, the run's environment) is one
+more name and property here.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import os
-import secrets
 import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 from mmcse.errors import MmcseError
+from mmcse.files import (
+    atomic_dir_litter,
+    finite_number,
+    finite_or_none,
+    read_json,
+    recover_dir,
+    write_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -127,12 +124,6 @@ RUN_INFO_FILE = "mmcse_run.json"
 HEADS_FILE = "mmcse_heads.safetensors"
 TRAINER_STATE_FILE = "trainer_state.pt"
 INTEGRITY_FILE = "mmcse_integrity.json"
-
-SEED_PREFIX = "seed"
-RESULT_TABLES = "results"  # + .md/.csv/.tex
-ABLATION_TABLE = "ablation.md"
-ABLATION_RECORD = "ablation.json"
-ABLATION_PLOT = "ablation.png"
 
 RESULTS_FORMAT = "mmcse.results/2"
 #: who recorded an entry (see "Recorded results" in the module docstring)
@@ -194,9 +185,7 @@ def looks_like_run(path: str | Path) -> bool:
     ``config.json`` is a run's settings (a ``method``, no HF ``model_type``), not a model's."""
     path = Path(path)
     run = RunDir(path)
-    return (
-        is_run_dir(path) or run.plan.is_file() or run.last.path.is_dir() or _is_run_config(run)
-    )
+    return is_run_dir(path) or run.plan.is_file() or run.last.path.is_dir() or _is_run_config(run)
 
 
 def _is_run_config(run: RunDir) -> bool:
@@ -249,6 +238,15 @@ def find_runs(path: str | Path) -> list[RunDir]:
     return [RunDir(p) for p in runs]
 
 
+def run_finished(info: dict[str, Any] | None) -> bool | None:
+    """Whether the run that saved a checkpoint with run info ``info`` completed (run info from
+    before the flag existed counts as finished); None without run info. The one reading of
+    ``finished``."""
+    if info is None:
+        return None
+    return info.get("finished", True) is not False
+
+
 # ---- the layout -------------------------------------------------------------------------------
 
 
@@ -290,15 +288,12 @@ class Checkpoint:
         write_json(self.run_info, info, default=str)  # the config may hold paths
 
     def finished(self) -> bool:
-        """Its run completed (run info from before the flag existed counts as finished); False
-        without run info."""
-        info = self.read_info()
-        return info is not None and info.get("finished", True) is not False
+        """Its run completed (:func:`run_finished`); False without run info."""
+        return run_finished(self.read_info()) is True
 
     def unfinished(self) -> bool:
         """Its run info says the run has not completed (killed, or still running)."""
-        info = self.read_info()
-        return info is not None and info.get("finished", True) is False
+        return run_finished(self.read_info()) is False
 
     def mark_finished(self) -> None:
         """Flip ``finished`` to true in the run info (one atomic file replace)."""
@@ -368,23 +363,6 @@ class RunDir:
         return self.best.finished()
 
     # -- reading and writing -------------------------------------------------------------------
-    def read_results(self, suite: str) -> dict[str, Any] | None:
-        """The run's own result of ``suite`` (sts, transfer, retrieval) as one evaluator-style
-        dict (``{task: score, "avg", "details"}``): the end-of-training evaluation when there is
-        one, else an old-format file's, else the latest ``mmcse eval`` (test mode first).
-        None when ``suite`` was never run; every result is :meth:`read_result_entries`."""
-        merged = merge_results(self.read_result_entries(suite))
-        if not merged:
-            return None
-
-        def preference(item: tuple[int, dict]) -> tuple:
-            index, result = item
-            details = result["details"]
-            mode = details.get("protocol", {}).get("mode", "test")
-            return source_rank(suite, details.get("source")), mode != "test", -index
-
-        return min(enumerate(merged), key=preference)[1]
-
     def read_result_entries(self, suite: str) -> list[dict[str, Any]]:
         """Every recorded evaluation of ``suite``, oldest first (an old flat file: one legacy
         entry); a malformed file is one error line naming it."""
@@ -454,69 +432,12 @@ class RunDir:
     def clear(self) -> None:
         """Remove what an earlier run wrote here (:data:`RUN_ENTRIES` and checkpoint litter);
         anything else in the folder is left alone."""
-        litter = [p for name in CHECKPOINTS for p in _checkpoint_litter(self.path / name)]
+        litter = [p for name in CHECKPOINTS for p in atomic_dir_litter(self.path / name)]
         for path in [*(self.path / name for name in RUN_ENTRIES), *litter]:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
-
-
-@dataclass(frozen=True)
-class SeedsDir:
-    """What ``mmcse recipes run`` writes (``mmcse ablate``: one per row): a run per seed and the
-    recipe record with its tables."""
-
-    path: Path
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
-
-    def seed(self, seed: int) -> RunDir:
-        return RunDir(self.path / f"{SEED_PREFIX}{seed}")
-
-    @property
-    def results(self) -> Path:
-        """The recipe record (``recipe``, ``overrides``, ``runs``, ``comparison``)."""
-        return self.path / RESULTS_FILE
-
-    @property
-    def tables(self) -> Path:
-        """The stem of the record's tables (``.md``, ``.csv``, ``.tex`` are added)."""
-        return self.path / RESULT_TABLES
-
-    def recipe_name(self) -> str | None:
-        """The recipe these seeds ran, when ``recipes run`` wrote them."""
-        recipe = (read_json(self.results) or {}).get("recipe")
-        return recipe.get("name") if isinstance(recipe, dict) else None
-
-
-@dataclass(frozen=True)
-class AblationDir:
-    """What ``mmcse ablate`` writes: a :class:`SeedsDir` per row, the table and the record."""
-
-    path: Path
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
-
-    def row(self, name: str) -> SeedsDir:
-        return SeedsDir(self.path / name)
-
-    @property
-    def table(self) -> Path:
-        return self.path / ABLATION_TABLE
-
-    @property
-    def record(self) -> Path:
-        return self.path / ABLATION_RECORD
-
-    @property
-    def plot(self) -> Path:
-        return self.path / ABLATION_PLOT
-
-    def is_ablation(self) -> bool:
-        return self.record.is_file()
 
 
 # ---- recorded results -------------------------------------------------------------------------
@@ -556,50 +477,6 @@ def result_entry(results: dict[str, Any], source: str, recorded: str | None = "n
     }
 
 
-def merge_results(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One evaluator-style result per (source, protocol), in order of first appearance: every
-    task its entries measured, ``avg`` (the entry's own when one entry holds all the tasks, else
-    the mean of the scores as printed, 2 decimals), and ``details`` with ``source``,
-    ``protocol``, ``recorded`` and ``environment`` of the latest entry and the per-task
-    ``tasks``."""
-    groups: dict[str, list[dict]] = {}
-    for entry in entries:
-        key = _canonical({"source": entry["source"], "protocol": entry["protocol"]})
-        groups.setdefault(key, []).append(entry)
-    out = []
-    for group in groups.values():
-        latest = group[-1]
-        scores = {task: s for entry in group for task, s in entry["scores"].items()}
-        per_task = {task: d for entry in group for task, d in entry.get("tasks", {}).items()}
-        whole = [e for e in group if set(e["scores"]) == set(scores) and e.get("avg") is not None]
-        if whole:
-            avg = whole[-1]["avg"]
-        elif scores and all(finite_number(v) for v in scores.values()):
-            avg = sum(round(float(v), 2) for v in scores.values()) / len(scores)
-        else:
-            avg = None
-        details = {
-            **latest.get("details", {}),
-            "tasks": per_task,
-            "source": latest["source"],
-            "protocol": latest["protocol"],
-            "recorded": latest.get("recorded"),
-            "environment": latest.get("environment"),
-        }
-        result = {**scores, **({"avg": avg} if avg is not None else {})}
-        out.append({**result, **latest.get("extra", {}), "details": details})
-    return out
-
-
-def source_rank(suite: str, source: str | None) -> int:
-    """Which of a run's results speaks for it (lowest first): its end-of-training evaluation;
-    for STS an old-format file (only the trainer wrote one); the ``mmcse eval`` ones; an
-    old-format transfer/retrieval file (an older ``mmcse eval``)."""
-    if source == LEGACY:
-        return 1 if suite == "sts" else 3
-    return {FINAL: 0, EVAL: 2}.get(source, 4)
-
-
 def describe_protocol(protocol: dict[str, Any]) -> str:
     """``mode test, pooler cls, data /x`` (unset settings left out)."""
     return ", ".join(f"{key} {value}" for key, value in protocol.items() if value is not None)
@@ -624,125 +501,9 @@ def _is_entry(entry: Any) -> bool:
     )
 
 
-def _canonical(value: Any) -> str:
+def canonical(value: Any) -> str:
     return json.dumps(finite_or_none(value), sort_keys=True, default=str)
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return _canonical(a) == _canonical(b)
-
-
-# ---- atomic writes ----------------------------------------------------------------------------
-
-
-def read_json(path: str | Path) -> dict[str, Any] | None:
-    """A JSON object file, or None when absent; invalid JSON is one error line naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise MmcseError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    except UnicodeDecodeError as exc:
-        raise MmcseError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    if not isinstance(data, dict):
-        raise MmcseError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
-
-
-def write_json(path: str | Path, payload: Any, *, default=None) -> Path:
-    """``payload`` as indented, strict JSON (NaN and infinities, which JSON lacks, become null),
-    written atomically; parent folders are created. ``default``: as :func:`json.dumps`'s."""
-    text = json.dumps(finite_or_none(payload), indent=2, allow_nan=False, default=default)
-    return write_text_atomically(path, text + "\n")
-
-
-def write_text_atomically(path: str | Path, text: str) -> Path:
-    """Write a hidden temp file beside ``path``, fsync it, rename it over ``path``: a kill leaves
-    the old content or the new, never part of either."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        with open(temp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
-    return path
-
-
-def finite_or_none(value: Any) -> Any:
-    """A correlation that is undefined (constant scores) is NaN, which JSON has no word for."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_or_none(item) for item in value]
-    return value
-
-
-@contextmanager
-def atomic_dir(target: str | Path) -> Iterator[Path]:
-    """Yield a fresh hidden temp dir beside ``target``; when the block succeeds it replaces
-    ``target`` (a failure removes it and leaves ``target`` as it was)."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
-    try:
-        yield tmp
-        default_permissions(tmp)  # mkdtemp's 0700 and safetensors' 0600 would make it private
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = _old_dir(target)
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        os.rename(target, old)
-    os.rename(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def default_permissions(root: str | Path) -> None:
-    """Give ``root`` and everything in it the permissions a plain ``open``/``mkdir`` would
-    (0666/0777 less the umask): safetensors writes its files 0600, readable by their owner only."""
-    umask = os.umask(0)
-    os.umask(umask)
-    root = Path(root)
-    root.chmod(0o777 & ~umask)
-    for folder, dirs, files in os.walk(root):
-        for name in dirs:
-            os.chmod(os.path.join(folder, name), 0o777 & ~umask)
-        for name in files:
-            path = os.path.join(folder, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o666 & ~umask)
-
-
-def recover_dir(target: str | Path) -> None:
-    """Undo what a kill during :func:`atomic_dir` left: the previous save back, temps removed."""
-    target = Path(target)
-    old = _old_dir(target)
-    if old.is_dir() and not target.exists():
-        os.rename(old, target)
-    for litter in _checkpoint_litter(target):
-        shutil.rmtree(litter, ignore_errors=True)
-
-
-def _old_dir(target: Path) -> Path:
-    return target.parent / f".old-{target.name}"
-
-
-def _checkpoint_litter(target: Path) -> list[Path]:
-    """The previous save moved aside and the temp dirs of unfinished saves of ``target``."""
-    if not target.parent.is_dir():
-        return []
-    return [_old_dir(target), *target.parent.glob(f".tmp-{target.name}-*")]
-
-
-def finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return canonical(a) == canonical(b)

@@ -8,12 +8,15 @@ the merged file is byte-identical however the run was interrupted or split acros
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from mmcse.cache.layout import os_errors, remove_stale_temp_files, temp_path
+from mmcse.cache.layout import (
+    os_errors,
+    remove_stale_temp_files,
+)
+from mmcse.files import write_text_atomically
 from pipeline.datasets.base import RecordError
 
 ERRORS_FILE = "errors.jsonl"
@@ -31,14 +34,8 @@ def write_sidecar(path: Path, errors: Iterable[RecordError]) -> None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    temp = temp_path(path)
-    try:
-        with os_errors(path):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temp.write_text(text, encoding="utf-8")
-            os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
+    with os_errors(path):
+        write_text_atomically(path, text)
 
 
 def read_sidecar(path: Path) -> list[RecordError]:

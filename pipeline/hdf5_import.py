@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmcse.cache import FeatureSetWriter, Manifest, write_corpus
-from mmcse.cache.layout import sha256_file
 from mmcse.errors import MmcseError
+from mmcse.files import sha256_file
 from pipeline.datasets.base import caption_id, read_text
 from pipeline.extract import CAPTIONS_DIR
 

@@ -17,7 +17,15 @@ ROOT = Path(__file__).resolve().parents[1]
 #: modules both stages may import: the cache contract and the small ground modules
 SHARED = ("mmcse.cache", "mmcse.errors", "mmcse.registry", "mmcse.hub", "mmcse.devices",
           "mmcse.rundir", "mmcse.pooling", "mmcse.distributed", "mmcse.tiny", "mmcse.logs",
-          "mmcse.settings", "mmcse.environment", "mmcse.textfiles", "mmcse")  # fmt: skip
+          "mmcse.settings", "mmcse.environment", "mmcse.textfiles", "mmcse.files", "mmcse")  # fmt: skip
+#: the ground modules of Stage 2 (README, Layout): each imports only ground modules
+GROUND = ("mmcse.errors", "mmcse.registry", "mmcse.settings", "mmcse.hub", "mmcse.model",
+          "mmcse.pooling", "mmcse.devices", "mmcse.distributed", "mmcse.rundir",
+          "mmcse.environment", "mmcse.logs", "mmcse.textfiles", "mmcse.tiny", "mmcse.files",
+          "mmcse.precision", "mmcse")  # fmt: skip
+#: the lowest layer: what each may import (the run layout knows files, nothing of its users)
+LEAVES = {"mmcse.pooling": {"mmcse.errors"}, "mmcse.files": {"mmcse.errors"},
+          "mmcse.precision": set(), "mmcse.rundir": {"mmcse.errors", "mmcse.files"}}  # fmt: skip
 #: the applications: they may import both stages
 APPS = ("cli", "mmcse.commands", "mmcse.bench", "mmcse.demo")
 
@@ -139,6 +147,32 @@ def test_losses_and_methods_know_nothing_of_training(graph):
         if in_group(d, ("mmcse.training", "mmcse.recipes", "mmcse.reports", "mmcse.bench"))
     ]
     assert bad == []
+
+
+def test_recipes_import_no_report(graph):
+    """Reports render what recipes produce (tables, cards), never the reverse: published numbers
+    are recipe data (mmcse.recipes.published)."""
+    bad = [
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if in_group(m, ("mmcse.recipes",))
+        for d in deps
+        if in_group(d, ("mmcse.reports",))
+    ]
+    assert bad == []
+
+
+def test_ground_modules_import_only_ground_modules(graph):
+    bad = [
+        f"{m} -> {d}" for m, deps in graph.items() if m in GROUND for d in deps if d not in GROUND
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize("module", sorted(LEAVES))
+def test_the_lowest_modules_import_only_what_lies_below_them(graph, module):
+    """pooling is a leaf; the run layout holds no recipe, report or rendering knowledge."""
+    assert graph[module] <= LEAVES[module]
 
 
 def test_the_library_imports_no_app(graph):

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from mmcse.errors import MmcseError
-from mmcse.pooling import check_pooler, resolve_pooler, student_pooling
+from mmcse.model import resolve_pooler
+from mmcse.pooling import check_pooler, student_pooling
 from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train
@@ -164,7 +165,7 @@ def st_student(folder: Path, after: tuple[str, ...], max_seq_length: int = 256) 
 def test_a_checkpoint_encodes_with_its_students_normalize_when_it_pooled_as_the_student(
     tmp_path, after, pooler, kept
 ):
-    from mmcse.pooling import encoding_max_length, resolve_encoding
+    from mmcse.model import encoding_max_length, resolve_encoding
 
     student = st_student(tmp_path / "student", after)
     checkpoint = tmp_path / "run" / BEST_DIR

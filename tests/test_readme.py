@@ -35,7 +35,8 @@ from support.cli import run_main_output
 from support.worlds import sentences, write_downstream
 
 import cli
-from mmcse.rundir import ALIGN_UNIFORM_PLOT, AblationDir, RunDir, SeedsDir
+from mmcse.recipes.layout import AblationDir, SeedsDir
+from mmcse.rundir import ALIGN_UNIFORM_PLOT, RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -86,8 +87,11 @@ TINY: dict[str, Tiny] = {
     "mmcse extract-images --dataset coco --images IMG_ROOT --captions annotations/ "
     "--teacher clip-vit-l14 --caption-policy all --out cache/coco/train-all": Tiny(
         add=TINY_TEACHER + NO_DECODE_WORKERS,
-        files=("cache/coco/train-all/captions", "cache/coco/train-all/image-clip-vit-l14",
-               "cache/coco/train-all/text-clip-vit-l14"),
+        files=(
+            "cache/coco/train-all/captions",
+            "cache/coco/train-all/image-clip-vit-l14",
+            "cache/coco/train-all/text-clip-vit-l14",
+        ),
     ),  # fmt: skip
     "mmcse extract-text --corpus cache/coco/train-all/captions --teacher simcse": Tiny(
         add=TINY_TEACHER, files=("cache/coco/train-all/text-simcse",)
@@ -107,22 +111,44 @@ TINY: dict[str, Tiny] = {
     "--out cache/flickr30k/train-longest": Tiny(
         # Florence-2-large and SAM2.1-L are hub downloads: tiny random builds of both; a random
         # grounder's text is noise, so a short generation budget and one beam suffice
-        add=TINY_TEACHER + ("--florence", "{florence2}", "--sam2", "{sam2}",
-                            "--num-beams", "1", "--max-new-tokens", "8"),
-        files=("cache/flickr30k/train-longest/captions", "cache/flickr30k/train-longest/objects",
-               "cache/flickr30k/train-longest/object-resnet50"),
+        add=TINY_TEACHER
+        + (
+            "--florence",
+            "{florence2}",
+            "--sam2",
+            "{sam2}",
+            "--num-beams",
+            "1",
+            "--max-new-tokens",
+            "8",
+        ),
+        files=(
+            "cache/flickr30k/train-longest/captions",
+            "cache/flickr30k/train-longest/objects",
+            "cache/flickr30k/train-longest/object-resnet50",
+        ),
     ),  # fmt: skip
     "mmcse cache ls": Tiny(
-        shows=("cache/wiki1m/train/sentences", "cache/flickr30k/train/image-resnet50",
-               "cache/coco/test-all/captions", "cache/flickr30k/train-longest/objects"),
+        shows=(
+            "cache/wiki1m/train/sentences",
+            "cache/flickr30k/train/image-resnet50",
+            "cache/coco/test-all/captions",
+            "cache/flickr30k/train-longest/objects",
+        ),
     ),  # fmt: skip
     # ---- Stage 2 ----
     "mmcse train --method mcse --model bert-base-uncased --text-corpus "
     "cache/wiki1m/train/sentences --caption-corpus cache/flickr30k/train/captions --feature "
     "image=cache/flickr30k/train/image-resnet50 --epochs 3 --output-dir runs/mcse-flickr": Tiny(
         add=("--max-steps", "2"),
-        files=(MCSE_RUN.config, MCSE_RUN.metrics, MCSE_RUN.plan, MCSE_RUN.best.heads,
-               MCSE_RUN.best.run_info, MCSE_RUN.last.path),
+        files=(
+            MCSE_RUN.config,
+            MCSE_RUN.metrics,
+            MCSE_RUN.plan,
+            MCSE_RUN.best.heads,
+            MCSE_RUN.best.run_info,
+            MCSE_RUN.last.path,
+        ),
     ),  # fmt: skip
     "mmcse train --method simcse --model bert-base-uncased --text-corpus "
     "cache/wiki1m/train/sentences --epochs 3 --output-dir runs/simcse": Tiny(
@@ -144,8 +170,11 @@ TINY: dict[str, Tiny] = {
         shows=("simcse", "mcse-flickr", "STS12", "---")
     ),
     "mmcse plot runs/simcse runs/mcse-flickr --align-uniform": Tiny(
-        files=(SIMCSE_RUN.training_curves, MCSE_RUN.training_curves,
-               MCSE_RUN.path.parent / ALIGN_UNIFORM_PLOT),  # beside both runs
+        files=(
+            SIMCSE_RUN.training_curves,
+            MCSE_RUN.training_curves,
+            MCSE_RUN.path.parent / ALIGN_UNIFORM_PLOT,
+        ),  # beside both runs
     ),  # fmt: skip
     "mmcse recipes list": Tiny(shows=("mcse/wiki+flickr/bert", "dalr/wiki+coco/bert")),
     "mmcse recipes run mcse/wiki+flickr/bert --seeds 0,1,2,3,4": Tiny(
@@ -163,8 +192,11 @@ TINY: dict[str, Tiny] = {
         shows=("seed 4",), absent=(RECIPE_RUNS.seed(4).path,)
     ),
     "mmcse export runs/mcse-flickr out/mcse-flickr-st": Tiny(
-        files=("out/mcse-flickr-st/modules.json", "out/mcse-flickr-st/1_Pooling/config.json",
-               "out/mcse-flickr-st/README.md"),
+        files=(
+            "out/mcse-flickr-st/modules.json",
+            "out/mcse-flickr-st/1_Pooling/config.json",
+            "out/mcse-flickr-st/README.md",
+        ),
     ),  # fmt: skip
     "mmcse bench all --device cuda --out bench/results-cuda.json": Tiny(
         # no GPU in CI; every section still runs (tiny shapes on CPU), the train section for one
@@ -175,8 +207,18 @@ TINY: dict[str, Tiny] = {
     ),
     "mmcse bench train": Tiny(
         # every method's step: tests/bench/test_train_step.py; here SimCSE and one ratio to it
-        add=("--steps", "1", "--batch-size", "8", "--method", "simcse", "--method", "mcse",
-             "--gather-rows", "1000"),
+        add=(
+            "--steps",
+            "1",
+            "--batch-size",
+            "8",
+            "--method",
+            "simcse",
+            "--method",
+            "mcse",
+            "--gather-rows",
+            "1000",
+        ),
         shows=("mcse/simcse", "rows/s"),
     ),  # fmt: skip
     "mmcse bench precision": Tiny(
@@ -426,7 +468,9 @@ def test_readme_command_runs_on_the_tiny_world(command, world, monkeypatch, caps
     """Each README command in the README's order, in one project folder, so later commands
     read what earlier ones wrote (selecting one with ``-k`` runs it without its inputs)."""
     if key(command) not in {key(shlex.split(k)) for k in TINY}:
-        pytest.fail(f"{key(command)} is not in TINY (see test_every_readme_command_is_in_the_tables)")
+        pytest.fail(
+            f"{key(command)} is not in TINY (see test_every_readme_command_is_in_the_tables)"
+        )
     if FAILED:
         pytest.skip(f"an earlier README command failed: {FAILED[0]}")
     FAILED.append(key(command))  # until it passes

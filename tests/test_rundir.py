@@ -12,24 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from mmcse import rundir
+from mmcse import files, rundir
 from mmcse.errors import MmcseError
+from mmcse.files import atomic_dir, read_json, write_json
+from mmcse.recipes import layout
+from mmcse.recipes.layout import AblationDir, SeedsDir
+from mmcse.reports.results import merge_results, run_result
 from mmcse.rundir import (
-    AblationDir,
     Checkpoint,
     RunDir,
-    SeedsDir,
-    atomic_dir,
     find_runs,
     is_checkpoint_dir,
     is_model_dir,
     is_run_dir,
-    merge_results,
-    read_json,
     resolve_model_dir,
     run_of_checkpoint,
     run_of_model,
-    write_json,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,7 +229,7 @@ def test_json_is_strict_and_written_atomically(tmp_path, monkeypatch):
     def killed(temp, final):
         raise OSError("disk full")
 
-    monkeypatch.setattr(rundir.os, "replace", killed)
+    monkeypatch.setattr(files.os, "replace", killed)
     with pytest.raises(OSError, match="disk full"):
         write_json(path, {"avg": 1.0})
     assert json.loads(path.read_text())["avg"] == 75.5  # the old file, whole
@@ -240,9 +238,9 @@ def test_json_is_strict_and_written_atomically(tmp_path, monkeypatch):
 
 def test_results_are_recorded_per_suite(tmp_path):
     run = RunDir(tmp_path / "run")
-    assert run.read_results("transfer") is None
+    assert run_result(run, "transfer") is None
     written = run.write_results("transfer", {"MR": 80.0, "avg": 80.0})
-    result = run.read_results("transfer")
+    result = run_result(run, "transfer")
     assert written == run.transfer and (result["MR"], result["avg"]) == (80.0, 80.0)
     assert result["details"]["source"] == "eval"
     assert read_json(run.results) is None
@@ -254,9 +252,7 @@ def _transfer(scores: dict, mode: str = "test") -> dict:
     return {**scores, "avg": sum(scores.values()) / len(scores), "details": details}
 
 
-def test_results_accumulate_per_task_and_protocol_and_a_rerun_replaces_its_task(
-    tmp_path, caplog
-):
+def test_results_accumulate_per_task_and_protocol_and_a_rerun_replaces_its_task(tmp_path, caplog):
     run = RunDir(tmp_path / "run")
     run.write_results("transfer", _transfer({"CR": 85.0, "MR": 80.0}))
     run.write_results("transfer", _transfer({"TREC": 90.0}))  # a TREC-only call
@@ -284,11 +280,11 @@ def test_an_old_flat_results_file_is_read_and_kept_as_legacy(tmp_path):
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
     write_json(run.results, {"STS12": 70.0, "avg": 70.0, "details": {"mode": "test"}})
-    assert run.read_results("sts")["STS12"] == 70.0
+    assert run_result(run, "sts")["STS12"] == 70.0
     run.write_results("sts", {"STS12": 75.0, "avg": 75.0, "details": {"protocol": {"mode": "dev"}}})
     sources = [e["source"] for e in run.read_result_entries("sts")]
     assert sources == ["legacy", "eval"]
-    assert run.read_results("sts")["STS12"] == 70.0  # the run's own result is preferred
+    assert run_result(run, "sts")["STS12"] == 70.0  # the run's own result is preferred
 
 
 def test_a_malformed_results_file_is_one_error_line_naming_it(tmp_path):
@@ -345,7 +341,7 @@ FILE_NAMES = (
     rundir.METRICS_FILE,
     rundir.PLAN_FILE, rundir.RESULTS_FILE, rundir.TRANSFER_FILE, rundir.RETRIEVAL_FILE,
     rundir.ALIGN_UNIFORM_FILE, rundir.CURVES_PLOT, rundir.ALIGN_UNIFORM_PLOT,
-    rundir.ABLATION_TABLE, rundir.ABLATION_RECORD, rundir.ABLATION_PLOT,
+    layout.ABLATION_TABLE, layout.ABLATION_RECORD, layout.ABLATION_PLOT,
 )  # fmt: skip
 FILE_NAME = re.compile(
     r"(?<![\w.-])(" + "|".join(re.escape(name) for name in FILE_NAMES) + r")(?![\w-])"
@@ -400,7 +396,7 @@ def layout_spellings(source: str) -> list[str]:
             for value, following in zip(node.values, node.values[1:], strict=False):
                 if (
                     isinstance(value, ast.Constant)
-                    and str(value.value).endswith(rundir.SEED_PREFIX)
+                    and str(value.value).endswith(layout.SEED_PREFIX)
                     and isinstance(following, ast.FormattedValue)
                 ):
                     found.append(f"{value.lineno}: {value.value!r}{{...}}, a seed folder")
@@ -436,16 +432,21 @@ def f(run, seed, report_to):
     ]
 
 
-def test_no_module_but_rundir_spells_a_run_file_name():
+LAYOUT_OWNERS = (ROOT / "mmcse" / "rundir.py", ROOT / "mmcse" / "recipes" / "layout.py")
+
+
+def test_no_module_but_the_layouts_spells_a_run_file_name():
     spelled = {}
     for base in ("mmcse", "pipeline"):
         for path in sorted((ROOT / base).rglob("*.py")):
-            if path == ROOT / "mmcse" / "rundir.py":
+            if path in LAYOUT_OWNERS:
                 continue
             found = layout_spellings(path.read_text(encoding="utf-8"))
             if found:
                 spelled[path.relative_to(ROOT).as_posix()] = found
-    assert spelled == {}, "use mmcse.rundir (RunDir, Checkpoint, SeedsDir) for these paths"
+    assert spelled == {}, (
+        "use mmcse.rundir (RunDir, Checkpoint) or mmcse.recipes.layout (SeedsDir) for these paths"
+    )
 
 
 def test_a_newer_eval_speaks_for_a_run_over_an_old_transfer_file(tmp_path):
@@ -454,5 +455,5 @@ def test_a_newer_eval_speaks_for_a_run_over_an_old_transfer_file(tmp_path):
     write_json(run.transfer, {"MR": 70.0, "avg": 70.0, "details": {"mode": "test"}})
     run.write_results("transfer", {"MR": 75.0, "avg": 75.0,
                                    "details": {"protocol": {"mode": "test"}}})  # fmt: skip
-    assert run.read_results("transfer")["MR"] == 75.0
+    assert run_result(run, "transfer")["MR"] == 75.0
     assert [e["source"] for e in run.read_result_entries("transfer")] == ["legacy", "eval"]

@@ -27,13 +27,12 @@ from mmcse.cache.layout import (
     os_errors,
     publish,
     remove_stale_temp_files,
-    sha256_file,
     sha256_ids,
     shard_name,
-    temp_path,
 )
 from mmcse.cache.manifest import CORPUS_DTYPE, Manifest, ShardInfo
 from mmcse.errors import CacheError
+from mmcse.files import sha256_file, temp_path
 
 _SCHEMA = pa.schema(
     [

@@ -30,7 +30,6 @@ from mmcse.cache.layout import (
     VERIFIED_NAME,
     describe_ids,
     progress,
-    sha256_file,
     sha256_ids,
     shard_files,
     write_json_atomically,
@@ -38,6 +37,7 @@ from mmcse.cache.layout import (
 from mmcse.cache.manifest import Manifest
 from mmcse.cache.shards import open_shard
 from mmcse.errors import CacheError
+from mmcse.files import sha256_file
 
 _BLOCK_ROWS = 65_536
 #: states verified in this process (and inherited by forked DataLoader workers), so a

@@ -1,4 +1,5 @@
-"""The on-disk layout shared by feature sets and corpora: file names, atomic writes, hashing.
+"""The on-disk layout shared by feature sets and corpora: file names, litter, hashing of ids
+(atomic writes and file hashes: :mod:`mmcse.files`).
 
 A set directory holds ``manifest.json`` plus shards named ``shard-00000.arrow`` (or ``.h5``) by
 their index. Everything a writer has not finished lives under a hidden name (``.shard-*.tmp-*``,
@@ -14,14 +15,13 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
-import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from mmcse import files
 from mmcse.errors import CacheError
 
 MANIFEST_NAME = "manifest.json"
@@ -30,8 +30,6 @@ PENDING_NAME = ".pending.json"
 VERIFIED_NAME = ".verified.json"
 _SHARD_PATTERN = re.compile(r"shard-(\d{5,})\.(arrow|h5)")
 _TEMP_PATTERN = re.compile(r"\..+\.tmp-.+")  # temp_path(): ".<final name>.tmp-<host>-<pid>-<hex>"
-_HOST = socket.gethostname().replace("-", "_")
-_HASH_CHUNK = 8 << 20
 
 
 def progress(shards: Iterable, desc: str) -> Iterable:
@@ -69,12 +67,6 @@ def is_layout_file(path: Path) -> bool:
     )
 
 
-def temp_path(final: Path) -> Path:
-    """A hidden sibling of ``final`` unique to this process (ranks never collide); the host and
-    pid in the name let a later run on the same host tell a dead writer's litter."""
-    return final.with_name(f".{final.name}.tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
 def remove_stale_temp_files(directory: Path) -> list[Path]:
     """Delete temp files (and temp folders: unpublished token-cache entries) left by killed
     writers on this host (their pid is gone); those of live writers and of other hosts are left
@@ -84,7 +76,7 @@ def remove_stale_temp_files(directory: Path) -> list[Path]:
         return removed
     for path in filter(is_temp_file, directory.iterdir()):
         owner = path.name.split(".tmp-", 1)[1].split("-")
-        if len(owner) >= 3 and owner[0] == _HOST and owner[1].isdigit():
+        if len(owner) >= 3 and owner[0] == files.HOST and owner[1].isdigit():
             if not _process_alive(int(owner[1])):
                 _remove(path)
                 removed.append(path)
@@ -139,41 +131,20 @@ def describe_os_error(exc: OSError, path: Path | str, action: str = "write") -> 
 
 
 def publish(temp: Path, final: Path) -> None:
-    """Make a fully written ``temp`` visible as ``final`` in one atomic step (after an fsync, so
-    a power loss cannot leave a renamed but empty file)."""
+    """:func:`mmcse.files.publish`, an OS error one line naming ``final``."""
     with os_errors(final):
-        with open(temp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temp, final)
-        directory = os.open(final.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        files.publish(temp, final)
 
 
 def write_json_atomically(path: Path, payload: dict) -> None:
-    temp = temp_path(path)
-    try:
-        with os_errors(path):
-            temp.write_text(canonical_json(payload, indent=2) + "\n", encoding="utf-8")
-        publish(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
+    with os_errors(path):
+        files.write_text_atomically(path, canonical_json(payload, indent=2) + "\n")
 
 
 def canonical_json(payload: object, indent: int | None = None) -> str:
     """Sorted keys and fixed separators: equal content gives equal bytes (and hashes)."""
     separators = (",", ": ") if indent else (",", ":")
     return json.dumps(payload, sort_keys=True, indent=indent, separators=separators)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def sha256_ids(ids: Iterable[str]) -> str:

@@ -22,11 +22,11 @@ from mmcse.cache.layout import (
     is_layout_file,
     os_errors,
     publish,
-    temp_path,
 )
 from mmcse.cache.manifest import Manifest
 from mmcse.cache.writer import FeatureSetWriter
 from mmcse.errors import CacheError
+from mmcse.files import temp_path
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from mmcse.cache.layout import sha256_file
+from mmcse.files import sha256_file
 
 log = logging.getLogger(__name__)
 

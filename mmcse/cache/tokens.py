@@ -63,11 +63,11 @@ from mmcse.cache.layout import (
     MANIFEST_NAME,
     os_errors,
     remove_stale_temp_files,
-    temp_path,
 )
 from mmcse.cache.manifest import Manifest
 from mmcse.cache.writer import write_feature_set
 from mmcse.errors import CacheError
+from mmcse.files import temp_path
 
 log = logging.getLogger(__name__)
 

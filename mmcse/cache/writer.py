@@ -47,16 +47,15 @@ from mmcse.cache.layout import (
     progress,
     publish,
     remove_stale_temp_files,
-    sha256_file,
     sha256_ids,
     shard_files,
     shard_name,
-    temp_path,
     write_json_atomically,
 )
 from mmcse.cache.manifest import BACKENDS, Manifest, ShardInfo
 from mmcse.cache.shards import SHARD_WRITERS, open_shard
 from mmcse.errors import CacheError
+from mmcse.files import sha256_file, temp_path
 
 _NORM_TOLERANCE = 1e-2  # float16 rounding alone moves a unit norm by ~1e-3
 

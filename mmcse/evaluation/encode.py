@@ -9,7 +9,6 @@ this on its live model.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from tqdm.auto import tqdm
 
 from mmcse.errors import MmcseError
 from mmcse.pooling import StModule, needs_hidden_states, pool
+from mmcse.precision import EVAL_PRECISION, autocast_for
 
 # tokenizers report "no limit" as a huge sentinel (int(1e30)); anything above this is not a limit
 _NO_LIMIT = 1_000_000
@@ -48,15 +48,10 @@ def pad_batch(sequences: list[list[int]], pad_id: int, device: torch.device):
     return input_ids.to(device), attention_mask.to(device)
 
 
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def precision_name(device: torch.device) -> str:
-    """What :func:`encode_sentences` computes in on ``device``."""
-    return "bf16 autocast" if device.type == "cuda" else "fp32"
+def eval_autocast(device: torch.device):
+    """The autocast evaluation encodes under: the one precision policy at
+    :data:`~mmcse.precision.EVAL_PRECISION` (bf16 on a GPU that supports it, else fp32)."""
+    return autocast_for(device, EVAL_PRECISION)
 
 
 def encoder_device(encoder: nn.Module, device: str | torch.device | None) -> torch.device:
@@ -108,7 +103,7 @@ def encode_sentences(
     was_training = backbone.training
     backbone.eval()
     try:
-        with torch.inference_mode(), _autocast(device):
+        with torch.inference_mode(), eval_autocast(device):
             starts = range(0, len(order), batch_size)
             for start in tqdm(
                 starts, desc="encoding", unit="batch", disable=not progress, file=sys.stderr
@@ -146,7 +141,7 @@ class Normalize(nn.Module):
 
 
 def post_pooling_modules(modules: Sequence[StModule]) -> nn.Module | None:
-    """The modules after pooling (:func:`mmcse.pooling.resolve_encoding`) as one torch module,
+    """The modules after pooling (:func:`mmcse.model.resolve_encoding`) as one torch module,
     applied as sentence-transformers applies them; None when there are none."""
     if not modules:
         return None

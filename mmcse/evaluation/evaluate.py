@@ -9,61 +9,44 @@ from pathlib import Path
 from mmcse.errors import MmcseError
 from mmcse.evaluation import evaluate_sts, format_table
 from mmcse.evaluation.probe import check_mode
+from mmcse.evaluation.request import EvalRequest
 from mmcse.evaluation.suites import parse_suites, record, run_extra_suites, write_out
 from mmcse.hub import resolve_model_source
-from mmcse.rundir import Checkpoint
+from mmcse.rundir import Checkpoint, run_finished
 
 logger = logging.getLogger(__name__)
 
 
-def evaluate_model(
-    model: str,
-    *,
-    tasks: str = "sts",
-    data: str | None = None,
-    out: str | None = None,
-    mode: str = "test",
-    pooler: str | None = None,
-    batch_size: int = 128,
-    device: str | None = None,
-    align_uniform: bool = False,
-    transfer_mode: str = "test",
-    images_features: str | None = None,
-    captions: str | None = None,
-    head: str | None = None,
-) -> Iterator[str]:
-    """Score ``model`` on ``tasks`` (``"sts,transfer,retrieval"``, see
+def evaluate_model(request: EvalRequest) -> Iterator[str]:
+    """Score ``request.model`` on ``request.tasks`` (``"sts,transfer,retrieval"``, see
     :func:`~mmcse.evaluation.suites.parse_suites`); yields each table as soon as it is scored,
     then the files written. A run directory (or its best/) records each suite's result as soon as
     it is scored, beside the earlier ones (:func:`~mmcse.evaluation.suites.record`); every
     result's details hold its protocol and environment. A checkpoint of an unfinished run is
     evaluated with a warning."""
-
-    suites = parse_suites(tasks, images_features, captions, data)
-    check_mode(transfer_mode)  # refused now, not after the STS tasks ran
-    warning = unfinished_warning(resolve_model_source(model))
+    r = request
+    suites = parse_suites(r.tasks, r.images_features, r.captions, r.data)
+    check_mode(r.transfer_mode)  # refused now, not after the STS tasks ran
+    warning = unfinished_warning(resolve_model_source(r.model))
     if warning:
         logger.warning(warning)
     collected: dict = {}
     if "sts" in suites:
         collected["sts"] = evaluate_sts(
-            model,
-            data_dir=data,
-            mode=mode,
-            pooler=pooler,
-            batch_size=batch_size,
-            device=device,
-            with_align_uniform=align_uniform,
+            r.model,
+            data_dir=r.data,
+            mode=r.mode,
+            pooler=r.pooler,
+            batch_size=r.batch_size,
+            device=r.device,
+            with_align_uniform=r.align_uniform,
             progress=True,
         )
         yield format_table(collected["sts"])
-        yield from record(model, "sts", collected["sts"])
-    yield from run_extra_suites(
-        model, suites, data, pooler, batch_size, device, transfer_mode, images_features,
-        captions, head, collected,
-    )  # fmt: skip
-    if out:
-        yield write_out(collected, out)
+        yield from record(r.model, "sts", collected["sts"])
+    yield from run_extra_suites(request, suites, collected)
+    if r.out:
+        yield write_out(collected, r.out)
 
 
 def unfinished_warning(model_dir: str | Path) -> str | None:
@@ -73,7 +56,7 @@ def unfinished_warning(model_dir: str | Path) -> str | None:
         info = checkpoint.read_info()
     except MmcseError:
         return f"{checkpoint.run_info} is unreadable; cannot tell whether its run finished"
-    if info is None or info.get("finished", True) is not False:
+    if run_finished(info) is not False:
         return None
     of_total = f" of {info['total_steps']}" if info.get("total_steps") else ""
     return (

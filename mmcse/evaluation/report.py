@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcse.rundir import write_json
+from mmcse.files import write_json
 
 #: SentEval task name -> the column title the papers print
 COLUMN_TITLES = {
@@ -69,9 +69,7 @@ def format_rows(rows: dict[str, dict]) -> str:
     return "\n".join(_render(["Model".ljust(width), *titles], body))
 
 
-
-
 def write_report(results: dict, path: str | Path) -> Path:
     """Write ``results`` as indented, strict JSON (NaN becomes null; parent folders created),
-    atomically (:func:`mmcse.rundir.write_json`)."""
+    atomically (:func:`mmcse.files.write_json`)."""
     return write_json(path, results)

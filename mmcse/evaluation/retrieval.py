@@ -32,10 +32,11 @@ from mmcse.cache import Corpus, FeatureSet
 from mmcse.cache.manifest import Manifest
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
-from mmcse.evaluation.encode import encode_sentences, encoder_device, precision_name
+from mmcse.evaluation.encode import encode_sentences, encoder_device
 from mmcse.evaluation.report import _render
 from mmcse.evaluation.sts import load_encoder
 from mmcse.hub import local_or_hub_id
+from mmcse.precision import precision_name
 from mmcse.rundir import HEADS_FILE, Checkpoint
 
 KS = (1, 5, 10)

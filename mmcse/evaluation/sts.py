@@ -50,15 +50,11 @@ from mmcse.devices import check_device, default_device_name
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation.align_uniform import align_uniform
-from mmcse.evaluation.encode import (
-    encode_sentences,
-    encoder_device,
-    post_pooling_modules,
-    precision_name,
-)
+from mmcse.evaluation.encode import encode_sentences, encoder_device, post_pooling_modules
 from mmcse.hub import load_tokenizer, resolve_model_source
-from mmcse.model import SentenceEncoder
-from mmcse.pooling import check_pooler, encoding_max_length, resolve_encoding
+from mmcse.model import SentenceEncoder, encoding_max_length, resolve_encoding
+from mmcse.pooling import check_pooler
+from mmcse.precision import precision_name
 
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -108,8 +104,11 @@ def default_data_dir() -> Path | None:
     return candidate if candidate.is_dir() else None
 
 
-def resolve_downstream(data_dir: str | Path | None) -> Path:
-    """The ``downstream`` folder of a SentEval data folder (or of the default one)."""
+def resolve_downstream(data_dir: str | Path | None, needs: str | None = "STS") -> Path:
+    """The ``downstream`` folder of a SentEval data folder (or of the default one): the first of
+    ``DIR/downstream`` and ``DIR`` that holds the folder ``needs`` (STS scoring: ``STS``); with
+    ``needs`` None (transfer tasks, each checked by name) the first that exists. Every suite
+    resolves its folder here, so they agree on which folder ``--data`` names."""
     if data_dir is None:
         data_dir = default_data_dir()
         if data_dir is None:
@@ -118,10 +117,15 @@ def resolve_downstream(data_dir: str | Path | None) -> Path:
                 "../shared/data/senteval); pass --data DIR, the folder holding downstream/STS"
             )
     root = Path(data_dir)
-    for candidate in (root / "downstream", root):
-        if (candidate / "STS").is_dir():
+    if not root.is_dir():
+        raise MmcseError(f"{root} is not a SentEval data folder: it does not exist")
+    candidates = [folder for folder in (root / "downstream", root) if folder.is_dir()]
+    if needs is None:
+        return candidates[0]
+    for candidate in candidates:
+        if (candidate / needs).is_dir():
             return candidate
-    raise MmcseError(f"{root} is not a SentEval data folder: no downstream/STS inside it")
+    raise MmcseError(f"{root} is not a SentEval data folder: no downstream/{needs} inside it")
 
 
 def _read_text(path: Path) -> str:
@@ -294,7 +298,7 @@ def average_of_printed(scores: Iterable[float]) -> float:
 def load_encoder(path: str | Path, pooler: str | None, device: str | None):
     """Encoder, tokenizer, pooler and resolved directory for a run directory or HF model.
 
-    ``pooler=None`` encodes as the model does (:func:`mmcse.pooling.resolve_encoding`): a
+    ``pooler=None`` encodes as the model does (:func:`mmcse.model.resolve_encoding`): a
     sentence-transformers dir with its own modules after pooling (Dense, Normalize), a run with
     its recorded pooler; a given pooler is the bare encoder with that pooling."""
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.report import write_report
+from mmcse.evaluation.request import EvalRequest
 from mmcse.evaluation.retrieval import evaluate_retrieval, format_retrieval_table
 from mmcse.evaluation.transfer import (
     TRANSFER_TASKS,
@@ -62,27 +63,27 @@ def parse_suites(
 
 
 def run_extra_suites(
-    model, suites, data, pooler, batch_size, device, transfer_mode, images_features, captions,
-    head, collected: dict,
-) -> Iterator[str]:  # fmt: skip
-    """Run retrieval and transfer as asked (retrieval first: cheap, and its inputs are the
-    likeliest to be wrong), each recorded in the run as soon as it is scored (see
-    :func:`record`); yields each table and file written; ``collected`` gets each result."""
-
+    request: EvalRequest, suites: dict[str, list[str] | None], collected: dict
+) -> Iterator[str]:
+    """Run retrieval and transfer as ``suites`` (parsed from ``request.tasks``) ask (retrieval
+    first: cheap, and its inputs are the likeliest to be wrong), each recorded in the run as soon
+    as it is scored (see :func:`record`); yields each table and file written; ``collected`` gets
+    each result."""
+    r = request
     if "retrieval" in suites:
         collected["retrieval"] = evaluate_retrieval(
-            model, images_features, captions, pooler=pooler, batch_size=batch_size,
-            device=device, head=head, progress=True,
+            r.model, r.images_features, r.captions, pooler=r.pooler, batch_size=r.batch_size,
+            device=r.device, head=r.head, progress=True,
         )  # fmt: skip
         yield format_retrieval_table(collected["retrieval"])
-        yield from record(model, "retrieval", collected["retrieval"])
+        yield from record(r.model, "retrieval", collected["retrieval"])
     if "transfer" in suites:
         collected["transfer"] = evaluate_transfer(
-            model, data_dir=data, mode=transfer_mode, tasks=suites["transfer"], pooler=pooler,
-            batch_size=batch_size, device=device, progress=True,
+            r.model, data_dir=r.data, mode=r.transfer_mode, tasks=suites["transfer"],
+            pooler=r.pooler, batch_size=r.batch_size, device=r.device, progress=True,
         )  # fmt: skip
         yield format_transfer_table(collected["transfer"])
-        yield from record(model, "transfer", collected["transfer"])
+        yield from record(r.model, "transfer", collected["transfer"])
 
 
 def recording_run(model: str | Path) -> RunDir | None:

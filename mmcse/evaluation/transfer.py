@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation import probe
-from mmcse.evaluation.encode import encode_sentences, encoder_device, precision_name
+from mmcse.evaluation.encode import encode_sentences, encoder_device
 from mmcse.evaluation.report import _render
 from mmcse.evaluation.sts import (
     average_of_printed,
@@ -52,6 +52,7 @@ from mmcse.evaluation.sts import (
     resolve_downstream,
     resolve_encoder,
 )
+from mmcse.precision import precision_name
 
 TRANSFER_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 TRANSFER_TITLES = {task: ("SST" if task == "SST2" else task) for task in TRANSFER_TASKS}
@@ -302,19 +303,9 @@ def parse_tasks(tasks: Sequence[str] | str | None) -> list[str]:
     return names
 
 
-def resolve_transfer_dir(data_dir) -> Path:
-    """The ``downstream`` folder of a SentEval data folder (or of the shared default)."""
-    if data_dir is None:
-        return resolve_downstream(None)
-    root = Path(data_dir)
-    if not root.is_dir():
-        raise MmcseError(f"SentEval data folder {root} does not exist")
-    return root / "downstream" if (root / "downstream").is_dir() else root
-
-
 def check_task_folders(data_dir, names: Sequence[str]) -> Path:
     """Fail early (before any model work) when a task's folder is missing."""
-    downstream = resolve_transfer_dir(data_dir)
+    downstream = resolve_downstream(data_dir, needs=None)
     for name in names:
         folder = downstream / TASK_FOLDERS[name]
         if not folder.is_dir():
@@ -323,7 +314,7 @@ def check_task_folders(data_dir, names: Sequence[str]) -> Path:
 
 
 def load_transfer_tasks(data_dir, names: Sequence[str]) -> list[TransferTask]:
-    downstream = resolve_transfer_dir(data_dir)
+    downstream = resolve_downstream(data_dir, needs=None)
     return [load_transfer_task(downstream, name) for name in names]
 
 
@@ -375,7 +366,7 @@ def evaluate_transfer(
     results: dict = {name: details[name]["acc"] for name in details}
     results["avg"] = average_of_printed(results[name] for name in details)
     used = encoder_device(encoder, device)
-    data = str(resolve_transfer_dir(data_dir).resolve())
+    data = str(resolve_downstream(data_dir, needs=None).resolve())
     results["details"] = {
         "model": str(model_name),
         "pooler": pooler,

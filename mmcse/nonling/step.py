@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from mmcse.nonling.augment import ViewAugmentation, apply_params, augment, draw_
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
 from mmcse.nonling.specaugment import SpecAugment, draw_spans, mask_clips, spec_augment
 from mmcse.optim import EPS_STYLES, set_transformers_eps
+from mmcse.precision import autocast_context, grad_scaler_for
 from mmcse.registry import LOSSES
 from mmcse.update import AdamWSettings, CapturedUpdate, FlatParameters
 
@@ -160,9 +162,9 @@ class NonLinguisticTask:
         self.heads = nn.ModuleDict({"patch_embed": self._patch_embedding(hidden), "mlp": mlp})
         self.heads.to(self.device)
         self.optimizer: torch.optim.Optimizer | None = None
-        self.amp_dtype = autocast_dtype(self.device.type, precision, _bf16_supported(self.device))
-        # its own loss scaler under fp16, as the released trainer's image_scaler (else a no-op)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+        # the run's precision policy; under fp16 its own loss scaler, as the released trainer's
+        # image_scaler (autocast(dtype=float16) + image_scaler; else a no-op)
+        self.scaler = grad_scaler_for(self.device, precision)
         self.views = ViewAugmentation(size=self.settings.image_size)
         self.masks = SpecAugment(self.settings.freq_mask, self.settings.time_mask)
         self.steps_taken = 0
@@ -412,8 +414,13 @@ class NonLinguisticTask:
             group["lr"] = self.settings.lr * self._cosine(index)
 
     def _autocast(self):
-        dtype = self.amp_dtype
-        return torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=bool(dtype))
+        return self.autocast()
+
+    @cached_property
+    def autocast(self):
+        """The step's autocast contexts (:func:`mmcse.precision.autocast_context`), resolved
+        once: inside a captured step no device query may run."""
+        return autocast_context(self.device, self.precision)
 
 
 class _TaskForward(nn.Module):
@@ -451,23 +458,6 @@ class _ViewedTask(nn.Module):
             views = torch.cat([clips, clips])
         terms = self.task(views, labels)
         return {k: self.settings.weight * v for k, v in terms.items()}
-
-
-def autocast_dtype(device_type: str, precision: str, bf16_supported: bool) -> torch.dtype | None:
-    """The dtype the image/audio step autocasts to, None for none: under ``fp16`` fp16 with its
-    own loss scaler (the released trainer's ``autocast(dtype=float16)`` + ``image_scaler``),
-    under ``auto``/``bf16`` bf16 where supported; on a CPU, or under ``fp32``, none."""
-    if device_type != "cuda":
-        return None
-    if precision == "fp16":
-        return torch.float16
-    if precision in ("auto", "bf16") and bf16_supported:
-        return torch.bfloat16
-    return None
-
-
-def _bf16_supported(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_bf16_supported()
 
 
 def average_gradients(params: list[Tensor]) -> None:

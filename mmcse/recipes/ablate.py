@@ -9,39 +9,37 @@ A term name ``t`` sets the method's field ``t_weight`` to zero, or the field nam
 anything else is refused with the method's weight fields listed. Zero-weight terms are not even
 computed (:meth:`mmcse.methods.base.Method.active_terms`), so a row is the reduced method, not the
 full one with a muted gradient. Where the paper printed the same ablation
-(:data:`mmcse.reports.published.PUBLISHED_ABLATIONS`), its avg ± std is shown beside each row.
+(:data:`mmcse.recipes.published.PUBLISHED_ABLATIONS`), its avg ± std is shown beside each row.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
-from mmcse.recipes.recipe import Recipe, get_recipe
+from mmcse.recipes.layout import AblationDir
+from mmcse.recipes.published import PUBLISHED_ABLATIONS
+from mmcse.recipes.recipe import Recipe, RecipeRunSpec
 from mmcse.recipes.runs import (
     SeedRuns,
     check_method,
     check_seed_dirs,
     departure_note,
     departures,
-    describe_plan,
     environment_notes,
     environment_record,
     missing_p_reason,
-    parse_seeds,
     run_seeds,
-    set_overrides,
 )
-from mmcse.reports.compare import Row, markdown_table, welch_p
-from mmcse.reports.published import COLUMNS, PUBLISHED_ABLATIONS
-from mmcse.rundir import AblationDir, write_json
+from mmcse.recipes.summary import Row, welch_p
 
 FULL = ""  # the drop spec of the full method
+#: the extra columns of an ablation's rows
+P_COLUMN, PUBLISHED_COLUMN = "p (Welch vs full)", "published avg"
 
 logger = logging.getLogger(__name__)
 
@@ -113,26 +111,15 @@ class Ablation:
         out = []
         for row in self.rows:
             summary = row.runs.summary()
-            extra = {"p (Welch vs full)": _p_text(row.p_value) if row.terms else ""}
+            extra = {P_COLUMN: _p_text(row.p_value) if row.terms else ""}
             paper = by_terms.get(frozenset(row.terms))
             if paper:
                 first = paper[0]
                 std = f" ± {first.std['avg']:.2f}" if "avg" in first.std else ""
-                extra["published avg"] = f"{first.mean['avg']:.2f}{std} ({first.source})"
+                extra[PUBLISHED_COLUMN] = f"{first.mean['avg']:.2f}{std} ({first.source})"
             out.append(Row(summary.label, summary.mean, summary.std, summary.n, extra,
                            values=summary.values))  # fmt: skip
         return out
-
-    def markdown(self) -> str:
-        title = (
-            f"Ablation of {self.recipe.name} ({self.recipe.method}), "
-            f"mean ± std over seeds {','.join(map(str, self.seeds))}"
-        )
-        extra = ["p (Welch vs full)"]
-        if self.recipe.name in PUBLISHED_ABLATIONS:
-            extra.append("published avg")
-        notes = "".join(f"\n{note}\n" for note in self.notes())
-        return f"{title}\n\n{markdown_table(self.table_rows(), extra_columns=extra)}\n{notes}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -163,52 +150,30 @@ def _p_text(p: float | None) -> str:
 
 
 def ablate(
-    recipe: Recipe,
-    drops: list[tuple[str, ...]],
-    *,
-    cache_root: str | Path,
-    seeds: tuple[int, ...],
-    output_dir: str | Path,
-    model: str | None = None,
-    max_steps: int | None = None,
-    overrides: dict[str, Any] | None = None,
+    recipe: Recipe, drops: list[tuple[str, ...]], spec: RecipeRunSpec, output_dir: str | Path
 ) -> Ablation:
-    """Train the full recipe and every ``w/o`` row over ``seeds``; p-values against the full."""
-
-    changes = departures(
-        recipe,
-        cache_root=cache_root,
-        seeds=seeds,
-        model=model,
-        max_steps=max_steps,
-        overrides=overrides,
-    )
-    plan = ablation_plan(recipe, drops, output_dir, overrides)
+    """Train the full recipe and every ``w/o`` row over the spec's seeds; p-values against the
+    full."""
+    spec = spec.for_recipe(recipe)
+    changes = departures(recipe, spec)
+    plan = ablation_plan(recipe, drops, output_dir, spec.overrides)
     for terms, _fields, row_out, row_overrides in plan:  # every row checked before one trains
-        given = dict(model=model, max_steps=max_steps, overrides=row_overrides)
-        row = recipe.config(cache_root, seed=seeds[0], output_dir=row_out, **given)
+        row = recipe.config(spec.with_overrides(row_overrides), seed=spec.seeds[0],
+                            output_dir=row_out)  # fmt: skip
         check_method(row, label_of(terms))  # e.g. every term dropped, as the dry run says
-        check_seed_dirs(row_out, seeds, row_overrides)
+        check_seed_dirs(row_out, spec.seeds, row_overrides)
     rows = []
     for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):
         logger.info(
-            f"ablation row {i} of {len(plan)}: {label_of(terms)} (seeds {','.join(map(str, seeds))})"
+            f"ablation row {i} of {len(plan)}: {label_of(terms)} "
+            f"(seeds {','.join(map(str, spec.seeds))})"
         )
-        runs = run_seeds(
-            recipe,
-            cache_root=cache_root,
-            seeds=seeds,
-            output_dir=row_out,
-            label=label_of(terms),
-            model=model,
-            max_steps=max_steps,
-            overrides=row_overrides,
-        )
+        runs = run_seeds(recipe, spec.with_overrides(row_overrides), row_out, label_of(terms))
         rows.append(AblationRow(terms, fields, runs))
     full = rows[0].avgs
     for row in rows[1:]:
         row.p_value = welch_p(row.avgs, full)
-    return Ablation(recipe, tuple(seeds), rows, changes)
+    return Ablation(recipe, tuple(spec.seeds), rows, changes)
 
 
 def ablation_plan(
@@ -228,53 +193,3 @@ def ablation_plan(
         row_overrides = {**base, "method_args": {**base.get("method_args", {}), **zeroed}}
         rows.append((terms, fields, out.row(row_dir(terms)).path, row_overrides))
     return rows
-
-
-def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
-    """The markdown table at ``path`` and the full record beside it as ``.json``."""
-    md = Path(path)
-    md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(ablation.markdown())
-    from mmcse.reports.tables import BEST_RULE, write_tables  # .csv/.tex beside it, as compare
-
-    extra = ["p (Welch vs full)", "published avg"]
-    write_tables(
-        ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex"),
-        notes=[BEST_RULE, *ablation.notes()],
-    )  # fmt: skip
-    return md, write_json(md.with_suffix(".json"), ablation.to_dict())
-
-
-def ablate_run(
-    recipe: str,
-    drop: str,
-    *,
-    cache_root: str | Path = "cache",
-    seeds: str | None = None,
-    model: str | None = None,
-    max_steps: int | None = None,
-    output_dir: str | Path | None = None,
-    out: str | Path | None = None,
-    sets: list[str] | None = None,
-    dry_run: bool = False,
-    overwrite: bool = False,
-) -> Iterator[str]:
-    """``mmcse ablate``: :func:`ablate` the recipe named ``recipe`` with the rows ``drop`` (see
-    :func:`parse_drops`) into ``output_dir`` (default runs/ablate/<recipe>); write the table to
-    ``out`` (default <output-dir>/ablation.md, + .json) and yield it; ``dry_run`` yields the plan."""
-
-    chosen = get_recipe(recipe)
-    runs_dir = Path(output_dir or f"runs/ablate/{recipe}")
-    given = dict(cache_root=cache_root, seeds=parse_seeds(chosen, seeds), model=model,
-                 max_steps=max_steps)  # fmt: skip
-    if dry_run:
-        overrides = set_overrides(sets)
-        plan = ablation_plan(chosen, parse_drops(drop), runs_dir, overrides)
-        rows = [(label_of(terms), d, over) for terms, _, d, over in plan]
-        yield describe_plan(chosen, rows, **given, user_overrides=overrides)
-        return
-    overrides = set_overrides(sets, overwrite)
-    result = ablate(chosen, parse_drops(drop), output_dir=runs_dir, **given, overrides=overrides)
-    md, js = write_ablation(result, out or AblationDir(runs_dir).table)
-    yield result.markdown()
-    yield f"wrote {md} and {js}"

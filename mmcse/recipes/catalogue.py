@@ -17,11 +17,9 @@ from mmcse.recipes.recipe import (
     TEXT_CORPUS,
     Feature,
     Recipe,
-    get_recipe,
     register,
 )
 from mmcse.registry import METHODS
-from mmcse.reports.compare import markdown_table, published_row
 
 #: MCSE Table 3 (read from 002_*.txt; 000_*.txt drops one BERT λ). λ is "–" for wiki.
 MCSE_TABLE3 = {
@@ -472,13 +470,3 @@ def listing() -> str:
         avg = f"{published.mean['avg']:<7.2f}  {published.source}" if published else "-"
         lines.append(f"{name:<34} {recipe.method:<10} {avg}")
     return "\n".join(lines)
-
-
-def card(name: str, cache_root: str = "cache") -> str:
-    """``mmcse recipes show``: a recipe's settings, the cache sets it reads, its published rows."""
-
-    recipe = get_recipe(name)
-    if not recipe.published:
-        return recipe.describe(cache_root)
-    rows = [published_row(p, p.label) for p in recipe.published]
-    return recipe.describe(cache_root) + "\n\n" + markdown_table(rows, extra_columns=("source",))

@@ -3,7 +3,7 @@
 A recipe is one row of a paper's table made runnable: the method and its hyperparameters, the
 student, the data setting (Wiki1M sentences and/or one caption dataset, how their batches mix,
 which caption policy Stage 1 must use), the cached feature set behind each role, the training
-settings, and the published numbers it should reproduce (:mod:`mmcse.reports.published`).
+settings, and the published numbers it should reproduce (:mod:`mmcse.recipes.published`).
 
 Names are ``method/setting/model[/variant]`` (``mcse/wiki+flickr/bert``,
 ``mcse/flickr/bert/clip-vit-b32``, ``visualcse/bert``). ``mmcse recipes run NAME`` resolves the
@@ -35,15 +35,15 @@ AudioCSE) and its ``source``; ``mmcse recipes show NAME`` prints all of it, and
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from mmcse.cache import Manifest
 from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.errors import MmcseError
+from mmcse.recipes.published import PUBLISHED, Published
 from mmcse.registry import Registry
-from mmcse.reports.published import PUBLISHED, Published
 from mmcse.training.config import TrainConfig, resolve_config
 
 RECIPES = Registry("recipe")
@@ -105,6 +105,74 @@ UNPAIRED_SOURCES = {
     ),
 }
 RAW_CAPTIONS = "--images IMAGES_DIR --captions CAPTIONS"  # placeholders the user fills in
+
+
+@dataclass(frozen=True)
+class RecipeRunSpec:
+    """How a recipe is run: the cache it reads, its seeds and how the run departs from it (another
+    student, fewer steps, ``--set`` overrides). ``mmcse recipes run`` and ``mmcse ablate`` make
+    their flags from these fields (:func:`mmcse.commands.flags.with_flags`); every step of a
+    recipe run (:mod:`mmcse.recipes.runs`, :mod:`mmcse.recipes.ablate`) takes it whole."""
+
+    cache_root: str = field(
+        default="cache", metadata={"help": "Stage-1 cache root (layout: mmcse.recipes.recipe)"}
+    )
+    #: a flag's ``"0,1,2"`` becomes the tuple; None: the recipe's own (:meth:`for_recipe`)
+    seeds: tuple[int, ...] | None = field(
+        default=None,
+        metadata={"help": "comma-separated seeds; None: the recipe's (e.g. 0,1,2,3,4)"},
+    )
+    model: str | None = field(
+        default=None, metadata={"help": "student override: local HF dir or hub id"}
+    )
+    max_steps: int | None = field(
+        default=None, metadata={"help": "stop each run after N steps (smoke runs)"}
+    )
+    overrides: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"flag": "--set", "help": "TrainConfig override KEY=VALUE (repeatable)"},
+    )
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace runs already in the seed folders"}
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_root", str(self.cache_root))
+        if isinstance(self.seeds, str):
+            object.__setattr__(self, "seeds", parse_seed_list(self.seeds))
+        elif self.seeds is not None:
+            object.__setattr__(self, "seeds", check_unique_seeds(tuple(self.seeds)))
+        overrides = dict(self.overrides or {})
+        if self.overwrite:
+            overrides["overwrite"] = True  # a TrainConfig setting: each seed's run replaces
+        object.__setattr__(self, "overrides", overrides)
+
+    def for_recipe(self, recipe: Recipe) -> RecipeRunSpec:
+        """This spec with the recipe's own seeds where none were given."""
+        return self if self.seeds is not None else replace(self, seeds=tuple(recipe.seeds))
+
+    def with_overrides(self, overrides: dict[str, Any]) -> RecipeRunSpec:
+        return replace(self, overrides=overrides)
+
+
+def parse_seed_list(text: str) -> tuple[int, ...]:
+    """``--seeds "0,1,2"``."""
+    try:
+        seeds = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise MmcseError(f"--seeds expects comma-separated integers, got {text!r}") from None
+    return check_unique_seeds(seeds)
+
+
+def check_unique_seeds(seeds: tuple[int, ...]) -> tuple[int, ...]:
+    """Each seed trains once, into its own ``seed<k>/``: a seed given twice is refused."""
+    twice = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if twice:
+        raise MmcseError(
+            f"--seeds {','.join(map(str, seeds))}: seed {', '.join(map(str, twice))} given more "
+            "than once (each seed trains once, into its own folder); give distinct seeds"
+        )
+    return seeds
 
 
 @dataclass(frozen=True)
@@ -254,20 +322,18 @@ class Recipe:
 
     # -- training -------------------------------------------------------------------------
     def config(
-        self,
-        cache_root: str | Path,
-        *,
-        seed: int,
-        output_dir: str | Path,
-        model: str | None = None,
-        max_steps: int | None = None,
-        overrides: dict[str, Any] | None = None,
+        self, spec: RecipeRunSpec | str | Path, *, seed: int, output_dir: str | Path
     ) -> TrainConfig:
-        """The TrainConfig of one seed: recipe < ``model``/``max_steps`` < ``overrides``.
+        """The TrainConfig of one seed: recipe < ``spec.model``/``spec.max_steps`` <
+        ``spec.overrides`` (a cache root alone: the recipe's own setting).
 
         A ``method_args`` override is merged into the recipe's (so ``--set
         method_args={"image_text_weight": 0.05}`` changes one hyperparameter).
         """
+        spec = spec if isinstance(spec, RecipeRunSpec) else RecipeRunSpec(str(spec))
+        cache_root, model, max_steps, overrides = (
+            spec.cache_root, spec.model, spec.max_steps, spec.overrides
+        )  # fmt: skip
         paths: dict[str, str] = {}
         for need in self.needs(cache_root):  # a role reading two corpora's sets: DIR1,DIR2
             paths[need.key] = ",".join(filter(None, (paths.get(need.key), str(need.path))))

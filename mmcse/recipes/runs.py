@@ -4,79 +4,60 @@ A recipe is a paper's setting. ``mmcse recipes run``/``mmcse ablate`` accept ove
 student, fewer steps, ``--set batch_size=...``, fewer seeds); a run with any of them is not the
 published setting, so :func:`departures` compares the TrainConfig each seed would get with and
 without them (field by field, so nothing slips through) and the tables and the recipe record
-(:class:`mmcse.rundir.SeedsDir`) state the difference. :func:`describe_plan` is ``--dry-run``:
+(:class:`mmcse.recipes.layout.SeedsDir`) state the difference. :func:`describe_plan` is ``--dry-run``:
 what would run, where, with which changes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mmcse.environment import differences, record_notes
 from mmcse.errors import MmcseError
+from mmcse.files import write_json
 from mmcse.pooling import student_pooling
-from mmcse.recipes.recipe import Recipe, get_recipe
-from mmcse.reports.compare import (
-    Row,
-    delta,
-    departure_note,
-    markdown_table,
-    published_row,
-    scores_of,
-    summarize,
-)
-from mmcse.reports.published import COLUMNS
-from mmcse.rundir import RunDir, SeedsDir, write_json
-from mmcse.training.config import TrainConfig, parse_pairs, parse_value
+from mmcse.recipes.layout import SeedsDir
+from mmcse.recipes.recipe import Recipe, RecipeRunSpec, check_unique_seeds
+from mmcse.recipes.summary import Row, delta, departure_note, published_row, scores_of, summarize
+from mmcse.rundir import RunDir
+from mmcse.training.config import TrainConfig
 from mmcse.training.preflight import check_output_path, check_terms, checked_method
 
 logger = logging.getLogger(__name__)
 
 #: fields that differ per run by design, never a departure from the recipe
-_PER_RUN = ("seed", "output_dir", "overwrite", "save_every", "report_to")  # where a run goes and how it is watched, not what it trains
+_PER_RUN = (
+    "seed",
+    "output_dir",
+    "overwrite",
+    "save_every",
+    "report_to",
+)  # where a run goes and how it is watched, not what it trains
 
 
-def departures(
-    recipe,
-    *,
-    cache_root: str | Path,
-    seeds: tuple[int, ...],
-    model: str | None = None,
-    max_steps: int | None = None,
-    overrides: dict[str, Any] | None = None,
-) -> dict[str, dict[str, Any]]:
+def departures(recipe: Recipe, spec: RecipeRunSpec) -> dict[str, dict[str, Any]]:
     """``{setting: {"recipe": value, "run": value}}`` for every way this run leaves the recipe."""
-    seed = seeds[0] if seeds else (recipe.seeds[0] if recipe.seeds else 0)
-    paper = recipe.config(cache_root, seed=seed, output_dir="-").to_dict()
-    ours = recipe.config(
-        cache_root,
-        seed=seed,
-        output_dir="-",
-        model=model,
-        max_steps=max_steps,
-        overrides=overrides,
-    ).to_dict()
+    spec = spec.for_recipe(recipe)
+    seed = spec.seeds[0] if spec.seeds else (recipe.seeds[0] if recipe.seeds else 0)
+    paper = recipe.config(spec.cache_root, seed=seed, output_dir="-").to_dict()
+    ours = recipe.config(spec, seed=seed, output_dir="-").to_dict()
     out = {
         key: {"recipe": paper[key], "run": ours[key]}
         for key in ours
         if key not in _PER_RUN and ours[key] != paper[key]
     }
-    if tuple(seeds) != tuple(recipe.seeds):
-        out["seeds"] = {"recipe": list(recipe.seeds), "run": list(seeds)}
+    if tuple(spec.seeds) != tuple(recipe.seeds):
+        out["seeds"] = {"recipe": list(recipe.seeds), "run": list(spec.seeds)}
     return out
 
 
-def pooling_hint(recipe, *, cache_root, seeds, model=None, max_steps=None, overrides=None) -> str:
+def pooling_hint(recipe: Recipe, spec: RecipeRunSpec) -> str:
     """A warning when the (overriding) student ships its own pooling but the run pools otherwise."""
-
-    seed = seeds[0] if seeds else 0
-    cfg = recipe.config(
-        cache_root, seed=seed, output_dir="-", model=model, max_steps=max_steps, overrides=overrides
-    )
+    spec = spec.for_recipe(recipe)
+    cfg = recipe.config(spec, seed=spec.seeds[0] if spec.seeds else 0, output_dir="-")
     if cfg.pooler == "auto" or not Path(cfg.model).is_dir():
         return ""
     try:
@@ -85,7 +66,7 @@ def pooling_hint(recipe, *, cache_root, seeds, model=None, max_steps=None, overr
         return f"Note: {exc}"
     if own is None or own == cfg.pooler:
         return ""
-    origin = "given with --set" if "pooler" in (overrides or {}) else "the recipe's"
+    origin = "given with --set" if "pooler" in spec.overrides else "the recipe's"
     return (
         f"Note: student {cfg.model} ships its own pooling ({own}) but this run pools with "
         f"{cfg.pooler} ({origin}); --set pooler=auto trains and evaluates with the student's."
@@ -93,58 +74,35 @@ def pooling_hint(recipe, *, cache_root, seeds, model=None, max_steps=None, overr
 
 
 def describe_plan(
-    recipe,
-    rows: list[tuple[str, Path, dict[str, Any]]],
-    *,
-    cache_root: str | Path,
-    seeds: tuple[int, ...],
-    model: str | None = None,
-    max_steps: int | None = None,
-    user_overrides: dict[str, Any] | None = None,
+    recipe: Recipe, rows: list[tuple[str, Path, dict[str, Any]]], spec: RecipeRunSpec
 ) -> str:
-    """``--dry-run``: every (row, seed) run with its directory and config changes; the cache state."""
-    changes = departures(
-        recipe,
-        cache_root=cache_root,
-        seeds=seeds,
-        model=model,
-        max_steps=max_steps,
-        overrides=user_overrides,
-    )
+    """``--dry-run``: every (row, seed) run with its directory and config changes; the cache
+    state. ``rows``: (label, folder, that row's overrides)."""
+    spec = spec.for_recipe(recipe)
+    seeds, changes = spec.seeds, departures(recipe, spec)
     total = len(rows) * len(seeds)
     lines = [
         f"dry run: {recipe.name} ({recipe.method}), {total} training run(s): "
         f"{len(rows)} row(s) x seeds {','.join(map(str, seeds))}",
         departure_note(changes) or "The recipe's own setting (no overrides).",
     ]
-    hint = pooling_hint(
-        recipe,
-        cache_root=cache_root,
-        seeds=seeds,
-        model=model,
-        max_steps=max_steps,
-        overrides=user_overrides,
-    )
+    hint = pooling_hint(recipe, spec)
     lines += [hint] if hint else []
-    base = recipe.config(cache_root, seed=seeds[0], output_dir="-").to_dict() if seeds else {}
+    base = recipe.config(spec.cache_root, seed=seeds[0], output_dir="-").to_dict() if seeds else {}
     for label, out, row_overrides in rows:
-        row = recipe.config(cache_root, seed=0, output_dir="-", overrides=row_overrides)
+        row_spec = spec.with_overrides(row_overrides)
+        row = recipe.config(RecipeRunSpec(spec.cache_root, overrides=row_overrides), seed=0,
+                            output_dir="-")  # fmt: skip
         check_method(row, label)  # what the real run refuses, the dry run refuses
         for seed in seeds:
-            cfg = recipe.config(
-                cache_root,
-                seed=seed,
-                output_dir=SeedsDir(out).seed(seed).path,
-                model=model,
-                max_steps=max_steps,
-                overrides=row_overrides,
-            ).to_dict()
+            cfg = recipe.config(row_spec, seed=seed, output_dir=SeedsDir(out).seed(seed).path)
+            cfg = cfg.to_dict()
             diff = {k: v for k, v in cfg.items() if k not in _PER_RUN and base.get(k) != v}
             shown = ", ".join(f"{k}={v}" for k, v in diff.items()) or "recipe config"
             lines.append(f"  {label} seed {seed} -> {cfg['output_dir']}: {shown}")
     try:
-        recipe.check_cache(cache_root, set(user_overrides or {}))
-        lines.append(f"cache under {cache_root}: every set the recipe reads is there")
+        recipe.check_cache(spec.cache_root, set(spec.overrides))
+        lines.append(f"cache under {spec.cache_root}: every set the recipe reads is there")
     except MmcseError as exc:
         lines.append(f"cache: {exc}")
     return "\n".join(lines)
@@ -159,16 +117,6 @@ def check_method(cfg: TrainConfig, label: str) -> None:
         check_terms(cfg, checked_method(cfg.method, cfg.method_args))
     except MmcseError as exc:
         raise MmcseError(f"{label}: {exc}") from None
-
-
-def check_unique_seeds(seeds: tuple[int, ...]) -> None:
-    """Each seed trains once, into its own ``seed<k>/``: a seed given twice is refused."""
-    twice = sorted({seed for seed in seeds if seeds.count(seed) > 1})
-    if twice:
-        raise MmcseError(
-            f"--seeds {','.join(map(str, seeds))}: seed {', '.join(map(str, twice))} given more "
-            "than once (each seed trains once, into its own folder); give distinct seeds"
-        )
 
 
 def missing_p_reason(row_avgs: list[float], full_avgs: list[float]) -> str:
@@ -226,29 +174,21 @@ class SeedRuns:
 
 
 def run_seeds(
-    recipe: Recipe,
-    *,
-    cache_root: str | Path,
-    seeds: tuple[int, ...],
-    output_dir: str | Path,
-    label: str | None = None,
-    model: str | None = None,
-    max_steps: int | None = None,
-    overrides: dict[str, Any] | None = None,
+    recipe: Recipe, spec: RecipeRunSpec, output_dir: str | Path, label: str | None = None
 ) -> SeedRuns:
     """Train ``recipe`` once per seed into ``<output_dir>/seed<k>`` (cache checked first)."""
-    recipe.check_cache(cache_root, set(overrides or {}))
+    spec = spec.for_recipe(recipe)
+    seeds = spec.seeds
+    recipe.check_cache(spec.cache_root, set(spec.overrides))
     out = SeedsDir(output_dir)
-    given = dict(model=model, max_steps=max_steps, overrides=overrides)
-    first = recipe.config(cache_root, seed=seeds[0] if seeds else 0, output_dir=out.path, **given)
+    first = recipe.config(spec, seed=seeds[0] if seeds else 0, output_dir=out.path)
     check_method(first, label or recipe.name)
-    check_seed_dirs(out.path, seeds, overrides)
+    check_seed_dirs(out.path, seeds, spec.overrides)
     results, environments = [], []
     for i, seed in enumerate(seeds, start=1):
         run = out.seed(seed).path
         logger.info(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {run}")
-        cfg = recipe.config(cache_root, seed=seed, output_dir=run, **given)
-        results.append(train_one(cfg))
+        results.append(train_one(recipe.config(spec, seed=seed, output_dir=run)))
         environments.append((RunDir(run).best.read_info() or {}).get("environment"))
     return SeedRuns(label or recipe.name, out.path, tuple(seeds), results, environments)
 
@@ -297,12 +237,23 @@ def comparison_rows(recipe: Recipe, runs: SeedRuns, overridden: bool = False) ->
     return rows
 
 
-def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tuple[SeedRuns, str]:
-    """Run the seeds, write the recipe record and its tables into ``output_dir``
-    (:class:`mmcse.rundir.SeedsDir`), return the runs and the table."""
-    given = {k: kwargs.get(k) for k in ("cache_root", "seeds", "model", "max_steps", "overrides")}
-    changes = departures(recipe, **given)
-    runs = run_seeds(recipe, output_dir=output_dir, **kwargs)
+@dataclass
+class RecipeOutcome:
+    """A finished ``recipes run``: the seeds' runs, the rows beside the published ones, the notes
+    under the table, and where the record went (its tables: :mod:`mmcse.reports.recipes`)."""
+
+    runs: SeedRuns
+    rows: list[Row]
+    notes: list[str]
+    seeds_dir: SeedsDir
+
+
+def run_recipe(recipe: Recipe, spec: RecipeRunSpec, output_dir: str | Path) -> RecipeOutcome:
+    """Run the seeds and write the recipe record into ``output_dir``
+    (:class:`mmcse.recipes.layout.SeedsDir`)."""
+    spec = spec.for_recipe(recipe)
+    changes = departures(recipe, spec)
+    runs = run_seeds(recipe, spec, output_dir)
     rows = comparison_rows(recipe, runs, overridden=bool(changes))
     report = {
         "recipe": recipe.to_dict(),
@@ -313,59 +264,6 @@ def run_recipe(recipe: Recipe, *, output_dir: str | Path, **kwargs: Any) -> tupl
     }
     seeds_dir = SeedsDir(output_dir)
     write_json(seeds_dir.results, report)
-    from mmcse.reports.tables import write_tables  # results.md/.csv/.tex, as mmcse compare
-
-    notes = [n for n in (departure_note(changes), pooling_hint(recipe, **given)) if n]
+    notes = [n for n in (departure_note(changes), pooling_hint(recipe, spec)) if n]
     notes += environment_notes([runs])
-    this_run = [i for i, r in enumerate(rows) if r.label.startswith("this run")]
-    write_tables(rows, COLUMNS, seeds_dir.tables, ("source",), this_run, notes=notes)
-    table = markdown_table(rows, extra_columns=("source",))
-    return runs, table + "".join(f"\n\n{n}" for n in notes)
-
-
-# ---- ``mmcse recipes run``: flags to runs -----------------------------------------------------
-
-
-def parse_seeds(recipe: Recipe, text: str | None) -> tuple[int, ...]:
-    """``--seeds "0,1,2"``; the recipe's own seeds when not given."""
-    if not text:
-        return recipe.seeds
-    try:
-        seeds = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        raise MmcseError(f"--seeds expects comma-separated integers, got {text!r}") from None
-    check_unique_seeds(seeds)
-    return seeds
-
-
-def set_overrides(items: list[str] | None, overwrite: bool = False) -> dict[str, Any]:
-    """``--set KEY=VALUE`` TrainConfig overrides (JSON values), ``overwrite`` added when asked."""
-    overrides = {k: parse_value(v) for k, v in parse_pairs(items, "--set").items()}
-    return {**overrides, "overwrite": True} if overwrite else overrides
-
-
-def recipe_run(
-    name: str,
-    *,
-    cache_root: str | Path = "cache",
-    seeds: str | None = None,
-    model: str | None = None,
-    max_steps: int | None = None,
-    output_dir: str | Path | None = None,
-    sets: list[str] | None = None,
-    dry_run: bool = False,
-    overwrite: bool = False,
-) -> Iterator[str]:
-    """``mmcse recipes run``: train recipe ``name`` over ``seeds`` into ``output_dir`` (default
-    runs/<name>) and yield the table beside the published numbers; ``dry_run`` yields the plan."""
-
-    recipe = get_recipe(name)
-    out, chosen = Path(output_dir or f"runs/{name}"), parse_seeds(recipe, seeds)
-    given = dict(cache_root=cache_root, seeds=chosen, model=model, max_steps=max_steps)
-    if dry_run:
-        overrides = set_overrides(sets)
-        yield describe_plan(recipe, [(name, out, overrides)], **given, user_overrides=overrides)
-        return
-    _, table = run_recipe(recipe, output_dir=out, **given, overrides=set_overrides(sets, overwrite))
-    yield table
-    yield f"results: {SeedsDir(out).results}"
+    return RecipeOutcome(runs, rows, notes, seeds_dir)

@@ -7,7 +7,7 @@ pooler other than the run's, an average over fewer tasks), named in the header a
 the legend under the table, and the best mark compares within one column only; a column whose
 numbers were measured on different data (or retrieval folders, or heads) is not marked at all.
 A group that ``recipes run`` wrote is followed by the recipe's published rows (STS test; the
-papers' rows from :mod:`mmcse.reports.published`); one that overrode the recipe is marked. Under
+papers' rows from :mod:`mmcse.recipes.published`); one that overrode the recipe is marked. Under
 the table: the legend, what the marked rows changed, and where the runs' environments differ
 (:func:`mmcse.environment.differences`; nothing when they match).
 
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from mmcse.environment import differences
 from mmcse.errors import MmcseError
+from mmcse.recipes.published import PUBLISHED
+from mmcse.recipes.summary import Row, departure_note, published_row
 from mmcse.reports.base_model import BASE_LABEL, base_model_run, is_base_model
-from mmcse.reports.compare import Row, departure_note, published_row
-from mmcse.reports.published import PUBLISHED
 from mmcse.reports.runs import Column, Group, Protocol, Run, column, find_groups
 from mmcse.reports.tables import ALL_TITLES, BEST_RULE, render, summarize_columns
 from mmcse.rundir import RESULT_FILES

@@ -19,9 +19,9 @@ our pooler             sentence-transformers modules
 A source that is itself a sentence-transformers dir (all-MiniLM-L6-v2: Pooling ``mean`` then
 Normalize, ``max_seq_length`` 256) keeps its own modules after pooling (Dense, Normalize) and its
 ``max_seq_length``, because ``mmcse eval`` encodes with them too
-(:func:`mmcse.pooling.resolve_encoding`). So does a run fine-tuned from one: its checkpoint
+(:func:`mmcse.model.resolve_encoding`). So does a run fine-tuned from one: its checkpoint
 pooled as the student does, so it keeps the student's Normalize and ``max_seq_length``
-(:func:`mmcse.pooling.encoding_dir`), and eval and export agree. Where the run (or ``--pooler``)
+(:func:`mmcse.model.encoding_dir`), and eval and export agree. Where the run (or ``--pooler``)
 changed the student's encoding -- another pooling, so its Normalize/Dense no longer apply, or
 another length -- the export says what changed, in the log and at the top of the model card.
 A given ``--pooler`` exports the bare encoder with that pooling, as ``mmcse eval --pooler`` does.
@@ -30,7 +30,7 @@ The model card (README.md, :mod:`mmcse.reports.model_card`) states method, data,
 and teachers of the training cache, the environment and the scores, and says so prominently when
 the run did not finish or its teacher features came from random weights.
 
-OUT is written beside itself and renamed into place (:func:`mmcse.rundir.atomic_dir`): a failed
+OUT is written beside itself and renamed into place (:func:`mmcse.files.atomic_dir`): a failed
 export leaves no half-written folder, and ``--overwrite`` replaces OUT only once the new one is
 complete. OUT may not be the exported run or checkpoint, lie inside it or contain it. Files get
 the permissions a plain ``open`` gives (umask respected). The Pooling config uses the legacy
@@ -48,19 +48,12 @@ from mmcse.errors import MmcseError, naming_os_errors
 from mmcse.evaluation.encode import model_max_length
 from mmcse.evaluation.evaluate import unfinished_warning
 from mmcse.evaluation.sts import load_encoder
+from mmcse.files import atomic_dir
 from mmcse.hub import missing_path_message
-from mmcse.pooling import (
-    ST_MODULES_FILE,
-    StModule,
-    encoding_dir,
-    encoding_max_length,
-    resolve_encoding,
-    st_encoding,
-    st_settings,
-    student_dir,
-)
+from mmcse.model import encoding_dir, encoding_max_length, resolve_encoding, student_dir
+from mmcse.pooling import ST_MODULES_FILE, StModule, st_encoding, st_settings
 from mmcse.reports.model_card import model_card, random_teachers
-from mmcse.rundir import Checkpoint, atomic_dir, resolve_model_dir
+from mmcse.rundir import Checkpoint, resolve_model_dir
 
 logger = logging.getLogger(__name__)
 

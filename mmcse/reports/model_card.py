@@ -20,6 +20,7 @@ from typing import Any
 from mmcse.cache.manifest import Manifest
 from mmcse.errors import CacheError
 from mmcse.evaluation.report import COLUMN_TITLES
+from mmcse.reports.results import run_result
 from mmcse.rundir import RESULTS_FILE, RunDir, run_of_checkpoint
 
 #: run-info keys that may hold the teachers' provenance per feature set
@@ -236,7 +237,7 @@ def model_card(
     ] or ["- none recorded"]
     lines += ["", "## Teachers", "", *_teacher_lines(info)]
     lines += ["", "## Environment", "", *_environment_lines(info)]
-    lines += ["", "## Scores", "", *_score_lines(_run_dir(run, model_dir).read_results("sts"))]
+    lines += ["", "## Scores", "", *_score_lines(run_result(_run_dir(run, model_dir), "sts"))]
     lines += [
         "",
         "## Usage",

@@ -40,17 +40,11 @@ from mmcse.evaluation.sts import (
     load_stsbenchmark,
     resolve_downstream,
 )
-from mmcse.reports.published import PUBLISHED_ABLATIONS
+from mmcse.files import read_json, write_json
+from mmcse.recipes.layout import ABLATION_RECORD, AblationDir
+from mmcse.recipes.published import PUBLISHED_ABLATIONS
 from mmcse.reports.runs import Run, find_group
-from mmcse.rundir import (
-    ABLATION_RECORD,
-    ALIGN_UNIFORM_PLOT,
-    METRICS_FILE,
-    OVERLAY_PLOT,
-    AblationDir,
-    read_json,
-    write_json,
-)
+from mmcse.rundir import ALIGN_UNIFORM_PLOT, METRICS_FILE, OVERLAY_PLOT
 
 logger = logging.getLogger(__name__)
 

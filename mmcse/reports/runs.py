@@ -33,18 +33,12 @@ from mmcse.evaluation.report import COLUMN_TITLES
 from mmcse.evaluation.sts import TASKS_BY_MODE
 from mmcse.evaluation.suites import SUITES
 from mmcse.evaluation.transfer import TRANSFER_TASKS, TRANSFER_TITLES
+from mmcse.files import finite_number, read_json
+from mmcse.recipes.layout import SeedsDir
+from mmcse.recipes.published import COLUMNS as STS_COLUMNS
 from mmcse.reports.model_card import random_teachers
-from mmcse.reports.published import COLUMNS as STS_COLUMNS
-from mmcse.rundir import (
-    RunDir,
-    SeedsDir,
-    find_runs,
-    finite_number,
-    is_run_dir,
-    merge_results,
-    read_json,
-    source_rank,
-)
+from mmcse.reports.results import merge_results, source_rank
+from mmcse.rundir import RunDir, find_runs, is_run_dir
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +242,7 @@ class Run:
 
 def _protocol_cells(protocol: Protocol, results: list[dict]) -> dict[Column, Cell]:
     """The cells of one protocol: each task from the most preferred result that has it
-    (:func:`mmcse.rundir.source_rank`, then the latest), and the average of those tasks."""
+    (:func:`mmcse.reports.results.source_rank`, then the latest), and the average of those tasks."""
     values: dict[str, float] = {}
     signatures: dict[str, str] = {}
     for result in results:
@@ -350,9 +344,9 @@ def split_by_setting(group: Group) -> list[Group]:
         return [group]
     differing = _differing_keys([s for s in known.values() if s is not None])
     names = {
-        key: "setting not recorded" if setting is None else ", ".join(
-            f"{k}={_short(setting.get(k))}" for k in differing
-        )  # fmt: skip
+        key: "setting not recorded"
+        if setting is None
+        else ", ".join(f"{k}={_short(setting.get(k))}" for k in differing)  # fmt: skip
         for key, setting in known.items()
     }
     which = "; ".join(
@@ -361,8 +355,9 @@ def split_by_setting(group: Group) -> list[Group]:
     reason = f"{group.path} holds runs of {len(settings)} settings ({which})"
     logger.warning(f"{reason}: not averaged as seeds of one setting, one row per setting")
     return [
-        Group(f"{group.label} [{names[key]}]", group.path, runs, group.recipe, group.overrides,
-              reason)  # fmt: skip
+        Group(
+            f"{group.label} [{names[key]}]", group.path, runs, group.recipe, group.overrides, reason
+        )  # fmt: skip
         for key, runs in settings.items()
     ]
 

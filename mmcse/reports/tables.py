@@ -1,10 +1,10 @@
 """One results table in three formats (markdown, CSV, LaTeX), best cells marked.
 
-Rows are :class:`mmcse.reports.compare.Row` (mean, sample std over seeds, ``n``, extra text
+Rows are :class:`mmcse.recipes.summary.Row` (mean, sample std over seeds, ``n``, extra text
 columns). The best mean of each column among *measured* rows (not published rows, not
 differences) is marked -- bold in markdown and LaTeX, listed in CSV's ``best`` column -- only
 when the difference is supported: among the rows with at least two seeds in the column, the best
-beats each other one in a two-sided Welch t-test (:func:`mmcse.reports.compare.welch_p`,
+beats each other one in a two-sided Welch t-test (:func:`mmcse.recipes.summary.welch_p`,
 p < :data:`ALPHA`), and no row of one seed scores as high. One seed is never compared (noise
 would read as a finding); :data:`BEST_RULE` says so. A column whose numbers are not comparable
 (``unranked``) marks none. A column compares one protocol only
@@ -26,7 +26,8 @@ import numpy as np
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.transfer import TRANSFER_TITLES
-from mmcse.reports.compare import TITLES, Row, welch_p
+from mmcse.recipes.summary import Row, welch_p
+from mmcse.reports.compare import TITLES
 
 FORMATS = {"md": ".md", "csv": ".csv", "latex": ".tex"}
 ALL_TITLES = {**TITLES, **TRANSFER_TITLES, "transfer avg": "Transfer Avg."}

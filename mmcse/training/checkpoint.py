@@ -1,7 +1,7 @@
 """Checkpoints marked unfinished until their run completes, resumable, and checked before resuming.
 
 Where each file lives and how a checkpoint is written without ever being half-written is
-:mod:`mmcse.rundir`'s (:func:`~mmcse.rundir.atomic_dir`, :meth:`~mmcse.rundir.RunDir.recover`).
+:mod:`mmcse.rundir`'s (:func:`~mmcse.files.atomic_dir`, :meth:`~mmcse.rundir.RunDir.recover`).
 The run info of ``best/`` and ``last/`` says ``"finished": false`` until the run completes.
 ``last/`` also holds the trainer state — optimizer, scheduler, RNG states, data position,
 logging window, best-dev bookkeeping, the auxiliary task's state — from which
@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmcse.cache.layout import sha256_file
 from mmcse.errors import MmcseError
-from mmcse.rundir import INTEGRITY_FILE, Checkpoint, RunDir, atomic_dir, read_json, write_json
+from mmcse.files import atomic_dir, read_json, sha256_file, write_json
+from mmcse.rundir import INTEGRITY_FILE, Checkpoint, RunDir, run_finished
 from mmcse.training.config import read_config_file, resolve_config
 
 logger = logging.getLogger(__name__)
@@ -331,7 +331,7 @@ def finished_note(settings: dict[str, Any]) -> str | None:
     extending it; None when there is training to do."""
     run = RunDir(settings["output_dir"])
     info = run.last.read_info()
-    if info is None or not run.last.finished():
+    if not run_finished(info):
         return None
     ran = info.get("config") if isinstance(info.get("config"), dict) else {}
     if any(settings.get(k) != ran.get(k, settings.get(k)) for k in EXTENDING):
@@ -348,7 +348,7 @@ def extension_of(settings: dict[str, Any]) -> dict[str, Any] | None:
     """``{"step", "max_steps", "epochs"}`` of the finished run ``settings`` extend, else None."""
     run = RunDir(settings["output_dir"])
     info = run.last.read_info()
-    if info is None or not run.last.finished():
+    if not run_finished(info):
         return None
     ran = info.get("config") or {}
     return {"step": info.get("step"), **{k: ran.get(k) for k in EXTENDING}}

@@ -25,14 +25,12 @@ from mmcse.devices import DEVICE_PATTERN, DEVICES
 from mmcse.errors import MmcseError
 from mmcse.optim import EPS_STYLES
 from mmcse.pooling import check_pooler
+from mmcse.precision import PRECISIONS
 from mmcse.rundir import METRICS_FILE
 from mmcse.settings import SettingError, check_settings
 
 #: ``mcse-train-mix`` = MCSE's released ``train_mix.py`` schedule (see :mod:`mmcse.training.data`)
 MIXINGS = ("interleave", "mcse-train-mix", "proportional-random", "caption-only", "text-only")
-#: ``auto`` = bf16 autocast on CUDA; ``fp16`` = fp16 autocast + GradScaler on CUDA (the released
-#: SimCSE/VisualCSE ``--fp16``); every value trains in plain fp32 on CPU
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 ADAM_EPS_STYLES = EPS_STYLES  # where AdamW adds ε (mmcse.optim)
 
 
@@ -274,7 +272,7 @@ class TrainConfig:
         metadata={
             "panel": PANEL_SPEED,
             "choices": PRECISIONS,
-            "help": "autocast (auto: bf16 on CUDA; CPU: fp32 always)",
+            "help": "autocast (auto: bf16 where the GPU has it; CPU: fp32)",
         },
     )
     attn_implementation: str = field(

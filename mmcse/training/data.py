@@ -23,10 +23,10 @@ from torch import Tensor
 
 from mmcse import distributed as dist
 from mmcse.cache import Corpus, FeatureSet
-from mmcse.cache.layout import sha256_file
 from mmcse.cache.tokenizer import encode_rows, tokenizer_fingerprint
 from mmcse.cache.tokens import TokenKey, TokenTable, cached_tokens, entry_path
 from mmcse.errors import MissingIdsError, MmcseError
+from mmcse.files import sha256_file
 from mmcse.methods.base import Method
 from mmcse.textfiles import decode_text
 from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, TrainConfig

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmcse.evaluation.encode import _autocast, model_max_length, pad_batch
+from mmcse.evaluation.encode import eval_autocast, model_max_length, pad_batch
 from mmcse.evaluation.sts import default_data_dir, load_stsb_dev, resolve_downstream, score_task
 from mmcse.pooling import needs_hidden_states, pool
 from mmcse.training.config import TrainConfig
@@ -67,7 +67,7 @@ class DevEvaluator:
             "dev eval: encoding %d STS-B dev sentences (%d batches)", len(self.order), len(batches)
         )
         try:
-            with torch.inference_mode(), _autocast(device):
+            with torch.inference_mode(), eval_autocast(device):
                 for done, (input_ids, attention_mask) in enumerate(batches, start=1):
                     out = backbone(
                         input_ids=input_ids,

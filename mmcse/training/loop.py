@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import random
 import time
-from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -43,8 +42,9 @@ from mmcse.devices import pick_device
 from mmcse.errors import MmcseError, naming_os_errors
 from mmcse.hub import load_tokenizer
 from mmcse.methods import Method
-from mmcse.model import SentenceEncoder
-from mmcse.pooling import DEFAULT_POOLER, resolve_pooler
+from mmcse.model import SentenceEncoder, resolve_pooler
+from mmcse.pooling import DEFAULT_POOLER
+from mmcse.precision import autocast_context, grad_scaler_for, precision_name
 from mmcse.rundir import resolve_model_dir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
@@ -88,17 +88,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def autocast_for(device: torch.device, precision: str):
-    """bf16 (``auto``/``bf16``) or fp16 autocast on CUDA; plain fp32 on CPU and for ``fp32``."""
-    if device.type != "cuda" or precision == "fp32":
-        return nullcontext()
-    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
-    return torch.autocast("cuda", dtype=dtype)
-
-
-def grad_scaler_for(device: torch.device, precision: str) -> torch.amp.GradScaler:
-    """fp16 needs loss scaling (as the released ``--fp16`` runs had); disabled otherwise."""
-    return torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and precision == "fp16")
 
 
 def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:
@@ -110,12 +99,6 @@ def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]
         student_dir = None  # the loader reports the bad path
     fallback = getattr(method, "pooler", DEFAULT_POOLER)
     return resolve_pooler(cfg.pooler, student_dir, fallback)
-
-
-def precision_name(device: torch.device, precision: str) -> str:
-    if device.type != "cuda" or precision == "fp32":
-        return "fp32"
-    return "fp16 autocast + GradScaler" if precision == "fp16" else "bf16 autocast"
 
 
 class Trainer:
@@ -145,6 +128,7 @@ class Trainer:
         self.cfg = cfg = dataclasses.replace(self.cfg, pooler=pooler)
         self.capture = capture_mode(cfg, self.device, dist.is_distributed())
         self.precision = precision_name(self.device, cfg.precision)
+        self.autocast = autocast_context(self.device, cfg.precision)  # resolved once
         if self.capture != "off" and cfg.dynamic_padding:  # one shape per batch kind: one graph
             logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
             self.cfg = cfg = dataclasses.replace(cfg, dynamic_padding=False)
@@ -207,13 +191,13 @@ class Trainer:
             loss_of=lambda terms: terms["loss"],
             lr_factor=partial(linear_factor_tensor, warmup=cfg.warmup_steps, total=self.total),
             host_factor=schedule,
-            autocast=partial(autocast_for, self.device, cfg.precision),
+            autocast=self.autocast,
             compile_fn=compile_fn,
         )  # fmt: skip
 
     def plan(self) -> tuple[int, int]:
         """(global batch, total optimizer steps)."""
-        global_batch = self.cfg.batch_size * dist.world_size()
+        global_batch = dist.global_batch(self.cfg.batch_size)
         per_epoch = sum(self.data.batches_per_epoch(global_batch).values())  # = len(schedule)
         total = per_epoch * self.cfg.epochs
         if self.cfg.max_steps > 0:
@@ -251,7 +235,7 @@ class Trainer:
         self.update.zero_grad()  # before the forward: no grad outlives its step
         if self.capture == "forward":
             begin_captured_step(self.device)
-        with autocast_for(self.device, self.cfg.precision):
+        with self.autocast():
             terms = self.model(batch)
         self.update.apply(terms["loss"])
         return tuple(terms), torch.stack([v.detach().float() for v in terms.values()])

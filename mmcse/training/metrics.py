@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from mmcse.errors import MmcseError
-from mmcse.rundir import RunDir, write_text_atomically
+from mmcse.files import write_text_atomically
+from mmcse.rundir import RunDir
 from mmcse.training.plan import whole_corpus_batches
 
 logger = logging.getLogger(__name__)

@@ -477,7 +477,7 @@ def check_join(cfg: TrainConfig, method: Method):
     except MmcseError as exc:  # same class (e.g. CacheError), the hint appended
         exc.args = (f"{exc}{_join_hint(cfg, method)}",)
         raise
-    data.batches_per_epoch(cfg.batch_size * (distributed.env_int("WORLD_SIZE", 1) or 1))
+    data.batches_per_epoch(distributed.global_batch(cfg.batch_size))
     return data
 
 

@@ -21,7 +21,8 @@ from mmcse import distributed as dist
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation import evaluate_sts, format_rows
-from mmcse.rundir import FINAL, Checkpoint, RunDir, atomic_dir, write_json
+from mmcse.files import atomic_dir, write_json
+from mmcse.rundir import FINAL, Checkpoint, RunDir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.dev_eval import resolve_eval_dir
 from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics

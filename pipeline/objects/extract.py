@@ -40,9 +40,14 @@ from tqdm.auto import tqdm
 
 from mmcse.cache import FeatureSetWriter, Manifest
 from mmcse.cache.kinds import OBJECT_KIND, OBJECT_ROW, OBJECT_TEXT_COLUMNS, OBJECTS_KIND
-from mmcse.cache.layout import MANIFEST_NAME, publish, sha256_file, sha256_ids, temp_path
+from mmcse.cache.layout import (
+    MANIFEST_NAME,
+    publish,
+    sha256_ids,
+)
 from mmcse.cache.objects import ObjectsColumns
 from mmcse.errors import MmcseError
+from mmcse.files import sha256_file, temp_path
 from pipeline.datasets.base import (
     DatasetRecords,
     RecordError,

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mmcse.errors import MmcseError
+from mmcse.files import sha256_file
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
 #: files an HF text/CLIP model needs besides its weights (config + every tokenizer format)
@@ -40,14 +41,6 @@ def weights_kind(weights: str) -> str:
     if not Path(weights).exists():
         raise MmcseError(f"--weights {weights!r}: no such file or directory")
     return "path"
-
-
-def sha256_file(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def weight_files(path: str | Path) -> list[Path]:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from support.cli import assert_one_error, run_main
 
+from mmcse import files
 from mmcse.cache import (
     Corpus,
     FeatureSet,
@@ -26,8 +27,11 @@ from mmcse.cache import (
 )
 from mmcse.cache import write_feature_set as write_set
 from mmcse.cache.arrow import write_shard
-from mmcse.cache.layout import sha256_file, sha256_ids, temp_path
+from mmcse.cache.layout import (
+    sha256_ids,
+)
 from mmcse.errors import CacheError
+from mmcse.files import sha256_file, temp_path
 
 META = dict(kind="image", dim=4, dtype="float16", dataset="d", split="train", producer={"t": 1})
 
@@ -333,7 +337,7 @@ def test_os_errors_while_writing_name_the_path(tmp_path, monkeypatch, error, fra
     def fail(*args, **kwargs):
         raise OSError(error, os.strerror(error))
 
-    monkeypatch.setattr(layout.os, "replace", fail)
+    monkeypatch.setattr(files.os, "replace", fail)
     with pytest.raises(CacheError) as info:
         make_set(tmp_path / "s")
     assert str(tmp_path / "s") in str(info.value) and fragment in str(info.value)
@@ -358,7 +362,7 @@ def test_os_error_in_the_cli_is_one_line(tmp_path, monkeypatch, capsys):
 def test_stale_temp_files_of_dead_writers_are_cleaned(tmp_path):
     path = tmp_path / "s"
     path.mkdir()
-    host = layout._HOST
+    host = files.HOST
     dead = path / f".shard-00000.arrow.tmp-{host}-{2**22 + 12345}-abcd"  # beyond pid_max
     alive = path / f".shard-00001.arrow.tmp-{host}-{os.getpid()}-abcd"
     foreign = path / ".shard-00002.arrow.tmp-otherhost-1-abcd"

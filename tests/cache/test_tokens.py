@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcse.cache import FeatureSet, layout, list_sets, verify
+from mmcse import files
+from mmcse.cache import FeatureSet, list_sets, verify
 from mmcse.cache import tokens as token_cache
 from mmcse.cache.kinds import TOKENS_KIND
 from mmcse.cache.tokenizer import encode_rows, tokenizer_fingerprint
@@ -348,7 +349,7 @@ def test_an_unwritable_folder_is_an_error_when_named_and_a_warning_otherwise(tmp
 def test_a_killed_writers_temp_folder_is_cleared(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    litter = tmp_path / f".entry.tmp-{layout._HOST}-{dead.pid}-0badcafe"
+    litter = tmp_path / f".entry.tmp-{files.HOST}-{dead.pid}-0badcafe"
     litter.mkdir()
     (litter / "shard-00000.arrow").write_bytes(b"half")
     cached_tokens(tmp_path / "entry", key(), Builder())

@@ -289,6 +289,8 @@ def test_an_unknown_transfer_mode_is_refused_before_any_model_work(
                 "--transfer-mode", "bogus"]  # fmt: skip
         code, stderr = run_main(args, monkeypatch, capsys)
         assert_one_error(code, stderr, "--transfer-mode 'bogus'", "fasttest or test")
+
+
 def test_eval_records_transfer_per_task_shows_progress_and_keeps_earlier_tasks(
     tiny_model, tmp_path, caplog
 ):
@@ -296,7 +298,9 @@ def test_eval_records_transfer_per_task_shows_progress_and_keeps_earlier_tasks(
     import shutil
 
     from mmcse.evaluation.evaluate import evaluate_model
-    from mmcse.rundir import BEST_DIR, RunDir, merge_results
+    from mmcse.evaluation.request import EvalRequest
+    from mmcse.reports.results import merge_results, run_result
+    from mmcse.rundir import BEST_DIR, RunDir
 
     write_downstream(tmp_path)
     run = RunDir(tmp_path / "run")
@@ -304,15 +308,16 @@ def test_eval_records_transfer_per_task_shows_progress_and_keeps_earlier_tasks(
     (run.path / BEST_DIR / "mmcse_run.json").write_text(json.dumps({"pooler": "avg"}))
 
     def evaluate(tasks: str) -> list[str]:
-        return list(evaluate_model(str(run.path), tasks=tasks, data=str(tmp_path),
-                                   transfer_mode="fasttest", device="cpu"))  # fmt: skip
+        request = EvalRequest(str(run.path), tasks=tasks, data=str(tmp_path),
+                              transfer_mode="fasttest", device="cpu")  # fmt: skip
+        return list(evaluate_model(request))
 
     with caplog.at_level(logging.INFO, logger="mmcse.evaluation.transfer"):
         evaluate("CR")
     progress = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("CR (1 of 1): nested 5-fold") and "probes" in m for m in progress)
     assert sum(m.startswith("CR fold ") for m in progress) == 5  # one line per outer fold
-    first = run.read_results("transfer")["CR"]
+    first = run_result(run, "transfer")["CR"]
 
     evaluate("TREC")  # a later TREC-only call
     merged = merge_results(run.read_result_entries("transfer"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmcse.nonling.specaugment import SpecAugment, draw_spans, mask_clips, spec_augment
-from mmcse.nonling.step import autocast_dtype
+from mmcse.precision import autocast_dtype
 
 
 def torchaudio_mask(spec: torch.Tensor, param: int, axis: int, u1: float, u2: float):

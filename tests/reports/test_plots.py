@@ -16,6 +16,7 @@ import mmcse.recipes.ablate as ablate_mod
 import mmcse.recipes.runs as recipes_mod
 from mmcse.errors import MmcseError
 from mmcse.recipes import Recipe, get_recipe
+from mmcse.recipes.recipe import RecipeRunSpec
 from mmcse.reports.plots import (
     MIN_DEV_SPAN,
     loss_series,
@@ -23,6 +24,7 @@ from mmcse.reports.plots import (
     overlay_metrics,
     write_run_plots,
 )
+from mmcse.reports.recipes import write_ablation
 from mmcse.reports.runs import Run
 from mmcse.rundir import RunDir
 
@@ -125,11 +127,10 @@ def test_ablation_bar_chart(monkeypatch, tmp_path):
     result = ablate_mod.ablate(
         get_recipe("dalr/wiki+flickr/bert"),
         ablate_mod.parse_drops("image_text,cross_modal,rank"),
-        cache_root=tmp_path,
-        seeds=(0, 1, 2),
+        RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1, 2)),
         output_dir=tmp_path / "abl",
     )
-    ablate_mod.write_ablation(result, tmp_path / "abl" / "ablation.md")
+    write_ablation(result, tmp_path / "abl" / "ablation.md")
     written = write_run_plots([tmp_path / "abl"])
     assert written == [tmp_path / "abl" / "ablation.png"]  # fake runs logged no metrics
     assert written[0].read_bytes()[:8] == PNG_MAGIC

@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from mmcse.errors import MmcseError
+from mmcse.optim import set_transformers_eps
+from mmcse.precision import autocast_for, grad_scaler_for
 from mmcse.recipes import RECIPES, get_recipe
+from mmcse.recipes.recipe import RecipeRunSpec
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import (
     CAPTION,
@@ -20,12 +23,13 @@ from mmcse.training.data import (
     TrainData,
     train_mix_counts,
 )
-from mmcse.training.loop import (
+from mmcse.update import (
+    AdamWSettings,
+    EagerUpdate,
+    FlatAdamW,
+    FlatParameters,
     adamw_groups,
-    autocast_for,
-    grad_scaler_for,
     linear_schedule,
-    use_transformers_eps,
 )
 
 # ---- a TrainData over fake corpora of given sizes (the schedule only needs their lengths) ----
@@ -192,24 +196,46 @@ def transformers_adamw_steps(param, grads, lr, eps, betas=(0.9, 0.999)):
     return p
 
 
+def adamw_run(update: str, style: str, start, grads, lr: float, eps: float):
+    """The parameter after ``grads`` through one of the AdamW implementations mmcse steps."""
+    param = torch.nn.Parameter(start.clone())
+    settings = AdamWSettings(lr=lr, weight_decay=0.0, eps=eps, eps_style=style, max_grad_norm=0)
+    if update == "torch + set_transformers_eps":  # the auxiliary step's eager optimizer
+        optimizer = torch.optim.AdamW([param], lr=lr, eps=eps, weight_decay=0.0)
+        for g in grads:
+            param.grad = g.clone()
+            if style == "transformers":
+                set_transformers_eps(optimizer, eps)
+            optimizer.step()
+    elif update == "eager":  # the text step's EagerUpdate (host-side step counts)
+        eager = EagerUpdate([[param]], settings, lambda step: 1.0)
+        for g in grads:
+            eager.zero_grad()
+            eager.apply((param * g).sum())  # its gradient is g
+    else:  # the captured update's arithmetic, on the flat buffer's device tensors
+        flat = FlatParameters([[param]])
+        adamw = FlatAdamW(flat, [param], settings)
+        segments = adamw.segments({id(param)}, {id(param): "p"})
+        for g in grads:
+            adamw.step_([g], segments, torch.tensor(lr, dtype=torch.float64))
+    return param.detach()
+
+
 @pytest.mark.parametrize("style", ["transformers", "torch"])
-def test_adamw_eps_placement_matches_transformers_adamw(style):
+@pytest.mark.parametrize("update", ["torch + set_transformers_eps", "eager", "captured"])
+def test_adamw_eps_placement_matches_transformers_adamw(style, update):
     gen = torch.Generator().manual_seed(0)
     start = torch.randn(50, generator=gen, dtype=torch.float64)
     grads = [1e-4 * torch.randn(50, generator=gen, dtype=torch.float64) for _ in range(6)]
     lr, eps = 1e-2, 1e-4  # gradients near ε, so where ε is added matters
-    param = torch.nn.Parameter(start.clone())
-    optimizer = torch.optim.AdamW([param], lr=lr, eps=eps, weight_decay=0.0)
-    for g in grads:
-        param.grad = g.clone()
-        if style == "transformers":
-            use_transformers_eps(optimizer, eps)
-        optimizer.step()
+    got = adamw_run(update, style, start, grads, lr, eps)
     expected = transformers_adamw_steps(start, grads, lr, eps)
+    # the captured update counts steps in fp32 on the device: its bias corrections round there
+    rtol = 1e-6 if update == "captured" else 1e-10
     if style == "transformers":
-        torch.testing.assert_close(param.detach(), expected, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=1e-12)
     else:  # torch's own placement differs measurably here
-        assert (param.detach() - expected).abs().max() > 1e-5
+        assert (got - expected).abs().max() > 1e-5
 
 
 def test_adamw_groups_cover_every_parameter_once():
@@ -219,9 +245,9 @@ def test_adamw_groups_cover_every_parameter_once():
         {"a": torch.nn.Linear(3, 2), "b": torch.nn.Identity(), "c": torch.nn.Linear(2, 2)}
     )
     student.losses = torch.nn.ModuleDict({"t": torch.nn.Identity()})
-    groups = adamw_groups(student)
+    groups = adamw_groups([student.encoder, *student.heads.values()])
     assert len(groups) == 3  # encoder, a, c (b and the loss have no parameters)
-    grouped = [id(p) for g in groups for p in g["params"]]
+    grouped = [id(p) for g in groups for p in g]
     assert sorted(grouped) == sorted(id(p) for p in student.parameters())
 
 
@@ -290,9 +316,8 @@ def test_every_recipe_names_its_source_and_precision(name):
 
 
 def test_interleave_stays_a_switch_of_the_recipes():
-    cfg = get_recipe("mcse/wiki+coco/bert").config(
-        "c", seed=0, output_dir="o", overrides={"mixing": "interleave", "precision": "bf16"}
-    )
+    spec = RecipeRunSpec("c", overrides={"mixing": "interleave", "precision": "bf16"})
+    cfg = get_recipe("mcse/wiki+coco/bert").config(spec, seed=0, output_dir="o")
     assert cfg.mixing == "interleave" and cfg.precision == "bf16"
 
 
@@ -311,7 +336,11 @@ def test_kdmcse_reproduction_keeps_the_filter_off_and_a_recipe_turns_it_on():
 def test_visualcse_roberta_recipes_follow_one_source_each():
     readme = get_recipe("visualcse/roberta")
     table = get_recipe("visualcse/roberta/table-c1")
-    released = {"image_weight": 0.2, "image_lr": 1e-7, "image_objective": "class_rank_cross_entropy"}
+    released = {
+        "image_weight": 0.2,
+        "image_lr": 1e-7,
+        "image_objective": "class_rank_cross_entropy",
+    }
     assert readme.method_args == released and "README" in readme.source
     assert table.method_args["image_lr"] == 5e-7 and "Table C.1" in table.source
     assert table.published == readme.published

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.evaluate import unfinished_warning
-from mmcse.rundir import BEST_DIR, RUN_INFO_FILE, atomic_dir, recover_dir
+from mmcse.files import atomic_dir, recover_dir
+from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
 from mmcse.training import checkpoint as ckpt
 from mmcse.training import metrics as metrics_log
 from mmcse.training.config import TrainConfig

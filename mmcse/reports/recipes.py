@@ -1,0 +1,118 @@
+"""What recipes produce, rendered: a recipe's card, a recipe run's tables, an ablation's table;
+and ``mmcse recipes run`` / ``mmcse ablate``, which run a recipe and render what it produced.
+
+Recipes compute (runs, rows, notes, records) and import no report; this module prints and
+writes their tables (:mod:`mmcse.reports.compare` for markdown, :mod:`mmcse.reports.tables` for
+.csv/.tex).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from mmcse.files import write_json
+from mmcse.recipes import get_recipe
+from mmcse.recipes.ablate import (
+    P_COLUMN,
+    PUBLISHED_COLUMN,
+    Ablation,
+    ablate,
+    ablation_plan,
+    label_of,
+    parse_drops,
+)
+from mmcse.recipes.layout import AblationDir, SeedsDir
+from mmcse.recipes.published import COLUMNS, PUBLISHED_ABLATIONS
+from mmcse.recipes.recipe import Recipe, RecipeRunSpec
+from mmcse.recipes.runs import (
+    RecipeOutcome,
+    describe_plan,
+    run_recipe,
+)
+from mmcse.recipes.summary import published_row
+from mmcse.reports.compare import markdown_table
+from mmcse.reports.tables import BEST_RULE, write_tables
+
+
+def recipe_card(recipe: Recipe, cache_root: str = "cache") -> str:
+    """``mmcse recipes show``: a recipe's settings, the cache sets it reads, its published rows."""
+    if not recipe.published:
+        return recipe.describe(cache_root)
+    rows = [published_row(p, p.label) for p in recipe.published]
+    return recipe.describe(cache_root) + "\n\n" + markdown_table(rows, extra_columns=("source",))
+
+
+def recipe_tables(outcome: RecipeOutcome) -> str:
+    """Write a recipe run's tables (results.md/.csv/.tex, as ``mmcse compare``) beside its
+    record; return the markdown table with its notes."""
+    rows, notes = outcome.rows, outcome.notes
+    this_run = [i for i, r in enumerate(rows) if r.label.startswith("this run")]
+    write_tables(rows, COLUMNS, outcome.seeds_dir.tables, ("source",), this_run, notes=notes)
+    table = markdown_table(rows, extra_columns=("source",))
+    return table + "".join(f"\n\n{n}" for n in notes)
+
+
+def ablation_markdown(ablation: Ablation) -> str:
+    title = (
+        f"Ablation of {ablation.recipe.name} ({ablation.recipe.method}), "
+        f"mean ± std over seeds {','.join(map(str, ablation.seeds))}"
+    )
+    extra = [P_COLUMN]
+    if ablation.recipe.name in PUBLISHED_ABLATIONS:
+        extra.append(PUBLISHED_COLUMN)
+    notes = "".join(f"\n{note}\n" for note in ablation.notes())
+    return f"{title}\n\n{markdown_table(ablation.table_rows(), extra_columns=extra)}\n{notes}"
+
+
+def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
+    """The markdown table at ``path``, .csv/.tex beside it (as ``mmcse compare``) and the full
+    record as ``.json``."""
+    md = Path(path)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(ablation_markdown(ablation))
+    extra = [P_COLUMN, PUBLISHED_COLUMN]
+    write_tables(
+        ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex"),
+        notes=[BEST_RULE, *ablation.notes()],
+    )  # fmt: skip
+    return md, write_json(md.with_suffix(".json"), ablation.to_dict())
+
+
+def recipe_run(
+    name: str, spec: RecipeRunSpec, output_dir: str | Path | None = None, dry_run: bool = False
+) -> Iterator[str]:
+    """``mmcse recipes run``: train recipe ``name`` as ``spec`` says into ``output_dir`` (default
+    runs/<name>) and yield the table beside the published numbers; ``dry_run`` yields the plan."""
+    recipe = get_recipe(name)
+    spec, out = spec.for_recipe(recipe), Path(output_dir or f"runs/{name}")
+    if dry_run:
+        yield describe_plan(recipe, [(name, out, spec.overrides)], spec)
+        return
+    yield recipe_tables(run_recipe(recipe, spec, out))
+    yield f"results: {SeedsDir(out).results}"
+
+
+def ablate_run(
+    recipe: str,
+    drop: str,
+    spec: RecipeRunSpec,
+    output_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    dry_run: bool = False,
+) -> Iterator[str]:
+    """``mmcse ablate``: ablate the recipe named ``recipe`` with the rows ``drop``
+    (:func:`mmcse.recipes.ablate.parse_drops`) as ``spec`` says into ``output_dir`` (default
+    runs/ablate/<recipe>); write the table to ``out`` (default <output-dir>/ablation.md, +
+    .json) and yield it; ``dry_run`` yields the plan."""
+    chosen = get_recipe(recipe)
+    spec, runs_dir = spec.for_recipe(chosen), Path(output_dir or f"runs/ablate/{recipe}")
+    if dry_run:
+        plan = ablation_plan(chosen, parse_drops(drop), runs_dir, spec.overrides)
+        rows = [(label_of(terms), d, over) for terms, _, d, over in plan]
+        yield describe_plan(chosen, rows, spec)
+        return
+    result = ablate(chosen, parse_drops(drop), spec, runs_dir)
+    md, js = write_ablation(result, out or AblationDir(runs_dir).table)
+    yield ablation_markdown(result)
+    yield f"wrote {md} and {js}"

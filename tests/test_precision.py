@@ -1,0 +1,99 @@
+"""mmcse.precision: one autocast / loss-scaling / precision-name policy, and training, the
+VisualCSE/AudioCSE auxiliary step and evaluation all follow it (a GPU is simulated: autocast is
+recorded, not entered, and bf16 support is what the case says)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from mmcse import precision
+from mmcse.evaluation.encode import eval_autocast
+from mmcse.nonling.step import NonLinguisticTask
+from mmcse.training.config import TrainConfig
+
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+@pytest.fixture
+def autocasts(monkeypatch):
+    """The dtype of every autocast entered (None: no autocast), with a GPU's bf16 support set."""
+    seen = []
+
+    def record(device_type, dtype=None, enabled=True, **_):
+        seen.append(dtype if enabled else None)
+        return nullcontext()
+
+    monkeypatch.setattr(torch, "autocast", record)
+    return seen
+
+
+def training_dtype(device, name, seen):
+    with precision.autocast_context(device, name)():  # what the trainer's step enters
+        pass
+    return seen.pop() if seen else None
+
+
+def auxiliary_dtype(device, name, seen):
+    task = NonLinguisticTask.__new__(NonLinguisticTask)  # only the step's precision settings
+    task.device, task.precision = device, name
+    with task._autocast():
+        pass
+    return seen.pop() if seen else None
+
+
+def evaluation_dtype(device, seen):
+    with eval_autocast(device):
+        pass
+    return seen.pop() if seen else None
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16-gpu", "no-bf16-gpu"])
+@pytest.mark.parametrize("device", [CUDA, CPU], ids=["cuda", "cpu"])
+@pytest.mark.parametrize("name", ["auto", "bf16", "fp16", "fp32"])
+def test_training_the_auxiliary_step_and_evaluation_follow_one_policy(
+    name, device, bf16, autocasts, monkeypatch
+):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    want = precision.autocast_dtype(device, name)
+    assert training_dtype(device, name, autocasts) == want
+    assert auxiliary_dtype(device, name, autocasts) == want
+    if name == precision.EVAL_PRECISION:
+        assert evaluation_dtype(device, autocasts) == want
+    recorded = {None: "fp32", torch.bfloat16: "bf16 autocast"}.get(
+        want, "fp16 autocast + GradScaler"
+    )
+    assert precision.precision_name(device, name) == recorded
+
+
+@pytest.mark.parametrize(
+    "device, name, bf16, want",
+    [
+        (CUDA, "fp16", True, torch.float16),  # released --fp16: autocast(float16) + GradScaler
+        (CUDA, "auto", True, torch.bfloat16),
+        (CUDA, "auto", False, None),  # no bf16 on this GPU: fp32, not an emulated bf16
+        (CUDA, "bf16", False, None),
+        (CUDA, "fp32", True, None),
+        (CPU, "fp16", True, None),
+        (CPU, "auto", True, None),
+    ],
+)
+def test_the_policy(device, name, bf16, want):
+    assert precision.autocast_dtype(device, name, bf16) == want
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU], ids=["cuda", "cpu"])
+@pytest.mark.parametrize("name", ["auto", "bf16", "fp16", "fp32"])
+def test_only_fp16_on_a_gpu_scales_the_loss(name, device, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    seen = []
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda *_, enabled: seen.append(enabled))
+    precision.grad_scaler_for(device, name)
+    assert seen == [device.type == "cuda" and name == "fp16"]
+
+
+def test_the_settings_offer_exactly_the_policy_s_names():
+    for name in precision.PRECISIONS:
+        assert TrainConfig(precision=name).precision == name
