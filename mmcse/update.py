@@ -406,7 +406,10 @@ class CapturedUpdate:
         """One update on ``inputs`` of batch kind ``kind``: (term names, their values stacked
         on the device, in fp32)."""
         plan = self.plans.get(kind) or self._probe(kind, inputs)
-        values = self._compiled(plan.segments, plan.keys, *inputs)
+        if self.flat.data.is_cuda:  # the outputs of the last replay are dead (read already)
+            torch.compiler.cudagraph_mark_step_begin()
+        # a copy: the next replay of any captured graph may reuse the output's memory
+        values = self._compiled(plan.segments, plan.keys, *inputs).clone()
         self.adamw.count(plan.segments)
         self.scheduler.step()  # host floats only: the logged lr and the state dict
         return plan.keys, values

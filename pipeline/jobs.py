@@ -21,7 +21,10 @@ from mmcse.errors import MmcseError
 #: the registered teachers (:mod:`pipeline.teachers`, its table) each extract command takes,
 #: named in its --help (importing the registry would load torch for --help)
 IMAGE_TEACHERS = "resnet50, resnet50-v2, clip-vit-b32, clip-vit-l14 (CLIP: captions too)"
-TEXT_TEACHERS = "simcse, diffcse, rankcse, clip-text, clip-vit-b32, clip-vit-l14"
+TEXT_TEACHERS = (
+    "simcse, diffcse, rankcse, simcse-roberta, diffcse-roberta, clip-text, clip-vit-b32, "
+    "clip-vit-l14"
+)
 
 
 def setting(default: Any = None, help: str = "", **meta: Any) -> Any:

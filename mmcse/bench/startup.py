@@ -1,6 +1,6 @@
 """Training start-up by corpus size: the token cache cold (written), warm (mapped) and off.
 
-A start-up is the construction of a :class:`~mmcse.training.loop.Run`: preflight, tokenizer and
+A start-up is the set-up of a :class:`~mmcse.training.loop.Trainer`: preflight, tokenizer and
 student loading, the corpus opened, its token ids and the feature joins — everything before the
 first step. Per corpus size it is measured three ways:
 
@@ -33,8 +33,8 @@ def write_sentences(path: Path, count: int, seed: int = 0) -> Path:
 
 
 def startup_seconds(model: Path, corpus: Path, token_cache: str, out: Path, seq_len: int) -> float:
-    """Wall seconds to construct a SimCSE :class:`~mmcse.training.loop.Run` on ``corpus``."""
-    from mmcse.training.loop import Run
+    """Wall seconds to set up a SimCSE :class:`~mmcse.training.loop.Trainer` on ``corpus``."""
+    from mmcse.training.loop import Trainer
 
     cfg = TrainConfig(
         model=str(model),
@@ -47,7 +47,7 @@ def startup_seconds(model: Path, corpus: Path, token_cache: str, out: Path, seq_
         device="cpu",
         output_dir=str(out),
     )
-    seconds = timed(lambda: Run(cfg))
+    seconds = timed(lambda: Trainer(cfg).setup())
     gc.collect()  # the run's student goes before the next one loads
     return seconds
 

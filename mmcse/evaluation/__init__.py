@@ -1,31 +1,38 @@
-"""SentEval STS evaluation (STS12-16, STS-B, SICK-R), alignment/uniformity, and fast encoding."""
+"""SentEval STS evaluation (STS12-16, STS-B, SICK-R), alignment/uniformity, and fast encoding.
 
-from mmcse.evaluation.align_uniform import align_uniform, alignment, uniformity
-from mmcse.evaluation.encode import encode_sentences
-from mmcse.evaluation.report import format_rows, format_table, write_report
-from mmcse.evaluation.sts import (
-    STS_YEAR_SUBSETS,
-    TASKS_BY_MODE,
-    StsTask,
-    Subset,
-    evaluate_sts,
-    load_task,
-    load_tasks,
-)
+The names below load their module on first use (PEP 562): importing a light submodule such as
+:mod:`mmcse.evaluation.request` (the ``mmcse eval`` flags) must not load torch, so that
+``mmcse --help`` and an early error stay fast.
+"""
 
-__all__ = [
-    "STS_YEAR_SUBSETS",
-    "TASKS_BY_MODE",
-    "StsTask",
-    "Subset",
-    "align_uniform",
-    "alignment",
-    "encode_sentences",
-    "evaluate_sts",
-    "format_rows",
-    "format_table",
-    "load_task",
-    "load_tasks",
-    "uniformity",
-    "write_report",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SOURCES = {
+    "align_uniform": "align_uniform",
+    "alignment": "align_uniform",
+    "uniformity": "align_uniform",
+    "encode_sentences": "encode",
+    "format_rows": "report",
+    "format_table": "report",
+    "write_report": "report",
+    "STS_YEAR_SUBSETS": "sts",
+    "TASKS_BY_MODE": "sts",
+    "StsTask": "sts",
+    "Subset": "sts",
+    "evaluate_sts": "sts",
+    "load_task": "sts",
+    "load_tasks": "sts",
+}
+
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
+    globals()[name] = value
+    return value

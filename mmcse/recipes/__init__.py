@@ -4,19 +4,38 @@
 its training settings, its published numbers); :mod:`~mmcse.recipes.catalogue` registers every
 row of the seed papers; :mod:`~mmcse.recipes.runs` trains one over seeds and says what a run
 changed from it; :mod:`~mmcse.recipes.ablate` reruns it with loss terms switched off.
+
+The names below load on first use (PEP 562), the registry's with the catalogue registered: the
+command line imports :class:`~mmcse.recipes.recipe.RecipeRunSpec` for its flags, and building
+the catalogue loads the methods (torch), which ``--help`` and an early error must not wait for.
 """
 
-from mmcse.recipes import catalogue  # noqa: F401  (importing registers every recipe)
-from mmcse.recipes.recipe import RECIPES, Recipe, get_recipe, register
-from mmcse.recipes.runs import SeedRuns, comparison_rows, run_recipe, run_seeds
+from __future__ import annotations
 
-__all__ = [
-    "RECIPES",
-    "Recipe",
-    "SeedRuns",
-    "comparison_rows",
-    "get_recipe",
-    "register",
-    "run_recipe",
-    "run_seeds",
-]
+import importlib
+from typing import Any
+
+_SOURCES = {
+    "RECIPES": "recipe",
+    "get_recipe": "recipe",
+    "Recipe": "recipe",
+    "register": "recipe",
+    "SeedRuns": "runs",
+    "comparison_rows": "runs",
+    "run_recipe": "runs",
+    "run_seeds": "runs",
+}
+#: names whose use needs every recipe registered
+_REGISTRY = ("RECIPES", "get_recipe")
+
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name in _REGISTRY:
+        importlib.import_module(f"{__name__}.catalogue")  # importing registers every recipe
+    value = getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
+    globals()[name] = value
+    return value

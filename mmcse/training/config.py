@@ -222,6 +222,7 @@ class TrainConfig:
     eval_last_step: bool = field(
         default=True,
         metadata={
+            "panel": PANEL_EVALUATION,
             "help": "also score dev at the last step (MCSE's train_mix.py; the HF Trainer of "
             "SimCSE/VisualCSE/AudioCSE: multiples of --eval-steps only)"
         },

@@ -21,40 +21,40 @@ field                  flag                effect
 
 All of them are recorded in the run's ``config.json`` like every other field.
 
-Whole-step capture. Eagerly, one step dispatches thousands of small operators (BERT-base, batch
-16: about 4,300 for SimCSE, 5,700 for DALR; ``mmcse bench all --sections capture``), each costing
-host time, so on a GPU the step is bound by launches rather than by its ~3 TFLOP. With capture,
-the student's forward (encoder, both dropout views, every active loss term of the method) is
-compiled by ``torch.compile`` into one graph per batch kind; AOTAutograd derives its backward as
-one graph too. On CUDA (``mode="reduce-overhead"``) inductor fuses the elementwise work and both
-graphs are recorded once and replayed as CUDA graphs (one launch each; cudagraph trees keep the
-parameters in place and copy each batch into static buffers). On CPU there is nothing to replay:
-inductor's fused C++ kernels are what is gained, so ``auto`` leaves CPU runs eager.
+Whole-update capture. Eagerly, one step dispatches thousands of small operators (BERT-base,
+batch 128: about 3,300 for SimCSE, 7,600 for VisualCSE; ``mmcse bench all --sections train``),
+each costing host time, and a host read of a device value stalls the queue. With capture
+(:class:`mmcse.update.CapturedUpdate`), the whole text update — the student's forward (encoder,
+both dropout views, every active loss term), its gradient (``torch.func`` over views of one flat
+parameter buffer, so no per-parameter gradient accumulation runs outside), clipping, AdamW with
+its step counts, ε and lr schedule on the device — is one function, compiled by ``torch.compile``
+into one graph per batch kind, and on CUDA (``mode="reduce-overhead"``) recorded once and replayed
+as a CUDA graph. VisualCSE/AudioCSE's image/audio update is captured the same way, its views made
+inside the graph from parameters drawn on the host. A captured step then dispatches a few dozen
+operators outside its graphs and reads nothing back (``tests/training/test_whole_update.py``
+checks both for every method on CPU; measured on an H200: BENCHMARKS.md). On CPU there is
+nothing to replay, so ``auto`` leaves CPU runs eager.
 
 * Static shapes: capture pads every batch to ``max_seq_length`` (``dynamic_padding`` off; MCSEO's
   object–phrase pairs to the corpus's most pairs per caption). A kept last partial batch of a
   corpus has fewer rows: it compiles one more graph for its kind, once per run (``dynamic=False``
   keeps that from becoming a shape-generic graph). So a run compiles at most two graphs per batch
-  kind (the auxiliary VisualCSE/AudioCSE image or audio step: one more, as its batch is fixed).
-* Outside the graph: the optimizer step, gradient clipping and the lr schedule. AdamW is one
-  fused kernel per group on CUDA already; capturing it would recompile at every step, as
-  transformers-style ε changes with the step (:func:`~mmcse.training.loop.use_transformers_eps`).
-  The views of VisualCSE's images and AudioCSE's masks stay eager too: drawn per example on the
-  host, applied in a fixed handful of batched ops (:mod:`mmcse.nonling.augment`,
-  :mod:`mmcse.nonling.specaugment`), so they cost no more launches at a larger batch.
+  kind (the auxiliary VisualCSE/AudioCSE step: one more, as its batch is fixed).
+* Not captured whole (``capture_mode`` ``"forward"``): DDP runs (the gradient all-reduce runs in
+  autograd hooks) and fp16 on CUDA (the GradScaler's skip of an overflowing step is a host
+  decision). There the student's forward and backward are compiled and the update stays eager.
+* Compile cost: the whole update compiles in 47–77 s cold at BERT-base on an H200 (the forward/
+  backward alone: 25 s), 7 s warm — a later run of the same method (a recipe's next seed, an
+  ablation's next row) reuses inductor's on-disk cache.
 * Dropout: the same Bernoulli(p) masks in distribution, but compiled code draws them from
   inductor's own Philox stream, so a captured run is not bit-equal to an eager run of the same
   seed (two captured runs of one seed are). With ``torch._inductor.config.fallback_random = True``
   (or the ``aot_eager`` backend the tests use) dropout calls the eager kernels and the step's
-  loss and gradients equal eager to float rounding. Not a change of any method's maths.
+  loss and parameters equal eager to float rounding. Not a change of any method's maths.
 * Under DDP (``torchrun``) the student inside DDP is compiled, not DDP itself: DDP's gradient
   all-reduce and its search for unused parameters stay eager, and the all-gathers of the
   in-batch negatives are traced into the graph (as functional collectives). Tested with two gloo
-  processes on CPU, where it equals one process with the double batch; NCCL with CUDA graphs has
-  not been run here (no GPU).
-* Not verified on a GPU at all in this work (there was none): the CUDA path is PyTorch's own
-  ``reduce-overhead`` mode; the graphs, the gradients and the recompile bound are tested on CPU
-  with the same ``torch.compile`` call and the ``aot_eager`` backend.
+  processes on CPU; NCCL with CUDA graphs has not been run here.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ name               kind   dim   default weights                                 
 ``simcse``         text   768   ``princeton-nlp/unsup-simcse-bert-base-uncased``  cls_before_pooler
 ``diffcse``        text   768   ``voidism/diffcse-bert-base-uncased-sts``       cls_before_pooler
 ``rankcse``        text   768   ``perceptiveshawty/rankcse-listmle-bert-...``   cls_before_pooler
+``simcse-roberta``  text  768   ``princeton-nlp/unsup-simcse-roberta-base``     cls_before_pooler
+``diffcse-roberta``  text 768   ``voidism/diffcse-roberta-base-sts``            cls_before_pooler
 =================  =====  ====  ==============================================  ===============
 
 "both": the teacher is an ``ImageTeacher`` and a ``TextTeacher`` (CLIP embeds captions too).

@@ -156,8 +156,10 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
 
     train = data["train"]
     assert train["peak_flops"] is None and "n/a" in train["peak_source"]
+    assert "captured_skipped" in train  # on CPU without --compile-on-cpu: the eager step only
     for batch in (8, 16):
-        methods = train[f"batch_{batch}"]
+        assert list(train[f"batch_{batch}"]) == ["eager"]
+        methods = train[f"batch_{batch}"]["eager"]
         assert list(methods) == ["simcse", "mcse"]
         assert methods["simcse"]["ratio"] == 1.0
         for r in methods.values():
@@ -167,7 +169,10 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
             assert r["flops_per_step"] == flops.train_step_flops(
                 flops.EncoderShape(32, 2, 64), batch, 16
             )
-            assert r["ops_per_step"] > 0
+            assert r["ops_per_step"] > 0 and r["step"] == "off"
+            assert r["ops_outside_graphs"] == r["ops_per_step"]  # eager: no graph
+            low, high = r["ratio_range"]
+            assert low <= r["ratio"] <= high
         # MCSE adds a term to SimCSE's: strictly more operators per step (deterministic)
         assert methods["mcse"]["ops_per_step"] > methods["simcse"]["ops_per_step"]
 
@@ -197,10 +202,10 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     assert all(startup["sentences_1000"][f"{mode}_s"] > 0 for mode in ("cold", "warm", "off"))
 
     markdown = out.with_suffix(".md").read_text()
-    for heading in ("## Image extraction", "## Objects", "### batch 8", "## Fast paths",
+    for heading in ("## Image extraction", "## Objects", "### batch 8, eager step", "## Fast paths",
                     "## Whole-step capture",
                     "## STS-B dev evaluation", "## STS 7-task evaluation",
                     "## Training start-up"):  # fmt: skip
         assert heading in markdown
     assert "| mcse |" in markdown and "n/a" in markdown
-    assert math.isfinite(data["train"]["batch_8"]["mcse"]["ratio"])
+    assert math.isfinite(data["train"]["batch_8"]["eager"]["mcse"]["ratio"])

@@ -34,7 +34,7 @@ def runs(tmp_path_factory):
     names = METHODS.names()
     needs = set().union(*(bench.method_needs(n) for n in names))
     world = bench.synthetic_world(tmp_path_factory.mktemp("bench"), "tiny", SEQ_LEN, 64, needs)
-    return {n: bench.make_run(world, n, BATCH, SEQ_LEN, "cpu", "fp32")[0] for n in names}
+    return {n: bench.bench_trainer(world, n, BATCH, SEQ_LEN, "cpu", "fp32") for n in names}
 
 
 def test_vector_roles_join_on_image_or_sentence_id(runs):

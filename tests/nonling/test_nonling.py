@@ -267,6 +267,12 @@ def changed(before: dict, module: torch.nn.Module) -> bool:
     return any(not torch.equal(before[k], v) for k, v in module.state_dict().items())
 
 
+def record_of(result) -> dict[str, float]:
+    """A task step's logged values by name: its terms (device, stacked) and its host values."""
+    (names, values), host = result
+    return {**dict(zip(names, values.tolist(), strict=True)), **host}
+
+
 def test_visualcse_step_updates_encoder(tmp_path, tiny_bert):
     folder = make_image_folder(tmp_path / "imgs")
     nc.write_image_tensors(
@@ -281,7 +287,7 @@ def test_visualcse_step_updates_encoder(tmp_path, tiny_bert):
     task = method.auxiliary_task(encoder, Cfg({"image_tensor": str(tmp_path / "set")}), "cpu")
     before = {k: v.clone() for k, v in encoder.state_dict().items()}
     heads_before = {k: v.clone() for k, v in task.state_dict().items()}
-    records = [task.step() for _ in range(4)]  # 12 images, batch 4: crosses an epoch boundary
+    records = [record_of(task.step()) for _ in range(4)]  # 12 images, batch 4: a new epoch
     assert all(math.isfinite(v) for r in records for v in r.values())
     assert set(records[0]) == {"image_class_rank_ce_loss", "image_lr"}  # --new_supcon
     assert changed(before, encoder) and changed(heads_before, task.heads)
@@ -307,7 +313,7 @@ def test_audiocse_step_on_sine_waves(tmp_path, tiny_bert):
     method = build_method("audiocse", audio_batch_size=4, audio_patch_size=16, audio_lr=1e-3)
     task = method.auxiliary_task(encoder, Cfg({"audio_fbank": str(tmp_path / "set")}), "cpu")
     before = {k: v.clone() for k, v in encoder.state_dict().items()}
-    record = task.step(0)
+    record = record_of(task.step())
     assert set(record) == {"audio_class_rank_ce_loss", "audio_lr"} and math.isfinite(
         record["audio_class_rank_ce_loss"]
     )
@@ -401,8 +407,8 @@ def test_auxiliary_step_updates_equal_transformers_adamw(tmp_path, tiny_bert):
         expected[:] = [reference.update(i, p, p.grad) for i, p in enumerate(params)]
 
     task.make_optimizer(encoder).register_step_pre_hook(hand_written)
-    for index in range(3):
-        task.step(index)
+    for _ in range(3):
+        task.step()
         for param, want in zip(params, expected, strict=True):
             torch.testing.assert_close(param.detach().double(), want, rtol=1e-5, atol=1e-7)
 
