@@ -68,8 +68,7 @@ def explain_steps(run) -> dict[str, dict]:
             batch = dataclasses.replace(batch, kind="text", features=features)
         out[as_kind] = explain(run.student, batch, run.method.batch_extras(run.data, batch))
     if run.aux is not None:
-        rows = run.aux._batch_rows(0)
-        views, labels = run.aux._views(rows, 0), run.aux._batch_labels(rows)
+        views, labels = run.aux.batch(0)
         run.aux.step_forward.train()
         out[run.aux.settings.modality] = explain(run.aux.step_forward, views, labels)
     return out

@@ -328,6 +328,12 @@ class NonLinguisticTask:
         host = {f"{prefix}_lr": self.settings.lr * self._cosine(index)}
         return (tuple(f"{prefix}_{k}" for k in names), values), host
 
+    def batch(self, index: int) -> tuple[Tensor, Tensor | None]:
+        """(both views, labels) of step ``index``'s examples, as the eager step makes them
+        (what ``mmcse bench`` explains)."""
+        rows = self._batch_rows(index)
+        return self._views(rows, index), self._batch_labels(rows)
+
     def _raw_inputs(self, index: int) -> tuple:
         """The examples of step ``index`` and the parameters of their views, drawn on the host
         (the same draws :meth:`_views` makes), for the captured step to apply."""

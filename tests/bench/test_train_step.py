@@ -83,3 +83,31 @@ def test_bench_train_times_every_registered_method():
     for name, ratio in result["ratios"].items():
         assert math.isfinite(ratio) and ratio > 0, name
     assert result["ratios"]["simcse"] == 1.0
+
+
+def test_profiling_a_step_prints_nothing_of_its_own(capfd):
+    """The profiler's C++ side prints ``USDT … profiler_start``/``profiler_stop`` (and, on a
+    machine without a GPU, ``gpuGetDeviceCount failed``) straight to the terminal; the bench's
+    profiling keeps them off it, while the profiled work may still write."""
+    import sys
+
+    import torch
+
+    from mmcse.bench.timing import quiet_profile
+
+    with quiet_profile() as prof:
+        torch.ones(3).add_(1)
+        print("the work's own line", file=sys.stderr, flush=True)
+    err = capfd.readouterr().err
+    assert "the work's own line" in err
+    assert "profiler_start" not in err and "gpuGetDeviceCount" not in err
+    assert any(e.name.startswith("aten::add") for e in prof.events())
+
+
+def test_a_ratio_carries_the_range_its_rounds_allow():
+    simcse = {"step_ms": 10.0, "samples_ms": [9.9, 10.0, 10.1]}
+    steady = bench.ratio_with_spread({"step_ms": 10.5, "samples_ms": [10.4, 10.5, 10.6]}, simcse)
+    assert steady["ratio_range"][0] <= steady["ratio"] <= steady["ratio_range"][1]
+    assert not steady["noisy"]
+    noisy = bench.ratio_with_spread({"step_ms": 4.0, "samples_ms": [3.0, 4.0, 9.0]}, simcse)
+    assert noisy["noisy"]  # its rounds span 0.30x–0.91x: a 0.4x ratio is no finding
