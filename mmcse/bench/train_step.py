@@ -6,7 +6,8 @@ every term is active: the worst case for the multimodal methods). The synthetic 
 through the real Stage-1 writers at the dims the papers' teachers have:
 
 * plain vector roles (image, CLIP, text-teacher features): random rows written by the cache
-  writer, keyed like their kind (:data:`ROLE_KIND`), so the trainer's id join is exercised;
+  writer, keyed like their kind (:func:`role_kind`, from the recipes), so the trainer's id join
+  is exercised; each as wide as its recipe's teacher (:func:`role_dim`);
 * MCSEO's ``object`` role: a boxes file (~4 phrases per caption) run through
   :func:`pipeline.objects.extract.extract_objects` with a one-block-per-stage ResNet-50-shaped
   random teacher (2048-d like ResNet-50, at 32-px crops so generation stays fast);
@@ -52,23 +53,8 @@ from mmcse.tiny import SPECIAL_TOKENS, build_tiny_bert
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import Trainer
 
-#: cache kind of each role the methods read: it decides the join key (image sets join on the
-#: caption's image id, text sets on the sentence id) and which writer builds the set
-ROLE_KIND = {
-    "image": "image",
-    "clip_image": "image",
-    "clip_text": "text",
-    "object": "object",
-    "image_tensor": "image_tensor",
-    "audio_fbank": "audio_fbank",
-}
-#: DALR's text teachers are named by the user; every ``text_teacher*`` role is text-keyed
-TEXT_TEACHER_PREFIX = "text_teacher"
-#: feature dims at the sizes of the papers' teachers (ResNet-50, CLIP ViT-L/14, BERT-base)
-ROLE_DIMS = {"image": 2048, "clip_image": 768, "clip_text": 768, "object": 2048}
-TEXT_TEACHER_DIM = 768
-#: where a method's paper uses another teacher for a shared role name (DALR: CLIP ViT-B/32)
-METHOD_ROLE_DIMS = {"dalr": {"image": 512}, "dalr-paper": {"image": 512}}
+#: cache kinds whose rows have a fixed shape (their writer's), not a teacher's width
+UNPAIRED_KINDS = ("image_tensor", "audio_fbank")
 #: settings that only avoid the network (speed does not depend on weights), and DALR's ℓ_CMA
 #: image head: the released ℓ_CMA reads the raw image, which must be as wide as the student
 #: (ViT-L/14's 768 = BERT-base's); the bench's 512-d image at every student size needs the head
@@ -80,18 +66,42 @@ NONLING_CLASSES = 8
 AUDIO_RATE = 16000
 
 
+def recipe_roles(method: str) -> dict:
+    """``role → Feature(kind, teacher)`` of the method's first recipe in the catalogue: the
+    teachers the papers' settings read, so the bench's sets have the widths a real run has (one
+    source: :mod:`mmcse.recipes.catalogue`)."""
+    from mmcse.recipes import RECIPES
+
+    for name in RECIPES.names():
+        recipe = RECIPES.get(name)
+        if recipe.method == method:
+            return recipe.roles
+    raise MmcseError(f"bench: method {method!r} has no recipe; add one to the catalogue")
+
+
 def role_kind(role: str) -> str:
-    if role.startswith(TEXT_TEACHER_PREFIX):
-        return "text"
-    if role not in ROLE_KIND:
-        raise MmcseError(f"bench: no synthetic feature set for role {role!r}; add it to ROLE_KIND")
-    return ROLE_KIND[role]
+    """The cache kind of a role's set, as every recipe that reads the role has it: it decides
+    the join key (image sets join on the caption's image id, text sets on the sentence id) and
+    which writer builds the set."""
+    from mmcse.recipes import RECIPES
+
+    kinds = {
+        feature.kind
+        for name in RECIPES.names()
+        for name_role, feature in RECIPES.get(name).roles.items()
+        if name_role == role
+    }
+    if len(kinds) != 1:
+        raise MmcseError(f"bench: the recipes give role {role!r} the kinds {sorted(kinds)}")
+    return kinds.pop()
 
 
 def role_dim(method: str, role: str) -> int:
-    if role.startswith(TEXT_TEACHER_PREFIX):
-        return TEXT_TEACHER_DIM
-    return METHOD_ROLE_DIMS.get(method, {}).get(role, ROLE_DIMS.get(role, 0))
+    """The width of the role's set: its recipe teacher's (0 for fixed-shape example sets)."""
+    from pipeline.teachers import TEACHER_DIMS
+
+    feature = recipe_roles(method)[role]
+    return 0 if feature.kind in UNPAIRED_KINDS else TEACHER_DIMS[feature.teacher]
 
 
 def roles_of(method: Method) -> set[str]:

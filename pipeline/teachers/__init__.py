@@ -37,9 +37,24 @@ from pipeline.teachers.resnet import build_resnet
 from pipeline.teachers.runtime import SIZES
 from pipeline.teachers.text import bert_factories
 
-__all__ = ["TEACHERS", "ImagePreprocess", "ImageTeacher", "TextTeacher", "build_teacher"]
+__all__ = ["TEACHERS", "TEACHER_DIMS", "ImagePreprocess", "ImageTeacher", "TextTeacher", "build_teacher"]
 
 TEACHERS = Registry("teacher")
+
+#: the width of each teacher's features (the table above; held to it by a test), known without
+#: building the teacher: what a cache set of that teacher holds
+TEACHER_DIMS = {
+    "resnet50": 2048,
+    "resnet50-v2": 2048,
+    "clip-vit-b32": 512,
+    "clip-vit-l14": 768,
+    "clip-text": 512,
+    "simcse": 768,
+    "diffcse": 768,
+    "rankcse": 768,
+    "simcse-roberta": 768,
+    "diffcse-roberta": 768,
+}
 
 _FACTORIES = {
     "resnet50": partial(build_resnet, "resnet50", "IMAGENET1K_V1"),

@@ -12,13 +12,14 @@ from mmcse.errors import MmcseError
 from mmcse.registry import METHODS
 
 SEQ_LEN, BATCH = 16, 8
-#: written out independently of bench.ROLE_KIND: roles whose rows belong to an image
+#: written out independently of the bench's role kinds: roles whose rows belong to an image
 IMAGE_ROLES = {"image", "clip_image"}
-#: (method, role) → dim of the paper's teacher
+#: (method, role) → dim of the teacher of the method's first recipe (written out by hand:
+#: ResNet-50 2048, CLIP ViT-L/14 768 (DALR's released teacher), ViT-B/32 512, BERT-base 768)
 EXPECTED_DIMS = {
     ("mcse", "image"): 2048,
     ("mcseo", "image"): 2048,
-    ("dalr", "image"): 512,
+    ("dalr", "image"): 768,
     ("dalr", "text_teacher_simcse"): 768,
     ("dalr", "text_teacher_diffcse"): 768,
     ("dalr-paper", "image"): 512,
@@ -72,9 +73,23 @@ def test_nonlinguistic_examples_have_the_writers_row_shapes(runs):
 
 
 def test_unknown_role_is_a_clear_error():
-    with pytest.raises(MmcseError, match="ROLE_KIND"):
+    with pytest.raises(MmcseError, match="depth_map"):
         bench.role_kind("depth_map")
-    assert bench.role_kind("text_teacher_promcse") == "text"
+    with pytest.raises(MmcseError, match="no recipe"):
+        bench.recipe_roles("no-such-method")
+    assert bench.role_kind("text_teacher_simcse") == "text"
+
+
+def test_teacher_dims_are_the_teacher_table_s():
+    """The widths the bench (and any reader of a recipe) takes a teacher to write are the ones
+    pipeline.teachers' table states, for every registered teacher."""
+    import re
+
+    import pipeline.teachers as teachers
+
+    table = re.findall(r"^``([a-z0-9-]+)``\s+\w+\s+(\d+)\s", teachers.__doc__, re.M)
+    assert {name: int(dim) for name, dim in table} == teachers.TEACHER_DIMS
+    assert set(teachers.TEACHER_DIMS) == set(teachers.TEACHERS.names())
 
 
 def test_bench_train_times_every_registered_method():
