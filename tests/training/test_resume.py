@@ -20,6 +20,7 @@ from mmcse.evaluation.evaluate import unfinished_warning
 from mmcse.files import atomic_dir, recover_dir
 from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
 from mmcse.training import checkpoint as ckpt
+from mmcse.training import fastpath
 from mmcse.training import metrics as metrics_log
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train
@@ -114,8 +115,18 @@ def test_sigkilled_run_resumes_to_the_same_metrics(
     assert not list(run.glob(".tmp-*")) and not list(run.glob(".old-*"))
 
 
-def test_sigint_stops_after_the_step_and_resumes(tiny_model, tiny_world, tmp_path, monkeypatch):
-    cfg = TrainConfig(**settings(tiny_model, tiny_world, tmp_path / "run", max_steps=5))
+@pytest.mark.parametrize("capture", ["off", "on"])
+def test_sigint_stops_after_the_step_and_resumes(
+    capture, tiny_model, tiny_world, tmp_path, monkeypatch
+):
+    """Eager, and with the whole update captured (``aot_eager``: the graphs and dropout draws of
+    eager; the captured AdamW's moments and step counts go through last/ in torch's layout)."""
+    monkeypatch.setitem(fastpath.CAPTURE_COMPILE, "cpu", {"backend": "aot_eager"})
+    out = tmp_path / "run"
+    static = {"dynamic_padding": False} if capture == "on" else {}  # as the run records it
+    cfg = TrainConfig(
+        **settings(tiny_model, tiny_world, out, max_steps=5, capture=capture, **static)
+    )
     real_write = metrics_log.MetricsLog.write
 
     def write(self, record):
