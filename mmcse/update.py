@@ -79,12 +79,6 @@ def linear_factor_tensor(step: Tensor, warmup: int, total: int) -> Tensor:
     return torch.where(step < warmup, rising, falling)
 
 
-def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int):
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: linear_factor(step, warmup, total)
-    )
-
-
 @dataclass(frozen=True)
 class AdamWSettings:
     lr: float
@@ -175,11 +169,10 @@ def read_group_steps(optimizer: torch.optim.Optimizer) -> list[int]:
 
 @dataclass(frozen=True)
 class Segment:
-    """A contiguous run ``[start, end)`` of the flat buffer whose parameters step together on a
-    batch kind, counted by step counter ``counter``, in AdamW group ``group``; ``names``: those
+    """A contiguous run ``[start, end)`` of the flat buffer (of one AdamW group) whose parameters
+    step together on a batch kind, counted by step counter ``counter``; ``names``: those
     parameters' names in the module the update differentiates, in buffer order."""
 
-    group: int
     counter: int
     start: int
     end: int
@@ -190,8 +183,8 @@ class FlatParameters:
     """Every trained parameter as a view of one flat fp32 buffer, in group order.
 
     The parameters stay ``nn.Parameter`` objects of their modules (state dicts, evaluation and
-    checkpoints see them as before); their storage is ``data``. A checkpoint therefore saves
-    copies (:func:`mmcse.model` clones before writing): safetensors refuses shared storage.
+    checkpoints see them as before; ``save_pretrained`` writes each one's values, and the heads
+    are cloned before safetensors, which refuses shared storage); their storage is ``data``.
     """
 
     def __init__(self, groups: list[list[nn.Parameter]]) -> None:
@@ -211,7 +204,6 @@ class FlatParameters:
                 self.span[id(p)], self.group_of[id(p)] = (start, end), index
                 start = end
         self.params = params
-        self.groups = groups
 
     def layout(self, module: nn.Module) -> list[tuple[str, int, int, torch.Size]]:
         """(name, start, end, shape) of ``module``'s trained parameters (for :meth:`views`)."""
@@ -225,9 +217,9 @@ class FlatParameters:
     def views(flat: Tensor, layout: list[tuple[str, int, int, torch.Size]]) -> dict[str, Tensor]:
         return {name: flat[start:end].view(shape) for name, start, end, shape in layout}
 
-    def runs(self, active: set[int]) -> list[tuple[tuple[int, ...], int, int, int]]:
+    def runs(self, active: set[int]) -> list[tuple[tuple[int, ...], int, int]]:
         """Contiguous runs of the ``active`` parameters (ids), split where the group changes:
-        ``(ids, group, start, end)`` each."""
+        ``(ids, start, end)`` each."""
         runs: list[list[nn.Parameter]] = []
         for p in self.params:
             if id(p) not in active:
@@ -239,7 +231,6 @@ class FlatParameters:
         return [
             (
                 tuple(id(p) for p in run),
-                self.group_of[id(run[0])],
                 self.span[id(run[0])][0],
                 self.span[id(run[-1])][1],
             )
@@ -273,14 +264,14 @@ class FlatAdamW:
         """The runs of ``active`` parameters (``names``: id → name), each with its step counter:
         the same parameters count their steps together on every batch kind."""
         out = []
-        for key, group, start, end in self.flat.runs(active):
+        for key, start, end in self.flat.runs(active):
             if key not in self.counters:
                 if len(self.counters) == MAX_COUNTERS:
                     raise RuntimeError(f"more than {MAX_COUNTERS} runs of parameters step apart")
                 self.counters[key] = len(self.counters)
                 self.start_counter(key, self.counters[key])
             run_names = tuple(names[i] for i in key)
-            out.append(Segment(group, self.counters[key], start, end, run_names))
+            out.append(Segment(self.counters[key], start, end, run_names))
         return tuple(out)
 
     def step_(self, grads: list[Tensor], segments: tuple[Segment, ...], lr: Tensor) -> None:

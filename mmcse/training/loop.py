@@ -148,7 +148,6 @@ class Trainer:
         if self.aux is not None:
             self.aux.total_steps = self.total  # the auxiliary task's own lr schedule spans the run
         self.update = self._build_updates()
-        self.scaler = getattr(self.update, "scaler", None)
         self.start = self.record.restore(self.resume_state)
         return self
 

@@ -57,20 +57,6 @@ class LossWindow:
         self.excluded = 0.0  # eval / checkpoint seconds inside the window
         self.started = time.perf_counter()
 
-    def add(self, step: int, kind: str, terms: dict[str, Any], data_wait: float = 0.0) -> None:
-        """One step's terms (tensors stay on their device: no host sync here)."""
-        for key, value in terms.items():
-            if isinstance(value, Tensor):
-                value = value.detach().float()
-            elif not is_loss_key(key):
-                self.latest[key] = float(value)
-                continue
-            self.sums[key] = self.sums[key] + value if key in self.sums else value
-            self.counts[key] = self.counts.get(key, 0) + 1
-        self.totals.append(_detached(terms))
-        self.steps.append((step, kind))
-        self.data_wait += data_wait
-
     def add_step(
         self,
         step: int,
@@ -160,11 +146,6 @@ class LossWindow:
         self.latest = dict(state["latest"])
         self.totals = [t.to(device) for t in state["totals"]]
         self.steps = [tuple(s) for s in state["steps"]]
-
-
-def _detached(terms: dict[str, Any]) -> Tensor:
-    loss = terms["loss"]
-    return loss.detach().float() if isinstance(loss, Tensor) else torch.tensor(float(loss))
 
 
 def _loss_first(key: str) -> tuple[int, str]:

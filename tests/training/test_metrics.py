@@ -14,9 +14,17 @@ from mmcse.errors import MmcseError
 from mmcse.training import metrics as metrics_log
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train
-from mmcse.training.metrics import LossWindow, Progress, truncate_metrics
+from mmcse.training.metrics import LossWindow, Progress, is_loss_key, truncate_metrics
 
 TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
+
+
+def add(window: LossWindow, step: int, kind: str, terms: dict) -> None:
+    """One step's terms as the trainer hands them to the window: the loss terms stacked in one
+    tensor (``loss`` first), any other value a host value."""
+    losses = {k: float(v) for k, v in terms.items() if is_loss_key(k)}
+    host = {k: v for k, v in terms.items() if not is_loss_key(k)}
+    window.add_step(step, kind, [(tuple(losses), torch.tensor(list(losses.values())))], host)
 
 
 def config(tiny_model, tiny_world, out, **kw) -> TrainConfig:
@@ -42,7 +50,7 @@ def test_window_averages_each_term_over_the_batches_it_was_computed_on():
         steps.append(terms)
     window = LossWindow()
     for i, (kind, terms) in enumerate(zip(kinds, steps, strict=True)):
-        window.add(i + 1, kind, {k: torch.tensor(v) for k, v in terms.items()})
+        add(window, i + 1, kind, {k: torch.tensor(v) for k, v in terms.items()})
     record = window.flush()
     assert record["loss"] == pytest.approx(np.mean([t["loss"] for t in steps]))
     assert record["simcse_loss"] == pytest.approx(np.mean([t["simcse_loss"] for t in steps]))
@@ -53,10 +61,11 @@ def test_window_averages_each_term_over_the_batches_it_was_computed_on():
 
 
 def test_host_terms_and_non_loss_values():
-    """An auxiliary task's terms arrive as floats; a non-loss value (its lr) keeps the last one."""
+    """An auxiliary task's terms are averaged like the step's; a non-loss value (its lr) keeps
+    the last one."""
     window = LossWindow()
-    window.add(1, "text", {"loss": torch.tensor(1.0), "image_supcon_loss": 0.5, "image_lr": 1e-6})
-    window.add(2, "text", {"loss": torch.tensor(3.0), "image_supcon_loss": 1.5, "image_lr": 2e-6})
+    add(window, 1, "text", {"loss": torch.tensor(1.0), "image_supcon_loss": 0.5, "image_lr": 1e-6})
+    add(window, 2, "text", {"loss": torch.tensor(3.0), "image_supcon_loss": 1.5, "image_lr": 2e-6})
     record = window.flush()
     assert record["loss"] == 2.0 and record["image_supcon_loss"] == 1.0
     assert record["image_lr"] == 2e-6 and record["kind"] == "text"
@@ -65,25 +74,25 @@ def test_host_terms_and_non_loss_values():
 def test_a_non_finite_loss_is_named_by_its_step():
     window = LossWindow()
     for step, value in [(11, 1.0), (12, float("nan")), (13, 2.0)]:
-        window.add(step, "caption" if step == 12 else "text", {"loss": torch.tensor(value)})
+        add(window, step, "caption" if step == 12 else "text", {"loss": torch.tensor(value)})
     with pytest.raises(MmcseError, match=r"nan at step 12 \(a caption batch; .*steps 11-13\)"):
         window.flush()
 
 
 def test_a_non_finite_auxiliary_term_is_caught_at_the_window():
     window = LossWindow()
-    window.add(5, "text", {"loss": torch.tensor(1.0), "image_supcon_loss": torch.tensor(1.0)})
-    window.add(6, "text", {"loss": torch.tensor(1.0), "image_supcon_loss": torch.tensor(np.inf)})
+    add(window, 5, "text", {"loss": torch.tensor(1.0), "image_supcon_loss": torch.tensor(1.0)})
+    add(window, 6, "text", {"loss": torch.tensor(1.0), "image_supcon_loss": torch.tensor(np.inf)})
     with pytest.raises(MmcseError, match="image_supcon_loss became inf in steps 5-6"):
         window.flush()
 
 
 def test_window_state_survives_a_round_trip():
     a, b = LossWindow(), LossWindow()
-    a.add(1, "text", {"loss": torch.tensor(1.0), "x_loss": torch.tensor(4.0), "lr2": 0.1})
+    add(a, 1, "text", {"loss": torch.tensor(1.0), "x_loss": torch.tensor(4.0), "lr2": 0.1})
     b.load_state_dict(a.state_dict(), torch.device("cpu"))
     for w in (a, b):
-        w.add(2, "caption", {"loss": torch.tensor(2.0)})
+        add(w, 2, "caption", {"loss": torch.tensor(2.0)})
     ra, rb = a.flush(), b.flush()
     assert {k: v for k, v in ra.items() if k not in TIMING} == {
         k: v for k, v in rb.items() if k not in TIMING

@@ -4,10 +4,12 @@ HF's warm-up, precision, and what the recipes record about the code they reprodu
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from mmcse.errors import MmcseError
 from mmcse.optim import set_transformers_eps
@@ -29,7 +31,7 @@ from mmcse.update import (
     FlatAdamW,
     FlatParameters,
     adamw_groups,
-    linear_schedule,
+    linear_factor,
 )
 
 # ---- a TrainData over fake corpora of given sizes (the schedule only needs their lengths) ----
@@ -163,7 +165,7 @@ def hf_linear_with_warmup(step: int, warmup: int, total: int) -> float:
 def test_linear_schedule_is_hf_get_linear_schedule_with_warmup(warmup, total):
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=2.0)
-    scheduler = linear_schedule(optimizer, warmup, total)
+    scheduler = LambdaLR(optimizer, partial(linear_factor, warmup=warmup, total=total))
     applied = []
     for _ in range(total):
         applied.append(optimizer.param_groups[0]["lr"])  # the lr the next step uses
