@@ -315,8 +315,7 @@ class Trainer:
         record = {"step": self.step_count, "epoch": epoch, "time": time.time()}
         record.update(lr=self.update.lr(), **window)
         log.write(record)
-        # the rate of this window: a compile in the first steps does not drag it down
-        progress.set(loss=record["loss"], dev=self._dev_text(), steps_s=window["steps_per_s"])
+        progress.set(loss=record["loss"], dev=self._dev_text())
 
     def _dev_evaluator(self) -> DevEvaluator:
         """The run's STS-B dev evaluator, its data prepared at the first evaluation."""
