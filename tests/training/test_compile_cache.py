@@ -1,0 +1,63 @@
+"""A second run of a method reuses the first run's compiled step (issue 21, item 3).
+
+A recipe's seeds and an ablation's rows compile the same captured update; inductor keeps compiled
+graphs on disk (its FX-graph cache, and AOTAutograd's above it), so only the first run should pay
+the code generation. That holds only while nothing run-specific (a path, a seed, an object's id)
+enters the graph or its cache key: this test runs the captured SimCSE step in two fresh
+processes — different run folders, different seeds — sharing one cache folder, and reads
+inductor's own cache counters. Inductor on CPU, tiny student: about a minute, the price of
+checking the real backend (the other capture tests use ``aot_eager``, which caches nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+RUN_ONE_STEP = """
+import json, sys, time
+from pathlib import Path
+from torch._dynamo.utils import counters
+from mmcse.bench.train_step import BenchState, method_needs, synthetic_world
+
+root, seed = Path(sys.argv[1]), int(sys.argv[2])
+world = synthetic_world(root, "tiny", 12, 16, method_needs("simcse"))
+state = BenchState.of(world, "simcse", 4, 12, "cpu", "auto", capture="on",
+                      dynamic_padding=False, seed=seed)
+started = time.perf_counter()
+state.step()
+print(json.dumps({"first_step_s": time.perf_counter() - started,
+                  "inductor": dict(counters["inductor"]),
+                  "aot_autograd": dict(counters["aot_autograd"])}))
+"""
+
+
+def run_captured_step(root: Path, seed: int, cache: Path) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    project = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join([str(project), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_ONE_STEP, str(root), str(seed)],
+        env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_run_compiles_its_captured_step_from_the_cache(tmp_path):
+    cache = tmp_path / "inductor-cache"
+    first = run_captured_step(tmp_path / "run-a", 1, cache)
+    second = run_captured_step(tmp_path / "run-b", 2, cache)
+    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 1  # the first run compiles
+    assert first["inductor"].get("fxgraph_cache_hit", 0) == 0
+    assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second
+    assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1
+    assert second["aot_autograd"].get("autograd_cache_hit", 0) >= 1, second
