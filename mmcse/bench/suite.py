@@ -547,7 +547,8 @@ def startup_section(options: SuiteOptions, size: SuiteSize) -> dict:
 def versus_st_section(options: SuiteOptions, size: SuiteSize) -> dict:
     """mmcse's SimCSE steps/s vs sentence-transformers' Trainer's at the first batch size
     (:mod:`mmcse.bench.versus_st`); the mmcse step captured where the ``train`` section
-    captures it. Enough caption rows that neither side starts a new epoch while timed."""
+    captures it (then with at least 3 warm-up steps). Enough caption rows that neither side
+    starts a new epoch while timed."""
     from mmcse.bench import train_step as bench
     from mmcse.bench import versus_st
 
@@ -833,7 +834,8 @@ def _md_versus_st(section: dict) -> list[str]:
         "| trainer | steps/s | timed steps (after warm-up) | mean width | step |",
         "|---|---:|---:|---:|---|",
         f"| mmcse | {_fmt(mmcse['steps_per_s'], 2)} | {mmcse['steps']} ({mmcse['warmup']}) | "
-        f"{_fmt(mmcse['mean_width'])} | capture {section['capture']} |",
+        f"{_fmt(mmcse['mean_width'])} | capture {section['capture']}, first step "
+        f"{_fmt(mmcse['first_step_s'], 1)} s |",
         f"| sentence-transformers | {_fmt(st['steps_per_s'], 2)} | {st['steps']} ({st['warmup']}) "
         f"| {_fmt(st['mean_width'])} | {st['optimizer']}, "
         f"{_fmt(st['encoder_forwards_per_step'])} forwards/step |",

@@ -39,7 +39,8 @@ TRAINER_MISSING = (
     "(pip install 'sentence-transformers[train]')"
 )
 SCALE = 20.0  # MultipleNegativesRankingLoss' scale = 1/τ with SimCSE's τ = 0.05
-LEARNING_RATE = 3e-5  # mmcse's default (SimCSE's BERT-base unsup)
+#: the fewest warm-up steps of a captured step: compile, CUDA graph record, first replay
+CAPTURED_WARMUP = 3
 
 
 def unavailable() -> str | None:
@@ -72,14 +73,17 @@ def bench_versus_st(
 ) -> dict:
     """Steps/s of mmcse's SimCSE step and of sentence-transformers' Trainer on the bench world
     ``world`` (:func:`mmcse.bench.train_step.synthetic_world`), their ratio (derived), and what
-    is the same and what differs. ``capture``: the mmcse trainer's flag (``on`` | ``off``)."""
+    is the same and what differs. ``capture``: the mmcse trainer's flag (``on`` | ``off``); a
+    captured step warms up for at least :data:`CAPTURED_WARMUP` steps, and so does the other side."""
     if min(steps, warmup, batch, seq_len) < 1:
         raise BadValueError("versus sentence-transformers: steps, warm-up, batch and length ≥ 1")
+    if capture != "off":
+        warmup = max(warmup, CAPTURED_WARMUP)
     mmcse, run = mmcse_rate(world, batch, seq_len, device, steps, warmup, capture)
     texts = corpus_texts(run.cfg.caption_corpus)
     st, st_info = st_rate(
-        Path(run.cfg.model), texts, batch, seq_len, device, steps, warmup,
-        bf16=run.precision.startswith("bf16"),
+        Path(run.cfg.model), texts, batch, seq_len, device, steps, warmup, run.precision,
+        run.cfg.learning_rate,
     )  # fmt: skip
     return {
         "mmcse_steps_per_s": mmcse.steps_per_s,
@@ -89,7 +93,7 @@ def bench_versus_st(
         "seq_len": seq_len,
         "precision": run.precision,
         "capture": run.capture,
-        "mmcse": dataclasses.asdict(mmcse),
+        "mmcse": {**dataclasses.asdict(mmcse), "first_step_s": run.first_step_s},
         "sentence_transformers": {**dataclasses.asdict(st), **st_info},
         "versions": versions(),
         "settings": settings(run, st_info, len(texts)),
@@ -104,6 +108,7 @@ class MmcseRun:
     precision: str
     capture: str
     fused_adamw: bool
+    first_step_s: float  # the first warm-up step (the compile, when captured)
 
 
 def mmcse_rate(world, batch, seq_len, device, steps, warmup, capture) -> tuple[SideRate, MmcseRun]:
@@ -116,13 +121,14 @@ def mmcse_rate(world, batch, seq_len, device, steps, warmup, capture) -> tuple[S
         world, "simcse", batch, seq_len, device, "auto", capture=capture,
         dynamic_padding=capture == "off",  # a captured step has one shape per batch kind
     )  # fmt: skip
-    for _ in range(warmup):
+    first_step_s = timed(state.step, device)  # the compile, when captured
+    for _ in range(warmup - 1):
         state.step()
     state.reset()
     seconds = timed(functools.partial(run_steps, state, steps), device)
     trainer = state.trainer
     fused = trainer.cfg.fused_adamw and trainer.device.type == "cuda"
-    run = MmcseRun(trainer.cfg, trainer.precision, trainer.capture, fused)
+    run = MmcseRun(trainer.cfg, trainer.precision, trainer.capture, fused, first_step_s)
     rate = SideRate(steps / seconds, seconds, steps, warmup, mean(state.widths))
     del state, trainer
     release(device)
@@ -220,10 +226,12 @@ def st_rate(
     device: str,
     steps: int,
     warmup: int,
-    bf16: bool,
+    precision: str,
+    learning_rate: float,
 ) -> tuple[SideRate, dict]:
     """sentence-transformers' Trainer: its rate over ``steps`` steps after ``warmup``, and what
-    it ran (optimizer, forwards per step, dataloader)."""
+    it ran (optimizer, forwards per step, attention). ``precision``: the mmcse side's, as
+    :func:`mmcse.precision.precision_name` names it (bf16/fp16 autocast on CUDA, else fp32)."""
     from transformers import PrinterCallback
 
     *_, loss_cls, trainer_cls, args_cls = st_classes()
@@ -240,8 +248,9 @@ def st_rate(
             output_dir=out,
             per_device_train_batch_size=batch,
             max_steps=warmup + steps,
-            learning_rate=LEARNING_RATE,
-            bf16=bf16 and cuda,
+            learning_rate=learning_rate,
+            bf16=cuda and precision.startswith("bf16"),
+            fp16=cuda and precision.startswith("fp16"),
             use_cpu=not cuda,
             save_strategy="no",
             eval_strategy="no",
@@ -267,6 +276,8 @@ def st_rate(
         "max_grad_norm": args.max_grad_norm,
         "lr_scheduler": getattr(args.lr_scheduler_type, "value", str(args.lr_scheduler_type)),
         "bf16": args.bf16,
+        "fp16": args.fp16,
+        "attention": model[0].auto_model.config._attn_implementation,
         "encoder_forwards_per_step": len(widths) / (warmup + steps),
         "rows": len(texts),
     }
@@ -300,12 +311,13 @@ def settings(run: MmcseRun, st_info: dict, rows: int) -> dict:
         f"dropout {cfg.dropout}, peak lr {cfg.learning_rate}, in-batch negatives at "
         f"1/τ = {SCALE:g}",
         "mmcse": f"SimCSE InfoNCE over a [CLS] MLP head, both views in one forward, AdamW eps "
-        f"{cfg.adam_eps}{' fused' if run.fused_adamw else ''}, clip {cfg.grad_clip}, capture "
-        f"{run.capture}, batches gathered ahead from the token cache",
+        f"{cfg.adam_eps}{' fused' if run.fused_adamw else ''}, clip {cfg.grad_clip}, attention "
+        f"{cfg.attn_implementation}, capture {run.capture}, batches gathered ahead from the "
+        "token cache",
         "sentence_transformers": f"MultipleNegativesRankingLoss (scale {SCALE:g}) over [CLS], "
         f"{st_info['encoder_forwards_per_step']:g} encoder forwards per step, "
-        f"{st_info['optimizer']}, clip {st_info['max_grad_norm']}, texts tokenised per batch "
-        "in its collator",
+        f"{st_info['optimizer']}, clip {st_info['max_grad_norm']}, attention "
+        f"{st_info['attention']}, texts tokenised per batch in its collator",
         "timing": "each side: timed steps after its warm-up steps, device synchronised at both "
         "ends; sentence-transformers' inside its run (a TrainerCallback)",
     }

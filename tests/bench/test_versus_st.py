@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -65,6 +66,7 @@ def test_both_sides_report_positive_rates_and_the_ratio_is_their_quotient(measur
     for side in (mmcse, st):  # the tiny size's steps, each rate = timed steps / timed seconds
         assert (side["steps"], side["warmup"]) == (TINY.steps, TINY.warmup)
         assert side["steps_per_s"] == pytest.approx(side["steps"] / side["seconds"])
+    assert mmcse["first_step_s"] > 0  # the first warm-up step, timed apart (the compile)
     assert (section["batch"], section["seq_len"]) == (TINY.batches[0], TINY.seq_len)
     assert section["student"] == "tiny" and section["precision"] == "fp32"
     assert section["capture"] == "off"  # CPU without --compile-on-cpu: the eager step
@@ -123,3 +125,36 @@ def test_the_section_is_listed_and_rejects_too_few_steps(tmp_path):
     assert "``versus_st``" in bench_suite.__doc__
     with pytest.raises(BadValueError, match="steps"):
         versus_st.bench_versus_st(None, 8, 16, "cpu", steps=2, warmup=0, capture="off")
+
+
+def test_a_captured_step_warms_up_three_steps_and_the_trainer_as_many(monkeypatch, tmp_path):
+    """Compile, CUDA graph record, first replay: none of them timed, on either side."""
+    cfg = SimpleNamespace(
+        caption_corpus="corpus", model=str(tmp_path / "student"), batch_size=8,
+        max_seq_length=16, dropout=0.1, learning_rate=5e-5, adam_eps=1e-6, grad_clip=1.0,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    warmups = {}
+
+    def fake_mmcse(world, batch, seq_len, device, steps, warmup, capture):
+        warmups["mmcse"] = warmup
+        run = versus_st.MmcseRun(cfg, "bf16 autocast", "whole", True, 30.0)
+        return versus_st.SideRate(10.0, steps / 10.0, steps, warmup, 16.0), run
+
+    def fake_st(model_dir, texts, batch, seq_len, device, steps, warmup, precision, lr):
+        warmups["st"] = warmup
+        assert (model_dir, precision, lr) == (tmp_path / "student", "bf16 autocast", 5e-5)
+        info = {"encoder_forwards_per_step": 2.0, "optimizer": "adamw", "max_grad_norm": 1.0}
+        return versus_st.SideRate(4.0, steps / 4.0, steps, warmup, 16.0), {
+            **info, "attention": "sdpa"
+        }  # fmt: skip
+
+    monkeypatch.setattr(versus_st, "mmcse_rate", fake_mmcse)
+    monkeypatch.setattr(versus_st, "st_rate", fake_st)
+    monkeypatch.setattr(versus_st, "corpus_texts", lambda corpus: ["w1 w2"] * 8)
+    report = versus_st.bench_versus_st(None, 8, 16, "cuda", steps=5, warmup=1, capture="on")
+    assert warmups == {"mmcse": 3, "st": 3}
+    assert report["ratio_mmcse_over_st_derived"] == 2.5 and report["capture"] == "whole"
+    assert report["mmcse"]["first_step_s"] == 30.0
+    versus_st.bench_versus_st(None, 8, 16, "cpu", steps=5, warmup=1, capture="off")
+    assert warmups == {"mmcse": 1, "st": 1}  # eager: the size's own warm-up
