@@ -20,6 +20,8 @@ Sections (each can be picked with ``--sections``; all run by default):
 ``sts_eval``    the 7-task STS evaluation (STS12-16, STS-B, SICK-R test), wall seconds
 ``startup``     training start-up by corpus size with the token cache cold, warm and off
                 (:mod:`mmcse.bench.startup`)
+``versus_st``   SimCSE training steps/s of mmcse's trainer vs sentence-transformers' Trainer
+                (same student, texts, batch, length, precision; :mod:`mmcse.bench.versus_st`)
 ==============  ===========================================================================
 
 Sizes: ``real`` (BERT-base student, real-size teachers: what the goals are stated for),
@@ -51,7 +53,7 @@ from mmcse.registry import METHODS
 
 SECTIONS = (
     "extract", "text", "objects", "train", "fast_paths", "capture", "dev_eval", "sts_eval",
-    "startup",
+    "startup", "versus_st",
 )  # fmt: skip
 IMAGE_TEACHERS = ("resnet50", "clip-vit-b32", "clip-vit-l14")
 TEXT_TEACHER = "simcse"  # BERT-base, like DiffCSE's and RankCSE's
@@ -86,9 +88,7 @@ SUITE_SIZES = {
         "small", "tiny", (64,), 32, 12, 2, 3, 64, 16, 1024, 2, 2, 16, (1_000, 100_000)
     ),
     # BERT-base student at batch 16, few steps: its step's shapes, measurable on a CPU
-    "base": SuiteSize(
-        "base", "tiny", (16,), 32, 2, 1, 1, 64, 16, 1024, 2, 2, 16, (1_000, 10_000)
-    ),
+    "base": SuiteSize("base", "tiny", (16,), 32, 2, 1, 1, 64, 16, 1024, 2, 2, 16, (1_000, 10_000)),
     "tiny": SuiteSize("tiny", "tiny", (8, 16), 16, 2, 1, 1, 4, 2, 32, 1, 1, 4, (100, 1_000)),
 }
 
@@ -165,6 +165,7 @@ def run_suite(options: SuiteOptions, out: Path) -> dict:
         "dev_eval": lambda: dev_eval_section(options, size, results.get("train")),
         "sts_eval": lambda: sts_eval_section(options, size),
         "startup": lambda: startup_section(options, size),
+        "versus_st": lambda: versus_st_section(options, size),
     }
     for name in SECTIONS:
         if name not in options.sections:
@@ -469,6 +470,7 @@ def dev_eval_section(options: SuiteOptions, size: SuiteSize, train: dict | None)
         model, vocab = _random_student(Path(tmp), size.student)
         encoder = SentenceEncoder.from_pretrained(str(model)).to(options.device)
         tokenizer = load_tokenizer(str(model))
+
         def unprepared() -> float:
             return dev_eval.DevEvaluator(encoder, tokenizer, data)(encoder)
 
@@ -540,6 +542,29 @@ def startup_section(options: SuiteOptions, size: SuiteSize) -> dict:
             "device": "cpu (start-up is host work)",
         },
     }
+
+
+def versus_st_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    """mmcse's SimCSE steps/s vs sentence-transformers' Trainer's at the first batch size
+    (:mod:`mmcse.bench.versus_st`); the mmcse step captured where the ``train`` section
+    captures it (then with at least 3 warm-up steps). Enough caption rows that neither side
+    starts a new epoch while timed."""
+    from mmcse.bench import train_step as bench
+    from mmcse.bench import versus_st
+
+    reason = versus_st.unavailable()
+    if reason is not None:
+        return {"skipped": reason}
+    batch = size.batches[0]
+    captured = options.device.startswith("cuda") or options.compile_on_cpu
+    rows = batch * (size.warmup + size.steps + 1)
+    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
+        world = bench.synthetic_world(Path(tmp), size.student, size.seq_len, rows, set())
+        out = versus_st.bench_versus_st(
+            world, batch, size.seq_len, options.device, size.steps, size.warmup,
+            "on" if captured else "off",
+        )  # fmt: skip
+    return {"student": size.student, **out}
 
 
 def _eval_data(options: SuiteOptions) -> Path | None:
@@ -618,6 +643,7 @@ def to_markdown(results: dict) -> str:
         ("dev_eval", _md_dev_eval),
         ("sts_eval", _md_sts_eval),
         ("startup", _md_startup),
+        ("versus_st", _md_versus_st),
     ):
         if name in results:
             lines += render(results[name]) + [""]
@@ -790,3 +816,31 @@ def _md_startup(section: dict) -> list[str]:
                 f"{r['warm_ratio_to_smallest']:.2f} |"
             )
     return lines + ["", f"Settings: {section['settings']}"]
+
+
+def _md_versus_st(section: dict) -> list[str]:
+    title = "## SimCSE training: mmcse vs sentence-transformers' Trainer"
+    if "skipped" in section:
+        return [title, "", f"skipped: {section['skipped']}"]
+    versions = section["versions"]
+    mmcse, st = section["mmcse"], section["sentence_transformers"]
+    return [
+        title,
+        "",
+        f"Student {section['student']}, batch {section['batch']} x length {section['seq_len']}, "
+        f"{section['precision']}; sentence-transformers {versions['sentence_transformers']}, "
+        f"transformers {versions['transformers']}.",
+        "",
+        "| trainer | steps/s | timed steps (after warm-up) | mean width | step |",
+        "|---|---:|---:|---:|---|",
+        f"| mmcse | {_fmt(mmcse['steps_per_s'], 2)} | {mmcse['steps']} ({mmcse['warmup']}) | "
+        f"{_fmt(mmcse['mean_width'])} | capture {section['capture']}, first step "
+        f"{_fmt(mmcse['first_step_s'], 1)} s |",
+        f"| sentence-transformers | {_fmt(st['steps_per_s'], 2)} | {st['steps']} ({st['warmup']}) "
+        f"| {_fmt(st['mean_width'])} | {st['optimizer']}, "
+        f"{_fmt(st['encoder_forwards_per_step'])} forwards/step |",
+        "",
+        f"mmcse ÷ sentence-transformers (derived): {section['ratio_mmcse_over_st_derived']:.2f}x",
+        "",
+        f"Settings: {section['settings']}",
+    ]

@@ -201,11 +201,14 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     assert startup["sentences_100"]["warm_ratio_to_smallest"] == 1.0
     assert all(startup["sentences_1000"][f"{mode}_s"] > 0 for mode in ("cold", "warm", "off"))
 
+    versus = data["versus_st"]  # skipped where sentence-transformers' Trainer is not installed
+    assert "skipped" in versus or min(versus["mmcse_steps_per_s"], versus["st_steps_per_s"]) > 0
+
     markdown = out.with_suffix(".md").read_text()
     for heading in ("## Image extraction", "## Objects", "### batch 8, eager step", "## Fast paths",
                     "## Whole-step capture",
                     "## STS-B dev evaluation", "## STS 7-task evaluation",
-                    "## Training start-up"):  # fmt: skip
+                    "## Training start-up", "## SimCSE training: mmcse vs"):  # fmt: skip
         assert heading in markdown
     assert "| mcse |" in markdown and "n/a" in markdown
     assert math.isfinite(data["train"]["batch_8"]["eager"]["mcse"]["ratio"])
