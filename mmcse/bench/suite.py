@@ -13,9 +13,9 @@ Sections (each can be picked with ``--sections``; all run by default):
                 tokens/s, counted FLOPs and MFU, data-wait share, peak GPU memory
                 (:mod:`mmcse.bench.train_step`, :mod:`mmcse.bench.flops`)
 ``fast_paths``  SimCSE step with each fast path on vs off (:mod:`mmcse.training.fastpath`)
-``capture``     every method's step eager vs captured as one graph: ms, ops per step, compile
-                seconds, graphs/breaks per batch kind (:mod:`mmcse.bench.capture`); on a CPU
-                the captured half needs ``--compile-on-cpu`` (inductor compiles for minutes)
+``capture``     every method's steps as Dynamo sees them: graphs/breaks per batch kind, eager
+                ops per step, an eager update's ops (:mod:`mmcse.bench.capture`); nothing
+                timed or compiled (``train`` times every step eager and captured)
 ``dev_eval``    one STS-B dev evaluation and its share of a run evaluating every 125 steps
 ``sts_eval``    the 7-task STS evaluation (STS12-16, STS-B, SICK-R test), wall seconds
 ``startup``     training start-up by corpus size with the token cache cold, warm and off
@@ -421,35 +421,27 @@ def fast_path_section(options: SuiteOptions, size: SuiteSize) -> dict:
 
 
 def capture_section(options: SuiteOptions, size: SuiteSize) -> dict:
-    """Every method eager vs captured (:mod:`mmcse.bench.capture`) at the smallest batch, and
-    the operator calls of the update left outside the graph (clipping, AdamW)."""
+    """Every method's steps as Dynamo sees them (graphs and breaks per batch kind: one graph and
+    no break is what whole-update capture needs), its eager step's operators, and the operator
+    calls of an update left outside a graph (clipping, AdamW: what ``--capture off`` and the
+    forward-only capture of DDP/fp16 runs dispatch). No step is timed or compiled here: the
+    ``train`` section times every method eager and captured, with its compile seconds."""
     from mmcse.bench import train_step as bench
     from mmcse.bench.capture import bench_capture, update_ops
 
     names, batch = _method_names(options), size.batches[0]
-    capture = options.device.startswith("cuda") or options.compile_on_cpu
     out: dict = {"student": size.student, "batch": batch, "seq_len": size.seq_len}
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
         needs = set().union(*(bench.method_needs(n) for n in names))
         world = bench.synthetic_world(Path(tmp), size.student, size.seq_len, batch * 8, needs)
         out["methods"] = bench_capture(
-            world, names, batch, size.seq_len, options.device,
-            size.steps, size.warmup, size.rounds, capture,
-        )  # fmt: skip
+            world, names, batch, size.seq_len, options.device, capture=False, timing=False
+        )
         state = bench.BenchState.of(world, "simcse", batch, size.seq_len, options.device, "auto")
         out["update_ops"] = update_ops(state.trainer.student)
-    if not capture:
-        out["captured_skipped"] = (
-            "not measured on CPU: compiling takes minutes on a shared CPU (--compile-on-cpu)"
-        )
     out["settings"] = {
         "batches": "caption batches (every term active), padded to seq_len",
-        "steps": size.steps,
-        "warmup": size.warmup,
-        "rounds": size.rounds,
-        "compile": "inductor, mode reduce-overhead (CUDA graphs)"
-        if options.device.startswith("cuda")
-        else "inductor (CPU: fused C++ kernels, no graphs to replay)",
+        "step_times": "the train section's (eager and captured, with compile seconds)",
     }
     return out
 
@@ -745,33 +737,23 @@ def _md_fast_paths(section: dict) -> list[str]:
 
 def _md_capture(section: dict) -> list[str]:
     lines = [
-        f"## Whole-step capture (student {section['student']}, batch {section['batch']}, "
+        f"## Steps as Dynamo sees them (student {section['student']}, batch {section['batch']}, "
         f"length {section['seq_len']})",
         "",
-        "| method | eager ms | captured ms | speed-up | compile s | ops/step eager | "
-        "captured (in graphs) | graphs/breaks |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| method | ops/step eager | graphs/breaks |",
+        "|---|---:|---|",
     ]
     for name, r in section["methods"].items():
         graphs = ", ".join(f"{k} {e['graphs']}/{e['breaks']}" for k, e in r["explain"].items())
-        captured = "–"
-        if "captured_ops" in r:
-            captured = f"{r['captured_ops']:,} ({r['captured_ops_in_graphs']:,})"
-        lines.append(
-            f"| {name} | {_fmt(r['eager_ms'], 2)} | {_fmt(r.get('captured_ms'), 2)} | "
-            f"{_fmt(r.get('speedup'), 2)} | {_fmt(r.get('compile_s'), 1)} | "
-            f"{r['eager_ops']:,} | {captured} | {graphs} |"
-        )
+        lines.append(f"| {name} | {r['eager_ops']:,} | {graphs} |")
     update = section["update_ops"]
     lines += [
         "",
-        f"Outside the graph, over {update['parameters']} parameter tensors (outermost operator "
-        f"calls): clipping {update['clip_per_parameter']:,} per parameter / "
+        f"An update outside a graph, over {update['parameters']} parameter tensors (outermost "
+        f"operator calls): clipping {update['clip_per_parameter']:,} per parameter / "
         f"{update['clip_foreach']:,} foreach; AdamW {update['adamw_per_parameter']:,} per "
         f"parameter / {update['adamw_foreach']:,} foreach / {update['adamw_fused']:,} fused.",
     ]
-    if "captured_skipped" in section:
-        lines += ["", f"Captured step: {section['captured_skipped']}"]
     return lines + ["", f"Settings: {section['settings']}"]
 
 
