@@ -477,6 +477,8 @@ def dev_eval_section(options: SuiteOptions, size: SuiteSize, train: dict | None)
         "seconds_unprepared": timings["unprepared"].seconds,
         "first_call_seconds_incl_preparation": prepare_s,
         "samples_s": {k: t.samples for k, t in timings.items()},
+        "forwards": len(evaluator.batches),
+        "padded_tokens": sum(ids.numel() for ids, _ in evaluator.batches),
         "student": size.student,
         "tokenizer": vocab,
     }
@@ -766,7 +768,8 @@ def _md_dev_eval(section: dict) -> list[str]:
         "## STS-B dev evaluation",
         "",
         f"one dev evaluation (median of 3, warm): {_fmt(section['seconds'], 3)} s as the trainer "
-        f"runs it (data prepared once per run), {_fmt(section['seconds_unprepared'], 3)} s "
+        f"runs it (data prepared once per run: {section['forwards']} forwards, "
+        f"{section['padded_tokens']:,} padded tokens), {_fmt(section['seconds_unprepared'], 3)} s "
         f"re-tokenising every time; share of a run evaluating every {EVAL_EVERY} steps "
         f"(derived from the SimCSE step): {_pct(share)} (unprepared: {_pct(share_before)})",
     ]

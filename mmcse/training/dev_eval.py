@@ -2,14 +2,16 @@
 
 Scoring STS-B dev through :func:`~mmcse.evaluation.encode.encode_sentences` would re-tokenise
 the 2,909 distinct dev sentences, re-sort and re-pad them on every call (every 125 steps), and
-encode them in 23 batches of 128. :class:`DevEvaluator` does the preparation once, when the run
-builds it: the sentences are tokenised, sorted longest first and padded into a few batches of
-at most :data:`DEV_TOKENS_PER_BATCH` padded tokens each (STS-B dev: 4 forwards instead of 23, so
-on a GPU the evaluation is a few large forwards, not many small host-bound ones; the price is
-22 % more padded tokens: 62.7k against 51.6k), kept on the device; a call runs the forwards, pools, and scores, with one device→host copy. Batching changes
-no number beyond float rounding: padded positions are masked out (tested against encoding and
-scoring from scratch). The run (:class:`mmcse.training.loop.Run`) owns one; nothing is cached
-between runs.
+encode them in 23 batches of 128 (51,560 padded tokens, BERT's WordPiece). :class:`DevEvaluator`
+does the preparation once, when the run builds it: the sentences are tokenised, sorted longest
+first and padded into batches of at most :func:`dev_tokens_per_batch` padded tokens, kept on the
+device; a call runs the forwards, pools, and scores, with one device→host copy. The budget is
+the device's: on a GPU a forward costs its host dispatch until it is large, so STS-B dev is 4
+forwards of ≤ 16,384 tokens (62,701 padded); on a CPU a forward costs its arithmetic, so
+batches of ≤ 3,072 tokens pad least (17 forwards, 50,780 padded). Batching changes no number
+beyond float rounding: padded positions are masked out (tested against encoding and scoring
+from scratch). The run (:class:`mmcse.training.loop.Run`) owns one; nothing is cached between
+runs.
 
 An evaluation takes 40-110 s on a CPU (the whole dev set through the encoder), so it says when
 it starts, how far it is every :data:`PROGRESS_INTERVAL` seconds, and its score and time.
@@ -38,9 +40,13 @@ logger = logging.getLogger(__name__)
 
 #: seconds between the progress lines of one evaluation
 PROGRESS_INTERVAL = 10.0
-#: padded tokens per dev batch: large enough that a GPU runs a few big forwards (BERT-base:
-#: ~2.8 TFLOP each), small enough for any device (activations of one layer at a time)
-DEV_TOKENS_PER_BATCH = 16384
+#: padded tokens per dev batch, by device type: a GPU runs a few big forwards (BERT-base: ~2.8
+#: TFLOP each, one layer's activations at a time); a CPU, batches that pad little
+DEV_TOKENS_PER_BATCH = {"cuda": 16384, "cpu": 3072}
+
+
+def dev_tokens_per_batch(device: torch.device) -> int:
+    return DEV_TOKENS_PER_BATCH.get(device.type, DEV_TOKENS_PER_BATCH["cpu"])
 
 
 class DevEvaluator:
@@ -51,12 +57,16 @@ class DevEvaluator:
         encoder,
         tokenizer,
         data_dir: str | Path | None,
-        max_tokens: int = DEV_TOKENS_PER_BATCH,
+        max_tokens: int | None = None,
     ):
+        """``max_tokens``: padded tokens per batch (default: :func:`dev_tokens_per_batch` of
+        the device ``encoder`` is on)."""
         self.task, sentences = load_stsb_dev(resolve_downstream(data_dir))
         self.rows = {sentence: row for row, sentence in enumerate(sentences)}
         limit = model_max_length(tokenizer, encoder.backbone)
         token_ids = tokenizer(list(sentences), truncation=True, max_length=limit)["input_ids"]
+        if max_tokens is None:
+            max_tokens = dev_tokens_per_batch(next(encoder.backbone.parameters()).device)
         rows = token_budget_batches([len(ids) for ids in token_ids], max_tokens)
         self.order = np.concatenate(rows)  # the sentence of each encoded row
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -45,7 +45,10 @@ nothing to replay, so ``auto`` leaves CPU runs eager.
   decision). There the student's forward and backward are compiled and the update stays eager.
 * Compile cost: the whole update compiles in 47–77 s cold at BERT-base on an H200 (the forward/
   backward alone: 25 s), 7 s warm — a later run of the same method (a recipe's next seed, an
-  ablation's next row) reuses inductor's on-disk cache.
+  ablation's next row, in this process or a new one) reuses inductor's on-disk caches
+  (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_$USER``: keep it between runs);
+  ``tests/training/test_compile_cache.py`` checks that nothing run-specific (a path, a seed)
+  keeps a second process from hitting them.
 * Dropout: the same Bernoulli(p) masks in distribution, but compiled code draws them from
   inductor's own Philox stream, so a captured run is not bit-equal to an eager run of the same
   seed (two captured runs of one seed are). With ``torch._inductor.config.fallback_random = True``

@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")),
+        reason="inductor's CPU backend needs a C++ compiler",
+    ),
+]
 
 RUN_ONE_STEP = """
 import json, sys, time
