@@ -193,7 +193,7 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     assert capture["update_ops"]["adamw_fused"] < capture["update_ops"]["adamw_per_parameter"]
 
     assert data["dev_eval"]["seconds"] > 0 and data["dev_eval"]["seconds_unprepared"] > 0
-    assert 0 < data["dev_eval"]["forwards"] and data["dev_eval"]["padded_tokens"] > 0
+    assert data["dev_eval"]["forwards"] > 0 and data["dev_eval"]["padded_tokens"] > 0
     assert 0 < data["dev_eval"]["share_every_125_steps_derived"] < 1
     assert data["sts_eval"]["seconds"] > 0 and data["sts_eval"]["sentences_encoded"] > 0
 
