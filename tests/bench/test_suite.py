@@ -130,6 +130,17 @@ def test_cpu_fast_path_variants_say_why_cuda_ones_are_not_measured():
         assert isinstance(variants[name], str), name
 
 
+def test_cuda_fast_paths_that_capture_makes_moot_are_measured_on_the_eager_step(monkeypatch):
+    """A captured step pads statically, is compiled whole and steps its own AdamW: on CUDA
+    (capture on by default) those three switches are timed with capture off, where they act."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only the table is built
+    variants = bench_suite.fast_path_variants(bench_suite.SuiteOptions(device="cuda"))
+    for name in ("dynamic_padding", "compile", "fused_adamw"):
+        assert all(side.get("capture") == "off" for side in variants[name]), name
+    for name in ("sdpa", "tf32", "bf16_autocast"):  # these act on the default, captured step
+        assert all("capture" not in side for side in variants[name]), name
+
+
 @pytest.mark.slow
 def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     from cli import app
@@ -182,6 +193,7 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     assert fast["dynamic_padding"]["on_mean_width"] < fast["dynamic_padding"]["off_mean_width"]
     assert fast["dynamic_padding"]["off_mean_width"] == 16
     assert "skipped" in fast["fused_adamw"] and "skipped" in fast["compile"]
+    assert fast["sdpa"]["capture"] == "off"  # the CPU default
 
     capture = data["capture"]  # graphs and operators; the train section times the steps
     assert list(capture["methods"]) == ["simcse", "mcse"]
