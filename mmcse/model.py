@@ -110,18 +110,24 @@ class SentenceEncoder(nn.Module):
         return EncoderOutput(sentence, out.last_hidden_state)
 
     def save_checkpoint(
-        self, out_dir: str | Path, tokenizer, heads: nn.Module, run_info: dict
+        self,
+        out_dir: str | Path,
+        tokenizer,
+        heads: dict[str, Tensor],
+        run_info: dict,
+        weights: dict[str, Tensor] | None = None,
     ) -> None:
         """Write an HF model dir + training heads + run info (:class:`mmcse.rundir.Checkpoint`;
-        the trainer writes it into a temp dir renamed into place)."""
+        the trainer writes it into a temp dir renamed into place). ``heads``: the training
+        heads' state dict; ``weights``: the backbone's, as snapshotted (default: its own now)."""
         from safetensors.torch import save_file
 
         checkpoint = Checkpoint(out_dir)
         checkpoint.path.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(checkpoint.path, safe_serialization=True)
+        self.backbone.save_pretrained(checkpoint.path, safe_serialization=True, state_dict=weights)
         tokenizer.save_pretrained(checkpoint.path)
         # cloned: safetensors refuses tensors that share storage (a module saved under two names)
-        state = {k: v.detach().cpu().contiguous().clone() for k, v in heads.state_dict().items()}
+        state = {k: v.detach().cpu().contiguous().clone() for k, v in heads.items()}
         save_file(state, str(checkpoint.heads))
         checkpoint.write_info(run_info)
 

@@ -245,7 +245,7 @@ class Trainer:
         epoch0, index0 = self.start
         log = self.record.open_log()
         progress = Progress(self.total, self.step_count, f"train {cfg.method}", dist.is_main())
-        with StopRequest() as stop, log, progress:
+        with self.record.writing(), StopRequest() as stop, log, progress:
             for epoch in range(epoch0, cfg.epochs):
                 skip = index0 if epoch == epoch0 else 0
                 for index, batch, waited in self.batches(epoch, skip):
@@ -273,6 +273,7 @@ class Trainer:
             self._interrupted()
 
     def _interrupted(self) -> None:
+        self.record.writer.wait()  # last/ on disk before the message says so
         message = self.record.interrupted_message()
         if dist.is_main():
             logger.warning(message)

@@ -7,8 +7,12 @@ is :mod:`mmcse.rundir`'s; the integrity record of ``last/`` :mod:`mmcse.training
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,50 @@ from mmcse.training.preflight import input_fingerprints
 from mmcse.training.schedule import eval_steps
 
 logger = logging.getLogger(__name__)
+
+
+class BackgroundWriter:
+    """Checkpoint writes on one background thread, in order: the training thread only
+    snapshots (a host copy), the writing (hundreds of MB, seconds at BERT-base, where a captured
+    step takes milliseconds) overlaps the steps that follow. At most :data:`MAX_PENDING`
+    snapshots wait in memory (an evaluation step saves best/ and last/: both go at once); a
+    further write waits for the oldest. A write's error (a full disk) is raised in the
+    training thread at the next save or at the end of the run (:meth:`close`)."""
+
+    MAX_PENDING = 2
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmcse-checkpoint")
+        self.pending: collections.deque[Future] = collections.deque()
+
+    def submit(self, write: Callable[[], None]) -> None:
+        while len(self.pending) >= self.MAX_PENDING:
+            self.pending.popleft().result()
+        self.pending.append(self.pool.submit(write))
+
+    def wait(self) -> None:
+        """Until every write is on disk; the first failed one's error raised here."""
+        while self.pending:
+            self.pending.popleft().result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self.pool.shutdown(wait=True)
+
+
+def host_copy(value: Any) -> Any:
+    """``value`` with every tensor in it (nested in dicts, lists, tuples) copied to the host:
+    a snapshot that later in-place updates of the live tensors do not reach."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: host_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        copied = [host_copy(v) for v in value]
+        return type(value)(*copied) if hasattr(value, "_fields") else type(value)(copied)
+    return value
 
 
 @dataclass
@@ -65,6 +113,7 @@ class RunRecord:
         #: a finished run given a larger --max-steps/--epochs: where it had ended
         self.extended_from = ckpt.extension_of(cfg.to_dict()) if trainer.resuming else None
         self.environment: dict | None = None
+        self.writer = BackgroundWriter()
 
     # -- resuming ------------------------------------------------------------------------------
     def resume_state(self) -> dict:
@@ -221,16 +270,40 @@ class RunRecord:
         return heads
 
     def save(self, checkpoint: Checkpoint, step: int, dev: float | None, state=None) -> None:
-        """Write a checkpoint beside ``checkpoint`` and rename it into place (never half a save)."""
+        """Snapshot a checkpoint now and write it in the background (:class:`BackgroundWriter`):
+        host copies of the weights, heads and trainer state as they are after this step, so the
+        steps that follow change nothing in it; written beside ``checkpoint`` and renamed into
+        place (never half a save)."""
+        t = self.trainer
+        info = self.run_info(step, dev)
+        weights = host_copy(t.encoder.backbone.state_dict())
+        heads = host_copy(self.heads().state_dict())
+        state = host_copy(state)
+        self.writer.submit(lambda: self._write(checkpoint, step, info, weights, heads, state))
+
+    def _write(self, checkpoint: Checkpoint, step: int, info: dict, weights, heads, state) -> None:
         t = self.trainer
         with atomic_dir(checkpoint.path) as tmp:
-            info = self.run_info(step, dev)
-            t.encoder.save_checkpoint(tmp, t.tokenizer, self.heads(), info)
+            t.encoder.save_checkpoint(tmp, t.tokenizer, heads, info, weights=weights)
             if state is not None:
                 ckpt.save_trainer_state(tmp, state)
                 ckpt.write_integrity(  # last: it records every file above
                     tmp, step=step, settings=info["config"], fingerprints=info["fingerprints"]
                 )
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """The training loop's span: however it ends (a stop signal, an error), the checkpoint
+        in flight is on disk before the run goes on or exits; a clean end leaves the waiting to
+        :meth:`finish`, which raises a failed write's error."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self.writer.close()
+            except Exception:  # the loop's own error is the one to report
+                logger.exception("writing a checkpoint failed too")
+            raise
 
     def save_best(self, score: float | None) -> None:
         self.save(self.run_dir.best, self.trainer.step_count, score)
@@ -258,6 +331,7 @@ class RunRecord:
 
     def finish(self) -> RunResult:
         t = self.trainer
+        self.writer.close()  # best/ and last/ written (or a write's error raised) before reading
         test = None
         if dist.is_main() and t.cfg.final_eval and self.eval_dir is not None:
             best = str(self.run_dir.best.path)

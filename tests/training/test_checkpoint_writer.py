@@ -1,0 +1,107 @@
+"""Checkpoints are snapshotted by the training thread and written by a background one
+(:class:`mmcse.training.record.BackgroundWriter`): what is written is the state of the step that
+saved it, the training thread writes no file, and a failed write fails the run."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from support.runs import tiny_mcse_settings
+
+from mmcse.errors import MmcseError
+from mmcse.rundir import RunDir
+from mmcse.training import checkpoint as ckpt
+from mmcse.training import record as record_module
+from mmcse.training.config import TrainConfig
+from mmcse.training.loop import Trainer, train
+from mmcse.training.record import BackgroundWriter, host_copy
+
+
+def settings(tiny_model, tiny_world, out, **overrides) -> dict:
+    return tiny_mcse_settings(tiny_model, tiny_world, out, max_steps=4, eval_steps=2, **overrides)
+
+
+class HeldWriter:
+    """A writer that holds its writes until the test runs them."""
+
+    def __init__(self) -> None:
+        self.held = []
+
+    def submit(self, write) -> None:
+        self.held.append(write)
+
+
+def test_a_checkpoint_holds_its_steps_weights_not_those_of_the_steps_after(
+    tiny_model, tiny_world, tmp_path
+):
+    trainer = Trainer(TrainConfig(**settings(tiny_model, tiny_world, tmp_path / "run"))).setup()
+    trainer.record.writer = HeldWriter()
+    saved = {k: v.clone() for k, v in trainer.encoder.backbone.state_dict().items()}
+    trainer.record.save_best(0.5)
+    with torch.no_grad():  # the steps after the save change the live weights in place
+        for p in trainer.encoder.backbone.parameters():
+            p.add_(1.0)
+    (write,) = trainer.record.writer.held
+    write()  # written after those steps, as a background write may be
+    written = load_file(str(RunDir(tmp_path / "run").best.path / "model.safetensors"))
+    assert written.keys() and all(torch.equal(written[k], saved[k]) for k in written)
+
+
+def test_host_copy_is_a_snapshot_of_nested_state():
+    live = {"a": [torch.ones(2), (torch.zeros(1), 3)], "b": "text"}
+    snapshot = host_copy(live)
+    live["a"][0].add_(1)
+    live["a"][1][0].add_(1)
+    assert torch.equal(snapshot["a"][0], torch.ones(2))
+    assert torch.equal(snapshot["a"][1][0], torch.zeros(1)) and snapshot["a"][1][1] == 3
+    assert snapshot["b"] == "text" and isinstance(snapshot["a"][1], tuple)
+
+
+def test_checkpoints_are_written_off_the_training_thread(
+    tiny_model, tiny_world, tmp_path, monkeypatch
+):
+    writers = []
+    original = record_module.RunRecord._write
+
+    def recording_write(self, *args, **kwargs):
+        writers.append(threading.current_thread().name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(record_module.RunRecord, "_write", recording_write)
+    result = train(TrainConfig(**settings(tiny_model, tiny_world, tmp_path / "run")))
+    run = RunDir(result.output_dir)
+    assert run.best.path.is_dir() and run.last.path.is_dir() and run.last.finished()
+    assert len(writers) >= 2  # best/ and last/, each at least once
+    assert all(name.startswith("mmcse-checkpoint") for name in writers), writers
+
+
+def test_a_failed_write_fails_the_run_and_leaves_no_half_checkpoint(
+    tiny_model, tiny_world, tmp_path, monkeypatch
+):
+    def disk_full(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "save_trainer_state", disk_full)
+    with pytest.raises(MmcseError, match="run: No space left on device"):  # one line
+        train(TrainConfig(**settings(tiny_model, tiny_world, tmp_path / "run")))
+    run = RunDir(tmp_path / "run")
+    assert not run.last.path.exists()  # never half a save
+    assert not list(run.path.glob(".tmp-*"))
+
+
+def test_a_writer_keeps_at_most_two_writes_in_flight_in_order_and_raises_their_error():
+    writer = BackgroundWriter()
+    release, done = threading.Event(), []
+    writer.submit(lambda: (release.wait(5), done.append(1)))
+    writer.submit(lambda: done.append(2))  # best/ and last/ of one evaluation step: no wait
+    assert done == [] and len(writer.pending) == 2
+    release.set()
+    writer.submit(lambda: done.append(3))  # a third waits for the oldest
+    assert done[:1] == [1]
+    writer.submit(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        writer.close()
+    assert done == [1, 2, 3]
