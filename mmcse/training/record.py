@@ -43,7 +43,10 @@ class BackgroundWriter:
     step takes milliseconds) overlaps the steps that follow. At most :data:`MAX_PENDING`
     snapshots wait in memory (an evaluation step saves best/ and last/: both go at once); a
     further write waits for the oldest. A write's error (a full disk) is raised in the
-    training thread at the next save or at the end of the run (:meth:`close`)."""
+    training thread at the next save or at the end of the run (:meth:`close`). A run killed
+    outright (SIGKILL) loses the write in flight, never the checkpoint before it (each is
+    written beside and renamed into place), so it resumes from that one; a stop signal waits
+    for the writes."""
 
     MAX_PENDING = 2
 

@@ -29,12 +29,14 @@ from mmcse.training.stop import TrainingInterrupted
 ROOT = Path(__file__).resolve().parents[2]
 TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
 
-# A child that trains and SIGKILLs itself: after writing the record of step N ("record"), or in
-# the middle of the N-th last/ save, after the weights and before the trainer state ("save").
+# A child that trains and SIGKILLs itself: after writing the record of step N ("record"; its
+# checkpoints written as they are saved, so every save before the kill is on disk), or in the
+# middle of the N-th last/ save, after the weights and before the trainer state ("save": the
+# background writer's work is cut off, so the save before it is what resumes).
 CHILD = """
 import json, os, signal, sys
 sys.path.insert(0, {root!r})
-from mmcse.training import checkpoint as ckpt, metrics as metrics_log
+from mmcse.training import checkpoint as ckpt, metrics as metrics_log, record
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import TrainingInterrupted, train
 
@@ -50,6 +52,7 @@ if mode == "save":
         real_save(path, state)
     ckpt.save_trainer_state = save
 else:
+    record.BackgroundWriter.submit = lambda self, write: write()
     real_write = metrics_log.MetricsLog.write
     def write(self, record):
         real_write(self, record)
