@@ -304,8 +304,8 @@ class RunRecord:
         except BaseException:
             try:
                 self.writer.close()
-            except Exception:  # the loop's own error is the one to report
-                logger.exception("writing a checkpoint failed too")
+            except Exception as exc:  # the loop's own error is the one to report
+                logger.error("writing a checkpoint failed too: %s", exc)
             raise
 
     def save_best(self, score: float | None) -> None:
