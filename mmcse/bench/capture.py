@@ -84,15 +84,9 @@ def bench_capture(
     warmup: int = 2,
     rounds: int = 2,
     capture: bool = True,
-    timing: bool = True,
 ) -> dict[str, dict]:
     """Per method: eager and captured step ms and ops per step, compile seconds, and the
-    graphs/breaks of its steps. ``capture=False``: the eager step and the graphs only;
-    ``timing=False`` (with ``capture=False``): its ops and graphs, no step timed."""
-    if capture and not timing:
-        raise ValueError(
-            "a captured step is measured by its time: timing=False needs capture=False"
-        )
+    graphs/breaks of its steps. ``capture=False``: the eager step and the graphs only."""
     reports = {}
     for name in names:
         torch._dynamo.reset()  # a fresh compile cache per method
@@ -106,13 +100,11 @@ def bench_capture(
                 for side, setting in sides.items()
             }  # fmt: skip
             compile_s = timed(states["captured"].step, device) if capture else None
-            report: dict = {}
-            if timing:
-                stats = time_variants(states, torch.device(device), steps, warmup, rounds)
-                report["eager_ms"] = 1000 * stats["eager"].step_s
-            else:
-                states["eager"].step()  # AdamW's state exists from the second step on
-            report["eager_ops"] = count_ops(states["eager"])
+            stats = time_variants(states, torch.device(device), steps, warmup, rounds)
+            report = {
+                "eager_ms": 1000 * stats["eager"].step_s,
+                "eager_ops": count_ops(states["eager"]),
+            }
             if capture:
                 report.update(captured_report(states["captured"], stats["captured"].step_s))
                 report.update(
@@ -120,6 +112,23 @@ def bench_capture(
                 )
         report["explain"] = explain_steps(states["eager"].trainer)
         reports[name] = report
+    torch._dynamo.reset()
+    return reports
+
+
+def describe_steps(
+    world: BenchWorld, names: list[str], batch: int, seq_len: int, device: str
+) -> dict[str, dict]:
+    """Per method, nothing timed or compiled: its eager step's operators (after a first step,
+    so AdamW's state exists) and the graphs/breaks of its steps."""
+    reports = {}
+    for name in names:
+        torch._dynamo.reset()
+        state = BenchState.of(
+            world, name, batch, seq_len, device, "auto", capture="off", dynamic_padding=False
+        )
+        state.step()
+        reports[name] = {"eager_ops": count_ops(state), "explain": explain_steps(state.trainer)}
     torch._dynamo.reset()
     return reports
 

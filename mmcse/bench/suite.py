@@ -434,16 +434,14 @@ def capture_section(options: SuiteOptions, size: SuiteSize) -> dict:
     forward-only capture of DDP/fp16 runs dispatch). No step is timed or compiled here: the
     ``train`` section times every method eager and captured, with its compile seconds."""
     from mmcse.bench import train_step as bench
-    from mmcse.bench.capture import bench_capture, update_ops
+    from mmcse.bench.capture import describe_steps, update_ops
 
     names, batch = _method_names(options), size.batches[0]
     out: dict = {"student": size.student, "batch": batch, "seq_len": size.seq_len}
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
         needs = set().union(*(bench.method_needs(n) for n in names))
         world = bench.synthetic_world(Path(tmp), size.student, size.seq_len, batch * 8, needs)
-        out["methods"] = bench_capture(
-            world, names, batch, size.seq_len, options.device, capture=False, timing=False
-        )
+        out["methods"] = describe_steps(world, names, batch, size.seq_len, options.device)
         state = bench.BenchState.of(world, "simcse", batch, size.seq_len, options.device, "auto")
         out["update_ops"] = update_ops(state.trainer.student)
     out["settings"] = {

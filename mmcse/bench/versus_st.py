@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -129,7 +130,7 @@ def mmcse_rate(world, batch, seq_len, device, steps, warmup, capture) -> tuple[S
     trainer = state.trainer
     fused = trainer.cfg.fused_adamw and trainer.device.type == "cuda"
     run = MmcseRun(trainer.cfg, trainer.precision, trainer.capture, fused, first_step_s)
-    rate = SideRate(steps / seconds, seconds, steps, warmup, mean(state.widths))
+    rate = SideRate(steps / seconds, seconds, steps, warmup, statistics.fmean(state.widths))
     del state, trainer
     release(device)
     return rate, run
@@ -283,12 +284,10 @@ def st_rate(
     }
     del trainer, model
     release(device)
-    rate = SideRate(steps / clock.seconds, clock.seconds, steps, warmup, mean(timed_widths))
+    rate = SideRate(
+        steps / clock.seconds, clock.seconds, steps, warmup, statistics.fmean(timed_widths)
+    )
     return rate, info
-
-
-def mean(values: list[int]) -> float:
-    return sum(values) / len(values)
 
 
 def versions() -> dict:

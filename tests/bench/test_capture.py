@@ -26,9 +26,7 @@ def test_every_figure_of_a_method_and_one_graph_per_batch_kind(tmp_path, monkeyp
     assert graphs == {"caption": (1, 0), "text": (1, 0)}
     eager = bench_capture.bench_capture(world, ["simcse"], BATCH, SEQ_LEN, "cpu", 1, 0, 1, False)
     assert "captured_ms" not in eager["simcse"] and eager["simcse"]["eager_ops"] > 0
-    untimed = bench_capture.bench_capture(
-        world, ["simcse"], BATCH, SEQ_LEN, "cpu", capture=False, timing=False
-    )["simcse"]
+    untimed = bench_capture.describe_steps(world, ["simcse"], BATCH, SEQ_LEN, "cpu")["simcse"]
     assert set(untimed) == {"eager_ops", "explain"}  # the suite's: the train section times
     assert untimed["eager_ops"] == eager["simcse"]["eager_ops"]
 
