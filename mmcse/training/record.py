@@ -334,7 +334,11 @@ class RunRecord:
 
     def finish(self) -> RunResult:
         t = self.trainer
-        self.writer.close()  # best/ and last/ written (or a write's error raised) before reading
+        try:
+            self.writer.close()  # best/ and last/ written (or a write's error raised) first
+        finally:
+            if dist.is_distributed():  # every rank leaves training once rank 0's writes end
+                torch.distributed.barrier()
         test = None
         if dist.is_main() and t.cfg.final_eval and self.eval_dir is not None:
             best = str(self.run_dir.best.path)
