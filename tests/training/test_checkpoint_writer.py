@@ -17,7 +17,7 @@ from mmcse.training import checkpoint as ckpt
 from mmcse.training import record as record_module
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import Trainer, train
-from mmcse.training.record import BackgroundWriter, host_copy
+from mmcse.training.record import BackgroundWriter, HostSnapshots
 
 
 def settings(tiny_model, tiny_world, out, **overrides) -> dict:
@@ -30,8 +30,11 @@ class HeldWriter:
     def __init__(self) -> None:
         self.held = []
 
-    def submit(self, write) -> None:
-        self.held.append(write)
+    def submit(self, name, write) -> None:
+        self.held.append((name, write))
+
+    def wait_for(self, name) -> None:
+        assert name not in [held for held, _ in self.held], "a snapshot's buffers still in use"
 
 
 def test_a_checkpoint_holds_its_steps_weights_not_those_of_the_steps_after(
@@ -44,20 +47,47 @@ def test_a_checkpoint_holds_its_steps_weights_not_those_of_the_steps_after(
     with torch.no_grad():  # the steps after the save change the live weights in place
         for p in trainer.encoder.backbone.parameters():
             p.add_(1.0)
-    (write,) = trainer.record.writer.held
+    ((_, write),) = trainer.record.writer.held
     write()  # written after those steps, as a background write may be
     written = load_file(str(RunDir(tmp_path / "run").best.path / "model.safetensors"))
     assert written.keys() and all(torch.equal(written[k], saved[k]) for k in written)
 
 
-def test_host_copy_is_a_snapshot_of_nested_state():
-    live = {"a": [torch.ones(2), (torch.zeros(1), 3)], "b": "text"}
-    snapshot = host_copy(live)
+def test_a_snapshot_copies_nested_state_into_buffers_its_next_save_reuses():
+    snapshots = HostSnapshots()
+    live = {"a": [torch.ones(2), (torch.zeros(1), 3)], "b": "text", "c": None}
+    first, ready = snapshots.copy("best", live)
+    ready()
     live["a"][0].add_(1)
     live["a"][1][0].add_(1)
-    assert torch.equal(snapshot["a"][0], torch.ones(2))
-    assert torch.equal(snapshot["a"][1][0], torch.zeros(1)) and snapshot["a"][1][1] == 3
-    assert snapshot["b"] == "text" and isinstance(snapshot["a"][1], tuple)
+    assert torch.equal(first["a"][0], torch.ones(2))
+    assert torch.equal(first["a"][1][0], torch.zeros(1)) and first["a"][1][1] == 3
+    assert first["b"] == "text" and first["c"] is None and isinstance(first["a"][1], tuple)
+    assert first["a"][0].data_ptr() != live["a"][0].data_ptr()
+
+    second, _ = snapshots.copy("best", live)  # its next save: the same buffers, new values
+    assert second["a"][0].data_ptr() == first["a"][0].data_ptr()
+    assert torch.equal(second["a"][0], torch.full((2,), 2.0))
+    other, _ = snapshots.copy("last", live)  # another checkpoint: buffers of its own
+    assert other["a"][0].data_ptr() != first["a"][0].data_ptr()
+
+    live["a"][0] = torch.ones(3, dtype=torch.float64)  # a changed shape or dtype: a new buffer
+    third, _ = snapshots.copy("best", live)
+    assert third["a"][0].dtype == torch.float64 and torch.equal(third["a"][0], torch.ones(3))
+    assert torch.equal(third["a"][1][0], torch.ones(1))
+
+
+def test_a_save_waits_for_the_last_write_of_the_same_checkpoint_only():
+    writer = BackgroundWriter()
+    release, done = threading.Event(), []
+    writer.submit("best", lambda: (release.wait(5), done.append("best")))
+    writer.submit("last", lambda: done.append("last"))
+    threading.Timer(0.2, release.set).start()
+    writer.wait_for("best")  # returns once best/'s write (the oldest) is done
+    assert done[:1] == ["best"] and [name for name, _ in writer.pending] in ([], ["last"])
+    writer.wait_for("best")  # none pending: returns at once
+    writer.close()
+    assert done == ["best", "last"]
 
 
 def test_checkpoints_are_written_off_the_training_thread(
@@ -95,13 +125,13 @@ def test_a_failed_write_fails_the_run_and_leaves_no_half_checkpoint(
 def test_a_writer_keeps_at_most_two_writes_in_flight_in_order_and_raises_their_error():
     writer = BackgroundWriter()
     release, done = threading.Event(), []
-    writer.submit(lambda: (release.wait(5), done.append(1)))
-    writer.submit(lambda: done.append(2))  # best/ and last/ of one evaluation step: no wait
+    writer.submit("best", lambda: (release.wait(5), done.append(1)))
+    writer.submit("last", lambda: done.append(2))  # one evaluation step's two: no wait
     assert done == [] and len(writer.pending) == 2
     release.set()
-    writer.submit(lambda: done.append(3))  # a third waits for the oldest
+    writer.submit("best", lambda: done.append(3))  # a third waits for the oldest
     assert done[:1] == [1]
-    writer.submit(lambda: 1 / 0)
+    writer.submit("last", lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         writer.close()
     assert done == [1, 2, 3]

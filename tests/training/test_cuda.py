@@ -4,8 +4,9 @@ What only a GPU shows: the whole update replayed as a CUDA graph equals the eage
 (inductor's ``fallback_random`` makes dropout draw the eager kernels' masks; fp32, so the only
 differences are fused kernels' rounding: rtol 1e-4), a step never synchronises the host with the
 device (``torch.cuda.set_sync_debug_mode("error")`` turns any sync into an error), a run whose
-last batch is partial replays two graphs per kind and finishes, and the fp16 image step of
-VisualCSE scales its loss with its own GradScaler.
+last batch is partial replays two graphs per kind and finishes, the fp16 image step of
+VisualCSE scales its loss with its own GradScaler, and a checkpoint's snapshot is queued into
+pinned host buffers without a sync.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from training.test_whole_update import run_steps, trainer_state, world  # noqa: 
 
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train
+from mmcse.training.record import HostSnapshots
 
 pytestmark = pytest.mark.cuda
 
@@ -75,3 +77,19 @@ def test_the_fp16_image_step_scales_its_loss(world):  # noqa: F811
     losses = run_steps(state, 3)
     assert all(torch.isfinite(torch.tensor(losses)))
     assert state.trainer.aux.scaler.get_scale() > 0
+
+
+def test_a_checkpoint_snapshot_is_queued_into_pinned_buffers_without_a_sync():
+    live = {"weights": torch.randn(1024, 1024, device="cuda"), "step": 3}
+    saved = live["weights"].cpu()
+    snapshots = HostSnapshots()
+    snapshots.copy("last", live)[1]()  # the first save allocates its pinned buffers
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        snapshot, ready = snapshots.copy("last", live)
+        live["weights"].add_(1.0)  # the next step's in-place update: queued after the copy
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ready()  # what the writer thread waits for
+    assert snapshot["weights"].is_pinned() and snapshot["step"] == 3
+    torch.testing.assert_close(snapshot["weights"], saved, rtol=0, atol=0)

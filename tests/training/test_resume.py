@@ -52,7 +52,7 @@ if mode == "save":
         real_save(path, state)
     ckpt.save_trainer_state = save
 else:
-    record.BackgroundWriter.submit = lambda self, write: write()
+    record.BackgroundWriter.submit = lambda self, name, write: write()
     real_write = metrics_log.MetricsLog.write
     def write(self, record):
         real_write(self, record)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 21's open GPU checks as one prepared device call (written 2026-11-26, not yet run).
+#
+# From the repo root on the device machine, with STS-B dev carried in an ignored folder:
+#   mkdir -p cache/eval/downstream/STS && cp -r ../shared/data/senteval/downstream/STS/STSBenchmark cache/eval/downstream/STS/
+#   run(command="bash bench/gpu-probes/next-session.sh cache/eval", carry=["cache/eval"], timeout_s=580)
+#   rm -r cache/eval        # never kept in the project
+# Each step has its own time limit and writes its results to $OUT as it goes, so a step that runs
+# out of time leaves the others' figures. Steps, most needed first:
+#   1. the captured step of SimCSE, the text methods and VisualCSE/AudioCSE (ms, ÷ SimCSE, MFU,
+#      compile s cold, ops outside the graphs, host reads) — the JSON is rewritten per method;
+#   2. the CUDA tests (never run on a GPU yet);
+#   3. mmcse vs sentence-transformers' Trainer and the dev evaluation's share of a run.
+# A dry run of the script itself on a CPU (tiny sizes; the CUDA tests skip):
+#   DEVICE=cpu OUT=/tmp/dry bash bench/gpu-probes/next-session.sh ../shared/data/senteval
+set -u
+EVAL=${1:?usage: next-session.sh EVAL_DIR (SentEval layout holding downstream/STS/STSBenchmark)}
+OUT=${OUT:-$PWD/bench-out}
+DEVICE=${DEVICE:-cuda}
+mkdir -p "$OUT"
+export TORCHINDUCTOR_CACHE_DIR="$OUT/.inductor"  # steps 2 and 3 reuse step 1's compiled graphs
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
+  python -c "import sentence_transformers, datasets, accelerate" 2>&1 | tail -1; } > "$OUT/env.txt" 2>&1
+
+# every method's eager step is timed before the captured ones: two runs, so that the first
+# brings the captured figures of SimCSE, MCSE and VisualCSE even if the second runs out of time
+for part in "1a 200 simcse mcse visualcse" "1b 150 simcse kdmcse mcseo audiocse dalr"; do
+  set -- $part
+  name=$1 limit=$2; shift 2
+  timeout "$limit" python3 cli.py bench all --device "$DEVICE" --sections train \
+    $(printf -- '--method %s ' "$@") --out "$OUT/results-cuda-train-$name.json" > "$OUT/$name-train.log" 2>&1
+  echo "train $name: rc $?" >> "$OUT/steps.txt"
+done
+
+timeout 120 python -m pytest -m cuda tests/training/test_cuda.py -q -p no:cacheprovider \
+  > "$OUT/2-pytest-cuda.log" 2>&1
+echo "pytest -m cuda: rc $?" >> "$OUT/steps.txt"
+
+timeout 90 python3 cli.py bench all --device "$DEVICE" --sections versus_st,dev_eval --eval-data "$EVAL" \
+  --out "$OUT/results-cuda-side.json" > "$OUT/3-side.log" 2>&1
+echo "versus_st,dev_eval: rc $?" >> "$OUT/steps.txt"
+rm -rf "$OUT/.inductor"  # not worth bringing back
