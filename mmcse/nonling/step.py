@@ -43,9 +43,9 @@ from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of  # n
 from mmcse.errors import MmcseError
 from mmcse.losses.base import LossInputs
 from mmcse.losses.heads import MLPHead
-from mmcse.nonling.augment import ViewAugmentation, apply_params, augment, draw_params, pack_params
+from mmcse.nonling.augment import ViewAugmentation, apply_params, draw_params, pack_params
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
-from mmcse.nonling.specaugment import SpecAugment, draw_spans, mask_clips, spec_augment
+from mmcse.nonling.specaugment import SpecAugment, draw_spans, mask_clips
 from mmcse.optim import EPS_STYLES, set_transformers_eps
 from mmcse.precision import autocast_context, grad_scaler_for
 from mmcse.registry import LOSSES
@@ -169,6 +169,8 @@ class NonLinguisticTask:
         self.masks = SpecAugment(self.settings.freq_mask, self.settings.time_mask)
         self.steps_taken = 0
         self.step_forward = _TaskForward(encoder, self.heads, self.loss, self.settings.modality)
+        # the views made from the raw examples, then step_forward: one module for both steps
+        self.viewed = _ViewedTask(self.step_forward, self.settings, self.views.size)
         self.captured = False
         self.whole: CapturedUpdate | None = None  # the whole update captured (capture_whole)
 
@@ -254,10 +256,9 @@ class NonLinguisticTask:
             lr=s.lr, weight_decay=s.weight_decay, eps=self.adam_eps,
             eps_style=self.adam_eps_style, max_grad_norm=s.max_grad_norm,
         )  # fmt: skip
-        module = _ViewedTask(self.step_forward, s, self.views.size)
         groups = [[*self.encoder.parameters(), *self.heads.parameters()]]
         self.whole = CapturedUpdate(
-            flat, module, groups, settings,
+            flat, self.viewed, groups, settings,
             loss_of=lambda terms: sum(terms.values()),
             lr_factor=self._cosine_tensor,
             host_factor=self._cosine,
@@ -329,14 +330,15 @@ class NonLinguisticTask:
         return (tuple(f"{prefix}_{k}" for k in names), values), host
 
     def batch(self, index: int) -> tuple[Tensor, Tensor | None]:
-        """(both views, labels) of step ``index``'s examples, as the eager step makes them
-        (what ``mmcse bench`` explains)."""
-        rows = self._batch_rows(index)
-        return self._views(rows, index), self._batch_labels(rows)
+        """(both views ``[2B, ...]``, the first views first; labels) of step ``index``'s
+        examples, as both steps make them (what ``mmcse bench`` explains)."""
+        raw, view_params, labels = self._raw_inputs(index)
+        return self.viewed.views(raw, view_params), labels
 
     def _raw_inputs(self, index: int) -> tuple:
         """The examples of step ``index`` and the parameters of their views, drawn on the host
-        (the same draws :meth:`_views` makes), for the captured step to apply."""
+        (the draws of :func:`~mmcse.nonling.augment.augment` and :func:`~mmcse.nonling.
+        specaugment.spec_augment` with the step's seed), for :class:`_ViewedTask` to apply."""
         rows = self._batch_rows(index)
         raw = self._to_device(torch.from_numpy(self.examples.take(rows)))
         seed = self._view_seed(index)
@@ -365,13 +367,12 @@ class NonLinguisticTask:
     def _eager_step(self, index: int) -> tuple[tuple[str, ...], Tensor]:
         optimizer = self.optimizer or self.make_optimizer(self.encoder)
         self._set_lr(optimizer, index)
-        rows = self._batch_rows(index)
-        views, labels = self._views(rows, index), self._batch_labels(rows)
+        inputs = self._raw_inputs(index)
         if self.captured and self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are dead
         with self._autocast():
-            terms = self.step_forward(views, labels)
-        total = self.settings.weight * sum(terms.values())
+            terms = self.viewed(*inputs)  # each term × ω
+        total = sum(terms.values())
         # no isfinite(total) here: it would wait for the device every step; the trainer checks
         # every logged term once per logging window (mmcse.training.metrics.LossWindow.flush)
         optimizer.zero_grad(set_to_none=True)
@@ -386,7 +387,7 @@ class NonLinguisticTask:
         self.scaler.step(optimizer)  # skipped when a scaled gradient overflowed (fp16)
         self.scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        values = torch.stack([self.settings.weight * v.detach().float() for v in terms.values()])
+        values = torch.stack([v.detach().float() for v in terms.values()])
         return tuple(terms), values
 
     # -- internals -----------------------------------------------------------------------------
@@ -398,17 +399,6 @@ class NonLinguisticTask:
         epoch, position = divmod(index, per_epoch)
         order = np.random.default_rng([self.seed, dist.rank(), epoch]).permutation(n)
         return np.sort(order[position * size : (position + 1) * size])
-
-    def _views(self, rows: np.ndarray, index: int) -> Tensor:
-        """``[2B, ...]``: both views of the examples ``rows``, the first views first."""
-        values = torch.from_numpy(self.examples.take(rows)).to(self.device, non_blocking=True)
-        seed = self._view_seed(index)
-        if self.settings.kind == IMAGE_KIND:
-            return augment(torch.cat([values, values]), seed, self.views)  # = cat(two_views(...))
-        # audio: each clip masked once (the released loader; no masks: the paper's reading), then
-        # the batch twice — the views differ by dropout only (docs/fidelity.md, audio views)
-        clips = spec_augment(values.float(), seed, self.masks)
-        return torch.cat([clips, clips])
 
     def _batch_labels(self, rows: np.ndarray) -> Tensor | None:
         if self.labels is None:
@@ -447,23 +437,27 @@ class _TaskForward(nn.Module):
 
 class _ViewedTask(nn.Module):
     """The views of a batch made from its raw examples and drawn view parameters, then the task's
-    forward, each term × ω: what the whole captured step differentiates (the views are the same
-    arithmetic :func:`~mmcse.nonling.augment.augment` / :func:`~mmcse.nonling.specaugment.
-    spec_augment` apply eagerly)."""
+    forward, each term × ω: what both the eager step and the whole captured step differentiate
+    (the views are :func:`~mmcse.nonling.augment.augment`'s / :func:`~mmcse.nonling.specaugment.
+    spec_augment`'s arithmetic, their parameters drawn on the host)."""
 
     def __init__(self, task: _TaskForward, settings: NonLinguisticSettings, size: int):
         super().__init__()
         self.task, self.settings, self.size = task, settings, size
 
     def forward(self, raw: Tensor, view_params, labels: Tensor | None) -> dict[str, Tensor]:
+        terms = self.task(self.views(raw, view_params), labels)
+        return {k: self.settings.weight * v for k, v in terms.items()}
+
+    def views(self, raw: Tensor, view_params) -> Tensor:
+        """``[2B, ...]``: both views of the examples ``raw``, the first views first."""
         if self.settings.kind == IMAGE_KIND:
             pixels = torch.cat([raw, raw]).float() / 255.0
-            views = apply_params(pixels, view_params, self.size)
-        else:
-            clips = raw.float() if view_params is None else mask_clips(raw.float(), *view_params)
-            views = torch.cat([clips, clips])
-        terms = self.task(views, labels)
-        return {k: self.settings.weight * v for k, v in terms.items()}
+            return apply_params(pixels, view_params, self.size)  # = cat(two_views(...))
+        # audio: each clip masked once (the released loader; no masks: the paper's reading), then
+        # the batch twice — the views differ by dropout only (docs/fidelity.md, audio views)
+        clips = raw.float() if view_params is None else mask_clips(raw.float(), *view_params)
+        return torch.cat([clips, clips])
 
 
 def average_gradients(params: list[Tensor]) -> None:

@@ -20,6 +20,7 @@ from mmcse.methods import build_method
 from mmcse.model import SentenceEncoder
 from mmcse.nonling.augment import ViewAugmentation, augment, two_views
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
+from mmcse.nonling.specaugment import spec_augment
 from mmcse.nonling.step import NonLinguisticTask, class_of, encode_tokens
 from mmcse.registry import LOSSES
 from mmcse.tiny import build_tiny_bert
@@ -296,6 +297,11 @@ def test_visualcse_step_updates_encoder(tmp_path, tiny_bert):
     assert len(task._batch_rows(0)) == 4 and not np.array_equal(
         task._batch_rows(0), task._batch_rows(1)
     )
+    # a step's views (made from host-drawn parameters, in both steps) are augment's of its images
+    images = torch.from_numpy(task.examples.take(task._batch_rows(2)))
+    views, _ = task.batch(2)
+    reference = augment(torch.cat([images, images]), task._view_seed(2), task.views)
+    assert views.shape == (8, 3, 32, 32) and torch.equal(views, reference)
 
 
 def test_audiocse_step_on_sine_waves(tmp_path, tiny_bert):
@@ -321,14 +327,15 @@ def test_audiocse_step_on_sine_waves(tmp_path, tiny_bert):
     assert set(task.trainer_state()) == {"steps_taken", "optimizer", "scaler"}
     # the released SpecAugment: each clip masked once, the same masked clip in both views
     rows = task._batch_rows(1)
-    first, second = task._views(rows, 1).chunk(2)
+    first, second = task.batch(1)[0].chunk(2)
     raw = torch.from_numpy(task.examples.take(rows)).float()
     assert torch.equal(first, second) and ((first == 0) & (raw != 0)).any()
+    assert torch.equal(first, spec_augment(raw, task._view_seed(1), task.masks))
     unmasked = build_method(
         "audiocse", audio_batch_size=4, audio_patch_size=16, audio_freq_mask=0, audio_time_mask=0
     )
     plain = unmasked.auxiliary_task(encoder, Cfg({"audio_fbank": str(tmp_path / "set")}), "cpu")
-    assert torch.equal(plain._views(rows, 1), torch.cat([raw, raw]))
+    assert torch.equal(plain.batch(1)[0], torch.cat([raw, raw]))
 
 
 def test_method_hooks_and_errors(tmp_path, tiny_bert):
