@@ -60,6 +60,7 @@ from mmcse.training.fastpath import (
     fused_adamw,
 )
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress
+from mmcse.training.plan import total_steps
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 from mmcse.training.record import RunRecord, RunResult
@@ -197,11 +198,8 @@ class Trainer:
     def plan(self) -> tuple[int, int]:
         """(global batch, total optimizer steps)."""
         global_batch = dist.global_batch(self.cfg.batch_size)
-        per_epoch = sum(self.data.batches_per_epoch(global_batch).values())  # = len(schedule)
-        total = per_epoch * self.cfg.epochs
-        if self.cfg.max_steps > 0:
-            total = min(total, self.cfg.max_steps)
-        return global_batch, total
+        per_epoch = self.data.batches_per_epoch(global_batch)  # = len(schedule), summed
+        return global_batch, total_steps(per_epoch, self.cfg.epochs, self.cfg.max_steps)
 
     @property
     def encoder(self) -> SentenceEncoder:

@@ -87,16 +87,20 @@ def _every(n: int) -> str:
     return f"every {n}{suffix}"
 
 
+def total_steps(batches_per_epoch: dict[str, int], epochs: int, max_steps: int) -> int:
+    """Optimizer steps of a run: every batch of every epoch, cut at ``max_steps`` (when > 0)."""
+    total = sum(batches_per_epoch.values()) * epochs
+    return min(total, max_steps) if max_steps > 0 else total
+
+
 def preview(data: TrainData) -> dict[str, Any]:
-    """The plan's batch figures before the run starts (the loop's ``plan()`` computes the same
-    from the same data): global batch, batches per epoch, total steps, the batches of each kind
+    """The plan's batch figures before the run starts (the loop's ``plan()`` computes its total
+    with :func:`total_steps` too): global batch, batches per epoch, total steps, the batches of each kind
     the run takes and the mixing rule. World size from the launcher's ``WORLD_SIZE``."""
     cfg = data.cfg
     global_batch = cfg.batch_size * (distributed.env_int("WORLD_SIZE", 1) or 1)
     per_epoch = data.batches_per_epoch(global_batch)
-    total = sum(per_epoch.values()) * cfg.epochs
-    if cfg.max_steps > 0:
-        total = min(total, cfg.max_steps)
+    total = total_steps(per_epoch, cfg.epochs, cfg.max_steps)
     return {
         "sentences": {kind: len(src) for kind, src in data.sources.items()},
         "mixing": cfg.mixing,

@@ -3,8 +3,11 @@ multimodal method would barely see captions or a corpus is smaller than one batc
 
 from __future__ import annotations
 
+import pytest
 from support.cli import run_main_output
 from support.worlds import sentences
+
+from mmcse.training.plan import total_steps
 
 
 def dry_run(tiny_model, tiny_world, tmp_path, monkeypatch, capsys, *extra: str):
@@ -76,3 +79,12 @@ def test_the_published_mcse_mix_is_not_warned_a_barely_multimodal_one_is():
     (warning,) = plan_warnings(barely, mcse)
     assert "1 caption batches in 24 steps (4.2 %" in warning
     assert plan_warnings(barely, simcse) == []  # no caption-only term: nothing is missed
+
+
+@pytest.mark.parametrize(
+    ("epochs", "max_steps", "want"),
+    [(1, 0, 20), (3, 0, 60), (3, 25, 25), (1, 50, 20)],  # 12 + 8 batches an epoch
+)
+def test_a_runs_steps_are_every_epochs_batches_cut_at_max_steps(epochs, max_steps, want):
+    """The one count of the loop's plan and of ``--dry-run``'s preview."""
+    assert total_steps({"text": 12, "caption": 8}, epochs, max_steps) == want
