@@ -98,4 +98,6 @@ def prefetched(
             pending = next(((nxt, pool.submit(ready_batch, nxt)) for nxt in it), None)
             yield item, batch, waited
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        # the one batch gathered ahead is let finish (milliseconds): cancelling it would need
+        # the queue module, gone when an unclosed generator is finalised at interpreter exit
+        pool.shutdown(wait=True)

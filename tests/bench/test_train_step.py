@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -126,3 +128,20 @@ def test_a_ratio_carries_the_range_its_rounds_allow():
     assert not steady["noisy"]
     noisy = bench.ratio_with_spread({"step_ms": 4.0, "samples_ms": [3.0, 4.0, 9.0]}, simcse)
     assert noisy["noisy"]  # its rounds span 0.30x–0.91x: a 0.4x ratio is no finding
+
+
+def test_a_bench_state_left_to_interpreter_exit_exits_quietly(tmp_path):
+    """Its prefetching generator is never closed; finalised at exit, it must not print an
+    ignored exception (it did: cancelling the batch gathered ahead used a torn-down module)."""
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom mmcse.bench import train_step as bench\n"
+        "world = bench.synthetic_world(Path(sys.argv[1]), 'tiny', 16, 64, "
+        "bench.method_needs('simcse'))\n"
+        "state = bench.BenchState.of(world, 'simcse', 8, 16, 'cpu', 'auto', capture='off')\n"
+        "state.step()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
