@@ -94,9 +94,9 @@ def total_steps(batches_per_epoch: dict[str, int], epochs: int, max_steps: int) 
 
 
 def preview(data: TrainData) -> dict[str, Any]:
-    """The plan's batch figures before the run starts (the loop's ``plan()`` computes its total
-    with :func:`total_steps` too): global batch, batches per epoch, total steps, the batches of each kind
-    the run takes and the mixing rule. World size from the launcher's ``WORLD_SIZE``."""
+    """The plan's batch figures before the run starts (the loop's ``plan()`` counts its steps
+    with :func:`total_steps` too): global batch, batches per epoch, total steps, the batches of
+    each kind the run takes and the mixing rule. World size from the launcher's ``WORLD_SIZE``."""
     cfg = data.cfg
     global_batch = cfg.batch_size * (distributed.env_int("WORLD_SIZE", 1) or 1)
     per_epoch = data.batches_per_epoch(global_batch)
