@@ -7,8 +7,9 @@ Run: ``python bench/probes/regions_toy.py MODE`` with MODE one of
 ``plain`` (no regions), ``regions`` (each layer a ``torch.compiler.nested_compile_region``),
 ``regions-flat`` (regions, the parameters views of one flat buffer, as in
 :class:`mmcse.update.FlatParameters`), ``regions-backward`` (regions, only the forward compiled
-and ``backward()`` outside, the capture DDP and fp16 runs use: compares gradients). Prints the compile's outcome and, when it compiles, the
-largest difference to the same two steps run eagerly."""
+and ``backward()`` outside, the capture DDP and fp16 runs use: compares gradients). Prints
+the compile's outcome and, when it compiles, the largest difference to the same steps run
+eagerly."""
 
 import sys
 
