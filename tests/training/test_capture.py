@@ -142,8 +142,7 @@ def auxiliary_task(name: str, model_dir, examples):
 
 
 def auxiliary_forward(task) -> tuple[dict, dict]:
-    rows = task._batch_rows(0)
-    views, labels = task._views(rows, 0), task._batch_labels(rows)
+    views, labels = task.batch(0)
     task.step_forward.train()  # as step() sets it
     torch.manual_seed(1)
     terms = task.step_forward(views, labels)
@@ -172,11 +171,8 @@ def test_auxiliary_step_is_one_graph_with_the_eager_gradients(name, tiny_model, 
     assert all(torch.isfinite(values).all() for _, values in parts)
     assert counter.frame_count == 1
     # what `mmcse bench` reports: explain finds no break (torch.unique once made three)
-    rows = eager._batch_rows(0)
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(eager.step_forward)(
-        eager._views(rows, 0), eager._batch_labels(rows)
-    )
+    explained = torch._dynamo.explain(eager.step_forward)(*eager.batch(0))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
