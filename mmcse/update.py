@@ -411,11 +411,7 @@ class CapturedUpdate:
         The gradient is taken with respect to each parameter's view of the flat buffer (not the
         buffer itself, whose gradient would be assembled from a zero-filled copy per
         parameter), then each segment's gradients are joined into one flat run."""
-        params = self.flat.views(self.flat.data, self.layout)
-        # the buffers go in as arguments: a grad transform may mutate (BatchNorm's statistics)
-        # only what it is given
-        loss_and_grad = grad_and_value(self._loss, has_aux=True)
-        grads, (_, terms) = loss_and_grad(params, self.buffers, inputs)
+        grads, terms = self._gradients(self.flat.views(self.flat.data, self.layout), inputs)
         flat_grads = [
             torch.cat([grads[n].reshape(-1) for n in seg.names]) if len(seg.names) > 1
             else grads[seg.names[0]].reshape(-1)
@@ -430,6 +426,16 @@ class CapturedUpdate:
         self.adamw.step_(flat_grads, segments, lr)
         self.schedule_step.add_(1)
         return torch.stack([terms[k].detach().float() for k in keys])
+
+    def _gradients(self, params: dict, inputs: tuple) -> tuple[dict, dict]:
+        """(each parameter view's gradient of the loss, the step's terms), by ``torch.func``.
+        (``torch.autograd.grad`` traced with Dynamo's ``trace_autograd_ops`` gives the same
+        update: ``bench/probes/compile_variants.py autograd``.)"""
+        # the buffers go in as arguments: a grad transform may mutate (BatchNorm's statistics)
+        # only what it is given
+        loss_and_grad = grad_and_value(self._loss, has_aux=True)
+        grads, (_, terms) = loss_and_grad(params, self.buffers, inputs)
+        return grads, terms
 
     def _loss(self, params: dict, buffers: dict, inputs: tuple) -> tuple[Tensor, dict]:
         with self.autocast():
