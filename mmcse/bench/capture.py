@@ -1,24 +1,18 @@
-"""``mmcse bench all --sections capture``: every method's training step eager and captured.
+"""``mmcse bench all --sections capture``: every method's training steps as Dynamo sees them.
 
-Whole-step capture (:mod:`mmcse.training.fastpath`) compiles the student's forward — encoder,
-both dropout views, every active loss term — and its backward into one graph per batch kind. Per
-method this reports, from the real :class:`~mmcse.training.loop.Run` on the bench's caption
-batches (every term active; :mod:`mmcse.bench.train_step`):
+Whole-update capture (:mod:`mmcse.training.fastpath`) needs each batch kind's step to be one
+graph with no break. Per method this reports, from the real trainer on the bench's caption
+batches (every term active; :mod:`mmcse.bench.train_step`), with nothing timed or compiled:
 
-* ``eager_ms`` / ``captured_ms``: median step time, the two runs timed in alternating rounds
-  (the compile happens in the warm-up; its wall time is ``compile_s``, the first captured step);
-* ``eager_ops`` / ``captured_ops``: what one step dispatches outside the optimizer, counted by
-  the profiler: leaf ATen operators plus the kernels inductor generated
-  (:func:`~mmcse.bench.train_step.count_ops`; deterministic, so it compares on any machine).
-  On a CPU with inductor that is the count of kernels launched; on a GPU it is the host work a
-  launch-bound step pays per step (CUDA-graph replays are not separated out here);
+* ``eager_ops``: what one eager step dispatches outside the optimizer, counted by the profiler
+  (leaf ATen operators; :func:`~mmcse.bench.train_step.count_ops`; deterministic, so it compares
+  on any machine): the host work a launch-bound eager step pays per step;
 * ``graphs`` / ``breaks``: ``torch._dynamo.explain`` of the student's step per batch kind (text,
-  caption) and, for VisualCSE/AudioCSE, of the auxiliary image/audio step.
+  caption) and, for VisualCSE/AudioCSE, of the auxiliary image/audio step;
 
-Both runs pad to ``seq_len`` (capture needs static shapes); dynamic padding is measured in the
-``fast_paths`` section. The captured run is compiled with inductor's per-kernel profiler events
-on (``cpp.enable_kernel_profile``, a no-op unless a profiler listens), which is how its kernels
-are counted.
+and, once, the operator calls of an update left outside a graph (:func:`update_ops`). The
+``train`` section times every method eager and captured, with its compile seconds, operators
+outside the graphs and host reads (:func:`mmcse.bench.train_step.bench_methods`).
 """
 
 from __future__ import annotations
@@ -27,22 +21,13 @@ import dataclasses
 
 import torch
 import torch._dynamo
-import torch._inductor.config
 
-from mmcse.bench.timing import quiet_profile, timed
+from mmcse.bench.timing import quiet_profile
 from mmcse.bench.train_step import (
     BenchState,
     BenchWorld,
     count_ops,
-    profile_step,
-    spans_of,
-    step_ops,
-    time_variants,
-    within,
 )
-
-#: profiler events spanning a compiled graph's forward and its backward
-GRAPH_EVENTS = ("Torch-Compiled Region", "CompiledFunctionBackward")
 
 
 def explain(fn, *args) -> dict:
@@ -74,48 +59,6 @@ def explain_steps(run) -> dict[str, dict]:
     return out
 
 
-def bench_capture(
-    world: BenchWorld,
-    names: list[str],
-    batch: int,
-    seq_len: int,
-    device: str,
-    steps: int = 6,
-    warmup: int = 2,
-    rounds: int = 2,
-    capture: bool = True,
-) -> dict[str, dict]:
-    """Per method: eager and captured step ms and ops per step, compile seconds, and the
-    graphs/breaks of its steps. ``capture=False``: the eager step and the graphs only."""
-    reports = {}
-    for name in names:
-        torch._dynamo.reset()  # a fresh compile cache per method
-        sides = {"eager": "off", "captured": "on"} if capture else {"eager": "off"}
-        with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
-            states = {
-                side: BenchState.of(
-                    world, name, batch, seq_len, device, "auto",
-                    capture=setting, dynamic_padding=False,
-                )
-                for side, setting in sides.items()
-            }  # fmt: skip
-            compile_s = timed(states["captured"].step, device) if capture else None
-            stats = time_variants(states, torch.device(device), steps, warmup, rounds)
-            report = {
-                "eager_ms": 1000 * stats["eager"].step_s,
-                "eager_ops": count_ops(states["eager"]),
-            }
-            if capture:
-                report.update(captured_report(states["captured"], stats["captured"].step_s))
-                report.update(
-                    compile_s=compile_s, speedup=report["eager_ms"] / report["captured_ms"]
-                )
-        report["explain"] = explain_steps(states["eager"].trainer)
-        reports[name] = report
-    torch._dynamo.reset()
-    return reports
-
-
 def describe_steps(
     world: BenchWorld, names: list[str], batch: int, seq_len: int, device: str
 ) -> dict[str, dict]:
@@ -131,18 +74,6 @@ def describe_steps(
         reports[name] = {"eager_ops": count_ops(state), "explain": explain_steps(state.trainer)}
     torch._dynamo.reset()
     return reports
-
-
-def captured_report(state: BenchState, step_s: float) -> dict:
-    """Step ms and :func:`count_ops` of the captured step, and how many of those ops ran inside
-    its graphs (the rest: autograd's gradient accumulation, clipping, the loss window, ...)."""
-    events = profile_step(state)
-    ops, graphs = step_ops(events), spans_of(events, GRAPH_EVENTS)
-    return {
-        "captured_ms": 1000 * step_s,
-        "captured_ops": len(ops),
-        "captured_ops_in_graphs": sum(within(e, graphs) for e in ops),
-    }
 
 
 def is_outermost_aten(event) -> bool:
