@@ -47,11 +47,13 @@ def environment(device: Any = None, precision: str | None = None) -> dict[str, A
     ``torch.device``; None: the CPU) in ``precision`` (as the caller names it)."""
     import torch
 
-
     device = torch.device(device if device is not None else "cpu")
     return {
-        "mmcse": {"version": mmcse.__version__, **git_state(PACKAGE_ROOT.parent),
-                  "path": str(PACKAGE_ROOT)},  # fmt: skip
+        "mmcse": {
+            "version": mmcse.__version__,
+            **git_state(PACKAGE_ROOT.parent),
+            "path": str(PACKAGE_ROOT),
+        },  # fmt: skip
         "python": {
             "version": platform.python_version(),
             "implementation": platform.python_implementation(),
@@ -192,7 +194,8 @@ def summary(record: Mapping[str, Any] | None) -> dict[str, str]:
         **{name: get("packages", name) for name in PACKAGES},
         "CUDA": get("cuda", "version"),
         "cuDNN": get("cuda", "cudnn"),
-        "device": f"{model or name}" + (f" x{count}" if isinstance(count, int) and count > 1 else ""),
+        "device": f"{model or name}"
+        + (f" x{count}" if isinstance(count, int) and count > 1 else ""),
         "world size": get("device", "world_size"),
         "precision": get("numerics", "precision"),
         "deterministic algorithms": get("numerics", "deterministic_algorithms"),
@@ -237,7 +240,6 @@ def _labels(labels: list[str], shown: int = 3) -> str:
     if len(labels) <= shown:
         return ", ".join(labels)
     return ", ".join(labels[:shown]) + f" and {len(labels) - shown} more"
-
 
 
 def record_notes(records: Mapping[str, Mapping[str, Any] | None]) -> list[str]:

@@ -35,6 +35,7 @@ class CacheError(MmcseError):
 class MissingIdsError(CacheError):
     """Ids asked for are not in a feature set (the message names the set and some ids)."""
 
+
 HINTS = {
     errno.ENOSPC: "free some space or write elsewhere",
     errno.EDQUOT: "free some space or write elsewhere",

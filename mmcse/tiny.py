@@ -50,7 +50,6 @@ def build_tiny_bert(
     import torch
     from transformers import BertConfig, BertModel, BertTokenizer
 
-
     quiet_transformers()
     if vocab is None:
         vocab = word_vocab(texts or ["a the of and , ."])

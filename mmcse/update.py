@@ -128,7 +128,9 @@ class EagerUpdate:
         if self.settings.max_grad_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
-        stepping = [any(p.grad is not None for p in g["params"]) for g in self.optimizer.param_groups]
+        stepping = [
+            any(p.grad is not None for p in g["params"]) for g in self.optimizer.param_groups
+        ]
         if self.settings.eps_style == "transformers":
             beta2 = self.settings.betas[1]
             for group, steps in zip(self.optimizer.param_groups, self.group_steps, strict=True):

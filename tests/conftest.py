@@ -13,6 +13,7 @@ from support.worlds import WORDS, sentences  # noqa: F401  (fixtures below use t
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("MMCSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``cuda`` skip cleanly on a machine without a CUDA device."""
     import torch

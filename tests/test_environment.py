@@ -73,13 +73,18 @@ def _record(torch_version: str, device_model: str = "Xeon") -> dict:
 def test_differences_name_each_differing_fact_and_its_holders():
     records = {"a": _record("2.14.1"), "b": _record("2.14.1"), "c": _record("2.13.0", "EPYC")}
     found = env.differences(records)
-    assert found == ["torch 2.14.1 (a, b) vs 2.13.0 (c)", "device cpu (Xeon) (a, b) vs cpu (EPYC) (c)"]
+    assert found == [
+        "torch 2.14.1 (a, b) vs 2.13.0 (c)",
+        "device cpu (Xeon) (a, b) vs cpu (EPYC) (c)",
+    ]
     assert env.differences({"a": _record("2.14.1"), "b": _record("2.14.1")}) == []
     assert env.differences({"a": _record("2.14.1"), "b": None}) == []  # unrecorded: no part
 
 
 def test_notes_describe_the_first_record_and_list_differences():
     notes = env.record_notes({"a": _record("2.14.1"), "b": _record("2.13.0")})
-    assert notes[0].startswith("Environment: mmcse 0.1 (aaaaaaaaaaaa)") and "torch 2.14.1" in notes[0]
+    assert (
+        notes[0].startswith("Environment: mmcse 0.1 (aaaaaaaaaaaa)") and "torch 2.14.1" in notes[0]
+    )
     assert notes[1] == "Environments differ: torch 2.14.1 (a) vs 2.13.0 (b)."
     assert env.record_notes({"a": None}) == []

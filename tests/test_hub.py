@@ -76,9 +76,7 @@ def test_a_typo_in_a_local_run_path_is_one_line_without_the_hub(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing written
 
 
-def test_eval_of_a_hub_id_offline_is_one_line_without_a_connection(
-    monkeypatch, capsys, no_network
-):
+def test_eval_of_a_hub_id_offline_is_one_line_without_a_connection(monkeypatch, capsys, no_network):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, stderr = run_main(["eval", "--model", HUB_ID], monkeypatch, capsys)
     assert_one_error(code, stderr, HUB_ID, "HF_HUB_OFFLINE", "--model DIR")

@@ -238,6 +238,7 @@ CI_COMMANDS = (
     'pip install torch==2.14.1 torchvision==0.29.1 -e ".[plot]"',
     'pip install torch==2.14.1 torchvision==0.29.1 -e ".[dev]"',
     "ruff check .",
+    "ruff format --check .",
     "python -m pytest",
 )
 

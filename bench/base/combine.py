@@ -5,8 +5,11 @@ import json
 from pathlib import Path
 
 here = Path(__file__).parent
-rows = ["| method | step ms | SimCSE step ms (same run) | ÷ SimCSE | ops/step | ops ÷ SimCSE "
-        "| graphs/breaks (explain) | load avg at start |", "|---|---:|---:|---:|---:|---:|---|---|"]
+rows = [
+    "| method | step ms | SimCSE step ms (same run) | ÷ SimCSE | ops/step | ops ÷ SimCSE "
+    "| graphs/breaks (explain) | load avg at start |",
+    "|---|---:|---:|---:|---:|---:|---|---|",
+]
 for path in sorted(here.glob("*.json")):
     data = json.loads(path.read_text())
     train, capture = data["train"]["batch_16"], data["capture"]["methods"]

@@ -89,6 +89,8 @@ def check_mode(mode: str) -> ProbeSettings:
             f"--transfer-mode {mode!r}: unknown transfer mode; choose {' or '.join(SETTINGS)}"
         )
     return SETTINGS[mode]
+
+
 def _nothing(*_args) -> None:
     return None
 

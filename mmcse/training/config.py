@@ -224,7 +224,7 @@ class TrainConfig:
         metadata={
             "panel": PANEL_EVALUATION,
             "help": "also score dev at the last step (MCSE's train_mix.py; the HF Trainer of "
-            "SimCSE/VisualCSE/AudioCSE: multiples of --eval-steps only)"
+            "SimCSE/VisualCSE/AudioCSE: multiples of --eval-steps only)",
         },
     )
     eval_data: str | None = field(

@@ -89,8 +89,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-
-
 def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:
     """``cfg.pooler`` with ``auto`` resolved: the student's own pooling, else the method's."""
 
@@ -160,7 +158,8 @@ class Trainer:
         if not dist.is_distributed():
             return self.student
         return nn.parallel.DistributedDataParallel(
-            self.student, find_unused_parameters=True  # caption-only heads idle on text batches
+            self.student,
+            find_unused_parameters=True,  # caption-only heads idle on text batches
         )
 
     def _build_updates(self) -> CapturedUpdate | EagerUpdate:

@@ -102,7 +102,6 @@ class Florence2Grounder:
     ) -> None:
         from transformers import AutoProcessor, Florence2ForConditionalGeneration
 
-
         quiet_transformers()
         self.checkpoint = str(checkpoint)
         self.device = torch.device(device)

@@ -66,7 +66,6 @@ class Sam2Segmenter:
     def __init__(self, checkpoint: str | Path = DEFAULT_CHECKPOINT, device="cpu") -> None:
         from transformers import Sam2Model, Sam2Processor
 
-
         quiet_transformers()
         self.checkpoint = str(checkpoint)
         self.device = torch.device(device)

@@ -37,7 +37,14 @@ from pipeline.teachers.resnet import build_resnet
 from pipeline.teachers.runtime import SIZES
 from pipeline.teachers.text import bert_factories
 
-__all__ = ["TEACHERS", "TEACHER_DIMS", "ImagePreprocess", "ImageTeacher", "TextTeacher", "build_teacher"]
+__all__ = [
+    "TEACHERS",
+    "TEACHER_DIMS",
+    "ImagePreprocess",
+    "ImageTeacher",
+    "TextTeacher",
+    "build_teacher",
+]
 
 TEACHERS = Registry("teacher")
 

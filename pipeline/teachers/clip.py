@@ -202,7 +202,6 @@ def load_hf_clip(arch: str, weights: str, kind: str, seed: int, tokenizer: str |
     """``(CLIPModel, WeightsInfo, tokenizer, tokenizer source)`` for the transformers backend."""
     from transformers import CLIPModel
 
-
     quiet_transformers()
     if kind == "random":
         with seeded(seed):

@@ -333,7 +333,9 @@ def test_dalr_released_composition_caption_batch():
     assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
     for key, value in {"arc_margin_loss": simcse, "consistency_loss": cons, "cma_loss": cma,
                        "image_margin_loss": adap, "rank_loss": rank, "ima_loss": ima}.items():  # fmt: skip
-        assert out[key].item() == pytest.approx(float(torch.as_tensor(value).detach()), rel=1e-6), key
+        assert out[key].item() == pytest.approx(float(torch.as_tensor(value).detach()), rel=1e-6), (
+            key
+        )
 
 
 def test_dalr_cma_image_head_switch():

@@ -399,7 +399,9 @@ def test_a_held_out_split_from_a_file_without_split_information_is_warned(tmp_pa
 def test_cli_val_features_from_a_train_file_are_one_line_and_nothing_is_written(
     tmp_path, monkeypatch, capsys
 ):
-    images = [{"filename": f"{s}.jpg", "split": "train", "sentences": [{"raw": "c"}]} for s in TRUTH]
+    images = [
+        {"filename": f"{s}.jpg", "split": "train", "sentences": [{"raw": "c"}]} for s in TRUTH
+    ]
     (tmp_path / "dataset_flickr30k.json").write_text(json.dumps({"images": images}))
     out = tmp_path / "out"
     code, stderr = run_main(

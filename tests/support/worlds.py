@@ -115,7 +115,9 @@ def write_tiny_cache(recipe, root: Path) -> None:
     wiki_ids = [f"wiki1m-{i:07d}" for i in range(64)]
     for need in recipe.needs(root):
         if need.key == "text_corpus":
-            write_corpus(need.path, wiki_ids, sentences(64, seed=1), dataset="wiki1m", split="train")
+            write_corpus(
+                need.path, wiki_ids, sentences(64, seed=1), dataset="wiki1m", split="train"
+            )
         elif need.key == "caption_corpus":
             extra = {"caption_policy": recipe.caption_policy}
             write_corpus(need.path, caption_ids, captions, image_ids=image_ids,

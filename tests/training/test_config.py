@@ -123,7 +123,9 @@ def test_toml_keys_outside_train_are_refused_naming_them_and_where_they_go(
     with pytest.raises(MmcseError, match=r"eval outside \[train\]"):
         resolve_config(path)
     path.write_text("[train]\nbatch_size = 16\nlearning_rat = 0.5\n")
-    with pytest.raises(MmcseError, match=r"unknown training setting\(s\) in \[train\]: learning_rat"):
+    with pytest.raises(
+        MmcseError, match=r"unknown training setting\(s\) in \[train\]: learning_rat"
+    ):
         resolve_config(path)
     path.write_text("batch_size = 16\n\n[eval]\nsteps = 3\n")  # no [train]: a table is a key
     with pytest.raises(MmcseError, match=r"setting\(s\): eval \(eval: only \[train\] is read\)"):
@@ -220,7 +222,11 @@ def test_every_method_builds_with_its_defaults(name):
         ("dalr", {"teachers_on": "text"}, "teachers_on must be one of 'all', 'caption'"),
         ("dalr", {"proj_dim": 2.5}, "proj_dim must be an integer"),
         ("dalr", {"text_teachers": "simcse"}, "text_teachers must be a list"),
-        ("kdmcse", {"false_negative_threshold": "0.3"}, "false_negative_threshold must be a number"),
+        (
+            "kdmcse",
+            {"false_negative_threshold": "0.3"},
+            "false_negative_threshold must be a number",
+        ),
         ("mcse", {"image_text_weight": None}, "image_text_weight must be a number"),
     ],
 )

@@ -107,7 +107,9 @@ def test_caption_only_and_text_only(tiny_model, tiny_world, tmp_path):
     r = train(config(tiny_model, tiny_world, tmp_path / "c", method="mcse", mixing="caption-only"))
     assert {m["kind"] for m in metrics(r.output_dir)} == {"caption"}
     r = train(
-        config(tiny_model, tiny_world, tmp_path / "t", method="simcse", mixing="text-only", features={})
+        config(
+            tiny_model, tiny_world, tmp_path / "t", method="simcse", mixing="text-only", features={}
+        )
     )
     assert {m["kind"] for m in metrics(r.output_dir)} == {"text"}
 

@@ -70,5 +70,7 @@ def test_run_info_records_the_environment_and_trained_teachers_do_not_warn(
     assert env["python"]["version"] == platform.python_version()
     assert env["packages"]["torch"] == torch.__version__
     assert env["device"]["name"] == "cpu" and env["numerics"]["precision"] == "fp32"
-    assert env["numerics"]["deterministic_algorithms"] == torch.are_deterministic_algorithms_enabled()
+    assert (
+        env["numerics"]["deterministic_algorithms"] == torch.are_deterministic_algorithms_enabled()
+    )
     assert set(env) >= {"mmcse", "cuda", "system"}
