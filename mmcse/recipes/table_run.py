@@ -111,7 +111,7 @@ def select(arguments: Sequence[str]) -> Selection:
             names += sorted(matched, key=paper_order)
         else:
             names.append(get_recipe(argument).name)  # an unknown name: the registry's error
-    table = PAPER_TABLES[arguments[0]] if len(arguments) == 1 else None
+    table = PAPER_TABLES.get(arguments[0]) if len(arguments) == 1 else None
     return Selection(tuple(arguments), tuple(dict.fromkeys(names)), table)
 
 
@@ -228,7 +228,11 @@ def disk_lines(plan: TablePlan) -> list[str]:
             continue
         kept = estimate["best"] + (estimate["last"] if todo[0].keep_last_checkpoint else 0)
         total += kept * len(todo)
-    where = f" (not counted: {', '.join(unknown)}: its student's weights are not on disk)" if unknown else ""
+    where = (
+        f" (not counted: {', '.join(unknown)}: its student's weights are not on disk)"
+        if unknown
+        else ""
+    )
     if total or unknown:
         lines.append(
             f"disk: about {format_bytes(total)} of checkpoints for the runs still to train "

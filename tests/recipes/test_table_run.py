@@ -1,0 +1,153 @@
+"""A paper's table in one command (issue 33): several recipes × seeds, finished seeds skipped,
+stopped runs resumed, one table; and the checkpoints' disk (issue 32, item 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from support.worlds import write_tiny_cache
+
+import cli
+from mmcse.errors import MmcseError
+from mmcse.recipes import get_recipe
+from mmcse.recipes.published import PAPER_TABLES, PUBLISHED
+from mmcse.recipes.table_run import select
+from mmcse.rundir import RunDir
+from mmcse.training import metrics as metrics_log
+
+FIXTURE_SENTEVAL = Path(__file__).parents[1] / "fixtures" / "senteval_mini"
+PATTERN = "mcse/wiki+*/bert"
+RECIPES = ("mcse/wiki+flickr/bert", "mcse/wiki+coco/bert")
+
+
+def run_cli(monkeypatch, *args: str) -> int:
+    monkeypatch.setattr(sys, "argv", ["mmcse", *args])
+    try:
+        cli.main()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+# ---- choosing the recipes --------------------------------------------------------------------
+
+
+def test_names_patterns_and_tables_select_recipes_in_the_papers_order():
+    assert select([PATTERN]).names == RECIPES
+    assert select(["mcse/wiki+coco/bert", "mcse/wiki+flickr/bert"]).names == RECIPES[::-1]
+    table = select(["mcse:table1"])
+    assert table.table is PAPER_TABLES["mcse:table1"] and len(table.names) == 10
+    assert table.names[:4] == (
+        "simcse/wiki/bert",
+        "simcse/wiki/roberta",
+        "simcse/wiki+flickr/bert",
+        "mcse/wiki+flickr/bert",
+    )
+    assert table.against["mcse/wiki+coco/roberta"] == "simcse/wiki+coco/roberta"
+    assert select(["dalr:table1"]).against["dalr/wiki+flickr/bert"] == "kdmcse/wiki+flickr/bert"
+    with pytest.raises(MmcseError, match="matches no recipe"):
+        select(["nosuch/*"])
+
+
+def test_every_table_names_registered_recipes_with_published_rows():
+    for table in PAPER_TABLES.values():
+        for name in table.rows:
+            recipe = get_recipe(name)
+            assert (recipe.published_as or name) in PUBLISHED, name
+        assert set(table.against) <= set(table.rows) and set(table.against.values()) <= set(
+            table.rows
+        )
+
+
+def test_recipes_list_tables(monkeypatch, capsys):
+    assert run_cli(monkeypatch, "recipes", "list", "--tables") == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in PAPER_TABLES)
+    assert "mcse/wiki+coco/roberta" in out and "MCSE (Zhang et al., NAACL 2022), Table 1" in out
+
+
+# ---- a two-recipe pattern × 2 seeds, stopped by SIGTERM and continued ---------------------------
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cache")
+    for name in RECIPES:
+        write_tiny_cache(get_recipe(name), root / name.replace("/", "_"))
+    # one cache root: each recipe's sets where its layout puts them (the wiki1m table is shared)
+    shared = tmp_path_factory.mktemp("shared")
+    for name in RECIPES:
+        for source in (root / name.replace("/", "_")).iterdir():
+            target = shared / source.name
+            if not target.exists():
+                os.symlink(source, target)
+    return shared
+
+
+def table_args(tiny_model, cache: Path, out: Path) -> list[str]:
+    return [
+        "recipes", "run", PATTERN, "--cache-root", str(cache), "--seeds", "0,1",
+        "--model", str(tiny_model), "--max-steps", "4", "--output-dir", str(out),
+        "--set", "batch_size=8", "--set", "epochs=1", "--set", "device=cpu",
+        "--set", "log_every=1", "--set", "eval_steps=2", "--set", "final_eval=true",
+        "--set", f"eval_data={FIXTURE_SENTEVAL}",
+    ]  # fmt: skip
+
+
+def table_record(out: Path) -> dict:
+    (record,) = (out / "tables").glob("*.json")
+    return json.loads(record.read_text())
+
+
+@pytest.mark.slow  # eight tiny runs with final evaluation: about a minute on 2 busy cores
+def test_table_run_stopped_by_sigterm_continues_to_the_uninterrupted_table(
+    tiny_model, cache, tmp_path, monkeypatch, capsys, library_log
+):
+    straight = tmp_path / "straight"
+    assert run_cli(monkeypatch, *table_args(tiny_model, cache, straight)) == 0
+    expected = table_record(straight)
+    printed = capsys.readouterr().out
+    assert "table mcse/wiki+*/bert: 2 recipe(s) x seeds 0,1 = 4 run(s)" in printed
+    assert "disk: about" in printed and "time: no estimate" in printed
+    assert "mcse/wiki+flickr/bert [overridden] (n=2)" in printed and "MCSE-BERT" in printed
+    assert expected["against"] == {}  # two MCSE rows: no pair the paper tests
+    assert [r["recipe"] for r in expected["rows"]] == list(RECIPES)
+    assert all(len(r["per_seed"]) == 2 for r in expected["rows"])
+
+    out = tmp_path / "stopped"
+    real_write = metrics_log.MetricsLog.write
+
+    def write(self, record):  # SIGTERM in the third run (wiki+coco seed 0), after step 2
+        real_write(self, record)
+        path = str(self.path)
+        if "wiki+coco" in path and "seed0" in path and record["step"] == 2 and "loss" in record:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(metrics_log.MetricsLog, "write", write)
+    assert run_cli(monkeypatch, *table_args(tiny_model, cache, out)) == 128 + signal.SIGTERM
+    log = library_log()
+    assert "table mcse/wiki+*/bert: 2 of 4 runs done, running mcse/wiki+coco/bert seed 0" in log
+    assert "stopped with 2 of 4 runs done; rerun the same command" in log
+    stopped = RunDir(out / "mcse/wiki+coco/bert" / "seed0")
+    assert not stopped.finished() and json.loads(stopped.last.run_info.read_text())["step"] == 2
+    first = RunDir(out / "mcse/wiki+flickr/bert" / "seed0").best.run_info.stat().st_mtime_ns
+    capsys.readouterr()
+
+    monkeypatch.setattr(metrics_log.MetricsLog, "write", real_write)
+    assert run_cli(monkeypatch, *table_args(tiny_model, cache, out)) == 0
+    printed = capsys.readouterr().out
+    assert "2 finished (skipped), 1 to resume, 1 to train" in printed
+    again = RunDir(out / "mcse/wiki+flickr/bert" / "seed0").best.run_info.stat().st_mtime_ns
+    assert again == first  # a finished seed is not trained again
+    resumed = table_record(out)
+    assert resumed["rows"] == expected["rows"]  # seed by seed, every number
+
+    # any later call: nothing to train, the same table
+    assert run_cli(monkeypatch, *table_args(tiny_model, cache, out)) == 0
+    assert "4 finished (skipped), 0 to resume, 0 to train" in capsys.readouterr().out
+    assert table_record(out)["rows"] == expected["rows"]
