@@ -168,9 +168,10 @@ def plan_warnings(plan: dict[str, Any], method: Method) -> list[str]:
 #: AdamW keeps two fp32 moments per trained parameter (``exp_avg``, ``exp_avg_sq``), which
 #: ``last/``'s trainer state holds beside the weights; ``best/`` holds the weights only
 OPTIMIZER_BYTES_PER_PARAMETER = 2 * 4
-#: what a checkpoint writes besides tensors: model config, run info, integrity record, the
-#: trainer state's RNG and bookkeeping (a few KB; the tokenizer is counted from its files)
-CHECKPOINT_OVERHEAD = 64 * 1024
+#: what a checkpoint writes besides tensors and tokenizer: model config, run info, integrity
+#: record (a few KB); last/'s trainer state adds the RNG states and bookkeeping (tens of KB)
+CHECKPOINT_OVERHEAD = 8 * 1024
+TRAINER_STATE_OVERHEAD = 32 * 1024
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "spm.model",
                    "sentencepiece.bpe.model", "special_tokens_map.json", "tokenizer_config.json")  # fmt: skip
@@ -180,7 +181,8 @@ def checkpoint_sizes(weight_bytes: int, trained_parameters: int, other_bytes: in
     """``{"best": bytes, "last": bytes}``: best/ is the weights (student and heads, as trained)
     and the tokenizer; last/ adds AdamW's two fp32 moments per trained parameter."""
     best = weight_bytes + other_bytes + CHECKPOINT_OVERHEAD
-    return {"best": best, "last": best + OPTIMIZER_BYTES_PER_PARAMETER * trained_parameters}
+    moments = OPTIMIZER_BYTES_PER_PARAMETER * trained_parameters
+    return {"best": best, "last": best + moments + TRAINER_STATE_OVERHEAD}
 
 
 def checkpoint_estimate(model: str) -> dict | None:

@@ -3,6 +3,7 @@ stopped runs resumed, one table; and the checkpoints' disk (issue 32, item 6).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -151,3 +152,61 @@ def test_table_run_stopped_by_sigterm_continues_to_the_uninterrupted_table(
     assert run_cli(monkeypatch, *table_args(tiny_model, cache, out)) == 0
     assert "4 finished (skipped), 0 to resume, 0 to train" in capsys.readouterr().out
     assert table_record(out)["rows"] == expected["rows"]
+
+
+# ---- disk: what a checkpoint takes, and dropping last/ at the end (issue 32, item 6) -----------
+
+
+def size_of(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def test_planned_checkpoint_sizes_match_a_saved_tiny_checkpoint(tiny_model, tiny_world, tmp_path):
+    """The plan's best/ and last/ sizes (weights and heads as saved, AdamW's two fp32 moments
+    per trained parameter, tokenizer) against the bytes the run wrote; the estimate made before
+    the student loads (its safetensors header) against best/ less the method's heads."""
+    from support.runs import tiny_mcse_settings
+
+    from mmcse.training.config import TrainConfig
+    from mmcse.training.loop import train
+    from mmcse.training.plan import checkpoint_estimate
+
+    out = tmp_path / "run"
+    train(TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, out, max_steps=2)))
+    planned = json.loads((out / "plan.json").read_text())["checkpoint_bytes"]
+    best, last = size_of(out / "best"), size_of(out / "last")
+    assert planned["best"] == pytest.approx(best, rel=0.05)
+    assert planned["last"] == pytest.approx(last, rel=0.05)
+    assert last > 2.5 * (best - size_of(out / "best" / "tokenizer.json"))  # the moments are there
+    heads = (out / "best" / "mmcse_heads.safetensors").stat().st_size
+    assert checkpoint_estimate(str(tiny_model))["best"] == pytest.approx(best - heads, rel=0.1)
+    # the recipes' students before download: BERT-base ~0.44 GB best/, ~1.3 GB last/
+    bert = checkpoint_estimate("bert-base-uncased")
+    assert bert["best"] == pytest.approx(4 * 109_482_240, rel=0.01)
+    assert bert["last"] == pytest.approx(12 * 109_482_240, rel=0.01)
+
+
+def test_a_run_without_keep_last_checkpoint_drops_last_and_still_reads_finished(
+    tiny_model, tiny_world, tmp_path, library_log
+):
+    from support.runs import tiny_mcse_settings
+
+    from mmcse.recipes.runs import FINISHED, seed_state
+    from mmcse.training.config import TrainConfig
+    from mmcse.training.loop import train
+
+    out = tmp_path / "run"
+    cfg = TrainConfig(
+        **tiny_mcse_settings(tiny_model, tiny_world, out, max_steps=2, keep_last_checkpoint=False)
+    )
+    train(cfg)
+    run = RunDir(out)
+    assert not run.last.path.exists() and run.best.saved() and run.finished()
+    log = library_log()
+    assert "removed once the run finishes" in log  # the plan says so before it starts
+    assert f"removed {run.last.path} (--no-keep-last-checkpoint)" in log
+    assert train(cfg, resume=True).steps == 0  # nothing to resume: it finished
+    assert "finished at step 2" in library_log()
+    assert seed_state(cfg) == FINISHED
+    with pytest.raises(MmcseError, match="cannot be extended"):
+        train(dataclasses.replace(cfg, max_steps=4), resume=True)
