@@ -271,8 +271,9 @@ def time_estimate(plan: TablePlan) -> str:
             "time: no estimate (no run of these methods has measured its step time on a GPU "
             "yet; --dry-run again after the first)"
         )
+    took = f"{seconds / 3600:.1f} h" if seconds >= 7200 else f"{max(1, round(seconds / 60))} min"
     return (
-        f"time: about {seconds / 3600:.1f} h of training for {covered} of the {todo} runs left "
+        f"time: about {took} of training for {covered} of the {todo} runs left "
         "(an ESTIMATE from step times measured by earlier runs of the same method and student; "
         "evaluation not counted)"
     )

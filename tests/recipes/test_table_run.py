@@ -210,3 +210,48 @@ def test_a_run_without_keep_last_checkpoint_drops_last_and_still_reads_finished(
     assert seed_state(cfg) == FINISHED
     with pytest.raises(MmcseError, match="cannot be extended"):
         train(dataclasses.replace(cfg, max_steps=4), resume=True)
+
+
+# ---- before it starts: runs, cache sets, disk, time ---------------------------------------------
+
+
+def test_a_tables_dry_run_says_runs_missing_sets_disk_and_trains_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "runs"
+    args = ["recipes", "run", "mcse:table1", "--dry-run", "--seeds", "0,1",
+            "--cache-root", str(tmp_path / "cache"), "--output-dir", str(out)]  # fmt: skip
+    assert run_cli(monkeypatch, *args) == 0
+    printed = capsys.readouterr().out
+    assert "table mcse:table1: 10 recipe(s) x seeds 0,1 = 20 run(s): 0 finished" in printed
+    assert "run first:" in printed and "mmcse extract-images --dataset coco" in printed
+    # 10 BERT/RoBERTa runs of each seed, best/ + last/ each: ~(0.44 + 1.31) and ~(0.5 + 1.5) GB
+    assert "disk: about 37.5 GB of checkpoints" in printed
+    assert "time: no estimate" in printed
+    assert not out.exists()
+
+
+def test_time_estimate_reads_a_gpu_runs_measured_step_time(tmp_path):
+    from mmcse.recipes.recipe import RecipeRunSpec
+    from mmcse.recipes.table_run import plan_table
+
+    spec = RecipeRunSpec(cache_root=tmp_path / "cache", seeds=(0, 1))
+    name = "simcse/wiki/bert"
+    recipe = get_recipe(name)
+    seed0 = RunDir(tmp_path / "runs" / name / "seed0")
+    seed0.path.mkdir(parents=True)
+    cfg = recipe.config(spec, seed=0, output_dir=seed0.path).to_dict()
+    seed0.config.write_text(json.dumps(cfg))
+    seed0.plan.write_text(json.dumps({"device": "cuda:0", "total_steps": 1000}))
+    seed0.metrics.write_text(
+        "\n".join(json.dumps({"step": s, "steps_per_s": 10.0}) for s in (100, 200, 300))
+    )
+    seed0.last.path.mkdir()
+    seed0.last.run_info.write_text(json.dumps({"step": 400, "finished": False}))
+    plan = plan_table(select([name, "mcse/wiki+flickr/bert"]), spec, tmp_path / "runs")
+    text = plan.describe()
+    # seed 0: 600 steps left, seed 1: 1000, at 10 steps/s: 160 s; MCSE: never measured
+    assert "time: about 3 min of training for 2 of the 4 runs left (an ESTIMATE" in text
+    cpu = json.dumps({"device": "cpu", "total_steps": 1000})
+    seed0.plan.write_text(cpu)  # a CPU step time says nothing about a GPU run
+    assert "time: no estimate" in plan_table(plan.selection, spec, tmp_path / "runs").describe()
