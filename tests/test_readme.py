@@ -185,10 +185,10 @@ TINY: dict[str, Tiny] = {
         shows=("published",),
     ),
     "mmcse recipes list --tables": Tiny(shows=("mcse:table1", "dalr:table1", "simcse/wiki/bert")),
-    "mmcse recipes run mcse:table1 --dry-run": Tiny(
+    "mmcse recipes run mcse:table1 --output-dir runs/table1 --dry-run": Tiny(
         # the tiny cache has no coco/train set: the plan lists its commands and trains nothing
         shows=("10 recipe(s) x seeds 0,1,2,3,4 = 50 run(s)", "run first:", "disk: about"),
-        absent=("runs/simcse/wiki/bert",),
+        absent=("runs/table1",),
     ),
     "mmcse recipes run simcse/wiki+flickr/bert mcse/wiki+flickr/bert --output-dir runs/table": Tiny(
         add=("--seeds", "0", "--model", "{student}", "--max-steps", "2"),

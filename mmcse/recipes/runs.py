@@ -138,11 +138,12 @@ def train_one(cfg: TrainConfig, resume: bool = False) -> dict | None:
     """Train one seed (``resume``: continue it from its last/, as ``mmcse train --resume``); its
     STS test numbers (``None`` when no SentEval data was found)."""
     # imported here: torch and transformers load only to train
-    from mmcse.training.checkpoint import resume_config
+    from mmcse.training.checkpoint import RESUMABLE_CHANGES, resume_config
     from mmcse.training.loop import train
 
     if resume:  # the run's own saved config: what setup resolved (pooler, padding) included
-        cfg = resume_config(cfg.output_dir, None, {"device": cfg.device})
+        given = {key: getattr(cfg, key) for key in RESUMABLE_CHANGES if key != "output_dir"}
+        cfg = resume_config(cfg.output_dir, None, given)
     result = train(cfg, resume=resume)
     if result.test is None:
         return None

@@ -123,27 +123,29 @@ def recipes_run(
         return
     plan = plan_table(selection, spec, Path(output_dir or "runs"))
     yield plan.describe()
-    if dry_run:
+    if dry_run:  # the table so far, written nowhere
         if plan.count(FINISHED):
-            yield paper_table(plan)
+            yield paper_table(plan, write=False)
         return
     run_table(plan)
     yield paper_table(plan)
 
 
-def paper_table(plan: TablePlan, fmt: str = "md") -> str:
-    """The table of a table run as the seed folders hold it now, written as .md/.csv/.tex (as
-    ``mmcse compare`` writes them) and .json (per seed) under ``<root>/tables/``; returned in
-    ``fmt`` with its title and where it went. No best is marked: rows of different settings
-    and students do not compete; the p column tests the paper's pairs."""
+def paper_table(plan: TablePlan, fmt: str = "md", write: bool = True) -> str:
+    """The table of a table run as the seed folders hold it now, returned in ``fmt`` with its
+    title; ``write``: also as .md/.csv/.tex (as ``mmcse compare`` writes them) and .json (per
+    seed) under ``<root>/tables/``, and where they went. No best is marked: rows of different
+    settings and students do not compete; the p column tests the paper's pairs."""
     result = table_rows(plan)
     extra = (SOURCE_COLUMN, WELCH_COLUMN)
-    written = write_tables(result.rows, COLUMNS, plan.table_stem, extra, measured=[],
-                           notes=result.notes)  # fmt: skip
-    record = write_json(plan.table_stem.with_suffix(".json"), result.record)
     source = f" ({plan.selection.table.source})" if plan.selection.table else ""
     title = f"Table {plan.selection.label}{source}: mean ± std over the finished seeds"
     table = render(result.rows, COLUMNS, fmt, extra, measured=[], notes=result.notes)
+    if not write:
+        return f"{title}\n\n{table}"
+    written = write_tables(result.rows, COLUMNS, plan.table_stem, extra, measured=[],
+                           notes=result.notes)  # fmt: skip
+    record = write_json(plan.table_stem.with_suffix(".json"), result.record)
     where = ", ".join(str(p) for p in [*written, record])
     return f"{title}\n\n{table}\n\nwrote {where}"
 
