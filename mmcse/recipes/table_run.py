@@ -31,9 +31,10 @@ from typing import Any
 from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.errors import MmcseError
 from mmcse.files import read_json
+from mmcse.recipes import RECIPES, get_recipe  # the catalogue registered
 from mmcse.recipes.layout import SeedsDir
 from mmcse.recipes.published import PAPER_TABLES, PUBLISHED, PaperTable
-from mmcse.recipes.recipe import RECIPES, Recipe, RecipeRunSpec, get_recipe
+from mmcse.recipes.recipe import Recipe, RecipeRunSpec
 from mmcse.recipes.runs import (
     FINISHED,
     NEW,
@@ -77,8 +78,10 @@ class Selection:
 
     @property
     def stem(self) -> str:
-        """A file name for the table: the arguments with every other character ``_``."""
-        return re.sub(r"[^A-Za-z0-9+.-]+", "_", "__".join(self.arguments)).strip("_") or "table"
+        """A file name for the table: the arguments, ``__`` between them, each with its other
+        characters as ``_`` (``mcse/wiki+*/bert`` → ``mcse_wiki+_bert``)."""
+        parts = [re.sub(r"[^A-Za-z0-9+.-]+", "_", a).strip("_") for a in self.arguments]
+        return "__".join(p for p in parts if p) or "table"
 
     @property
     def against(self) -> dict[str, str]:
