@@ -164,11 +164,20 @@ class TablePlan:
     def describe(self) -> str:
         """Runs, cache sets (with the commands for the missing ones), disk, time estimate."""
         seeds = sorted({cfg.seed for r in self.recipes for cfg, _ in r.seeds})
+        label, single = (
+            self.selection.label,
+            self.selection.table is None and len(self.recipes) == 1,
+        )
+        head = (
+            f"recipe {label}: seeds"
+            if single
+            else f"table {label}: {len(self.recipes)} recipe(s) x seeds"
+        )
+        where = self.recipes[0].seeds_dir.path if single else self.root
         lines = [
-            f"table {self.selection.label}: {len(self.recipes)} recipe(s) x seeds "
-            f"{','.join(map(str, seeds))} = {self.total} run(s): {self.count(FINISHED)} finished "
-            f"(skipped), {self.count(RESUME)} to resume, {self.count(NEW, RESTART)} to train; "
-            f"under {self.root}",
+            f"{head} {','.join(map(str, seeds))} = {self.total} run(s): {self.count(FINISHED)} "
+            f"finished (skipped), {self.count(RESUME)} to resume, {self.count(NEW, RESTART)} to "
+            f"train; under {where}",
         ]
         lines += self._cache_lines()
         lines += disk_lines(self)
