@@ -42,7 +42,9 @@ def recipes_show(name: str = _NAME, cache_root: str = _CACHE_ROOT) -> None:
 def recipes_run(
     spec: RecipeRunSpec,
     names: list[str] = typer.Argument(
-        ..., help="recipes, quoted patterns ('mcse/wiki+*/bert') or a table (mcse:table1)"
+        ...,
+        metavar="RECIPE",
+        help="recipes, quoted patterns ('mcse/wiki+*/bert') or a table (mcse:table1)",
     ),
     output_dir: str = Opt(
         None,
