@@ -155,11 +155,13 @@ def train_one(cfg: TrainConfig, resume: bool = False) -> dict | None:
 
 #: a seed folder's state, and what ``recipes run``/``ablate`` do with it
 NEW, FINISHED, RESUME, RESTART = "new", "finished", "resume", "restart"
+REFUSED = "refused"  # a dry run's word for a folder the run would refuse
 SEED_ACTIONS = {
     NEW: "train",
     FINISHED: "finished: skipped",
     RESUME: "resume from last/",
     RESTART: "started, nothing saved yet: train again",
+    REFUSED: "refused",
 }
 #: settings a seed's saved config may differ in and still be this seed's run: where it goes and
 #: how it is watched (:data:`_PER_RUN`), and what a resume may change
@@ -261,11 +263,15 @@ def seed_plan(
 ) -> list[tuple[TrainConfig, str]]:
     """Each seed's config and what its folder holds (:func:`seed_state`); a folder that cannot
     be this seed's run is refused here, before any seed trains."""
+    return [(cfg, seed_state(cfg)) for cfg in seed_configs(recipe, spec, output_dir)]
+
+
+def seed_configs(recipe: Recipe, spec: RecipeRunSpec, output_dir: str | Path) -> list[TrainConfig]:
+    """The config of each seed, into ``<output_dir>/seed<k>``."""
     spec = spec.for_recipe(recipe)
     check_unique_seeds(tuple(spec.seeds))
     out = SeedsDir(output_dir)
-    configs = [recipe.config(spec, seed=s, output_dir=out.seed(s).path) for s in spec.seeds]
-    return [(cfg, seed_state(cfg)) for cfg in configs]
+    return [recipe.config(spec, seed=s, output_dir=out.seed(s).path) for s in spec.seeds]
 
 
 def run_seeds(

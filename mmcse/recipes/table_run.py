@@ -38,6 +38,7 @@ from mmcse.recipes.recipe import Recipe, RecipeRunSpec
 from mmcse.recipes.runs import (
     FINISHED,
     NEW,
+    REFUSED,
     RESTART,
     RESUME,
     check_method,
@@ -45,7 +46,8 @@ from mmcse.recipes.runs import (
     departures,
     recorded_scores,
     run_recipe,
-    seed_plan,
+    seed_configs,
+    seed_state,
 )
 from mmcse.recipes.summary import Row, published_row, summarize, welch_p
 from mmcse.rundir import RunDir
@@ -137,6 +139,7 @@ class RecipePlan:
     seeds_dir: SeedsDir
     seeds: list[tuple[TrainConfig, str]]  # (config, state) per seed
     missing: list[Any] = field(default_factory=list)  # cache Needs not there
+    refused: list[str] = field(default_factory=list)  # a dry run: why a seed's run would refuse
 
 
 @dataclass
@@ -179,6 +182,10 @@ class TablePlan:
             f"finished (skipped), {self.count(RESUME)} to resume, {self.count(NEW, RESTART)} to "
             f"train; under {where}",
         ]
+        refused = [why for r in self.recipes for why in r.refused]
+        if refused:
+            lines.append(f"{len(refused)} seed folder(s) the run would refuse:")
+            lines += [f"  {why}" for why in refused]
         lines += self._cache_lines()
         lines += disk_lines(self)
         lines.append(time_estimate(self))
@@ -197,24 +204,36 @@ class TablePlan:
 
 
 def plan_table(
-    selection: Selection, spec: RecipeRunSpec, root: str | Path, single: str | Path | None = None
+    selection: Selection,
+    spec: RecipeRunSpec,
+    root: str | Path,
+    single: str | Path | None = None,
+    dry_run: bool = False,
 ) -> TablePlan:
-    """Each recipe's seeds and their states (a folder that cannot be its seed's run refused
-    here), and the cache sets missing. ``single``: the one recipe's own folder (``recipes run
-    NAME --output-dir DIR`` keeps its seeds in ``DIR``)."""
+    """Each recipe's seeds and their states, and the cache sets missing. A folder that cannot
+    be its seed's run is refused here, before anything trains; a dry run lists it instead.
+    ``single``: the one recipe's own folder (``recipes run NAME --output-dir DIR``)."""
     plans = []
     for name in selection.names:
         recipe = get_recipe(name)
         recipe_spec = spec.for_recipe(recipe)
         seeds_dir = SeedsDir(single) if single is not None else recipe_dir(root, name)
-        seeds = seed_plan(recipe, recipe_spec, seeds_dir.path)
+        seeds, refused = [], []
+        for cfg in seed_configs(recipe, recipe_spec, seeds_dir.path):
+            try:
+                seeds.append((cfg, seed_state(cfg)))
+            except MmcseError as exc:
+                if not dry_run:
+                    raise
+                seeds.append((cfg, REFUSED))
+                refused.append(str(exc))
         given = set(recipe_spec.overrides)
         needs = [
             n
             for n in recipe.needs(recipe_spec.cache_root)
             if not _overridden(n.key, given) and not (n.path / MANIFEST_NAME).is_file()
         ]
-        plans.append(RecipePlan(recipe, recipe_spec, seeds_dir, seeds, needs))
+        plans.append(RecipePlan(recipe, recipe_spec, seeds_dir, seeds, needs, refused))
     return TablePlan(selection, Path(root), plans)
 
 
@@ -395,8 +414,8 @@ def read_rows(plan: TablePlan) -> list[TableRow]:
     for recipe in plan.recipes:
         per_seed = {
             cfg.seed: recorded_scores(RunDir(cfg.output_dir))
-            for cfg, _ in recipe.seeds
-            if RunDir(cfg.output_dir).finished()
+            for cfg, state in recipe.seeds
+            if state != REFUSED and RunDir(cfg.output_dir).finished()  # refused: other settings
         }
         seeds = tuple(cfg.seed for cfg, _ in recipe.seeds)
         rows.append(

@@ -100,7 +100,7 @@ def recipe_run(
     selection = select([name])
     if dry_run:
         yield describe_plan(recipe, [(name, out, spec.overrides)], spec)
-        yield plan_table(selection, spec, out.parent, single=out).describe()
+        yield plan_table(selection, spec, out.parent, single=out, dry_run=True).describe()
         return
     yield plan_table(selection, spec, out.parent, single=out).describe()
     yield recipe_tables(run_recipe(recipe, spec, out))
@@ -121,7 +121,7 @@ def recipes_run(
     if selection.table is None and len(selection.names) == 1:
         yield from recipe_run(selection.names[0], spec, output_dir, dry_run)
         return
-    plan = plan_table(selection, spec, Path(output_dir or "runs"))
+    plan = plan_table(selection, spec, Path(output_dir or "runs"), dry_run=dry_run)
     yield plan.describe()
     if dry_run:  # the table so far, written nowhere
         if plan.count(FINISHED):

@@ -255,3 +255,18 @@ def test_time_estimate_reads_a_gpu_runs_measured_step_time(tmp_path):
     cpu = json.dumps({"device": "cpu", "total_steps": 1000})
     seed0.plan.write_text(cpu)  # a CPU step time says nothing about a GPU run
     assert "time: no estimate" in plan_table(plan.selection, spec, tmp_path / "runs").describe()
+
+
+def test_a_dry_run_lists_a_seed_folder_the_run_would_refuse(tmp_path, monkeypatch, capsys):
+    name = "simcse/wiki/bert"
+    used = tmp_path / "runs" / name / "seed1"
+    used.mkdir(parents=True)
+    (used / "config.json").write_text(json.dumps({"method": "mcse"}))
+    args = ["recipes", "run", name, "mcse/wiki+flickr/bert", "--seeds", "0,1", "--cache-root",
+            str(tmp_path / "cache"), "--output-dir", str(tmp_path / "runs")]  # fmt: skip
+    assert run_cli(monkeypatch, *args, "--dry-run") == 0
+    printed = capsys.readouterr().out
+    assert "1 seed folder(s) the run would refuse:" in printed and str(used) in printed
+    assert run_cli(monkeypatch, *args) == 2  # the run refuses it before anything trains
+    assert "holds a run of other settings" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / name / "seed0").exists()
