@@ -59,6 +59,7 @@ PLACEHOLDERS = {
 MCSE_RUN, SIMCSE_RUN = RunDir("runs/mcse-flickr"), RunDir("runs/simcse")
 RECIPE_RUNS = SeedsDir("runs/mcse/wiki+flickr/bert")  # `recipes run`'s default --output-dir
 ABLATION = AblationDir("runs/ablate/dalr/wiki+coco/bert")
+TABLE_RUNS = Path("runs/table")  # `recipes run NAME NAME --output-dir runs/table`
 
 #: Stage-1 teachers: random weights in tiny shapes (the real ones are hub downloads)
 TINY_TEACHER = ("--weights", "random", "--teacher-size", "tiny")
@@ -183,6 +184,21 @@ TINY: dict[str, Tiny] = {
         files=(RECIPE_RUNS.seed(0).best.run_info, RECIPE_RUNS.results),
         shows=("published",),
     ),
+    "mmcse recipes list --tables": Tiny(shows=("mcse:table1", "dalr:table1", "simcse/wiki/bert")),
+    "mmcse recipes run mcse:table1 --output-dir runs/table1 --dry-run": Tiny(
+        # the tiny cache has no coco/train set: the plan lists its commands and trains nothing
+        shows=("10 recipe(s) x seeds 0,1,2,3,4 = 50 run(s)", "run first:", "disk: about"),
+        absent=("runs/table1",),
+    ),
+    "mmcse recipes run simcse/wiki+flickr/bert mcse/wiki+flickr/bert --output-dir runs/table": Tiny(
+        add=("--seeds", "0", "--model", "{student}", "--max-steps", "2"),
+        files=(
+            TABLE_RUNS / "simcse/wiki+flickr/bert/seed0/best",
+            TABLE_RUNS / "tables/simcse_wiki+flickr_bert__mcse_wiki+flickr_bert.md",
+            TABLE_RUNS / "tables/simcse_wiki+flickr_bert__mcse_wiki+flickr_bert.tex",
+        ),
+        shows=("published: MCSE-BERT", "p (Welch, Avg.)"),
+    ),  # fmt: skip
     "mmcse ablate --recipe dalr/wiki+coco/bert --drop cma,rank": Tiny(
         add=("--seeds", "0", "--model", "{student}", "--max-steps", "2"),
         files=(ABLATION.table, ABLATION.record),

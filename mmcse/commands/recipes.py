@@ -19,11 +19,13 @@ _DRY_RUN = Opt(False, "--dry-run", help="print every run it would train, then st
 
 
 @recipes_app.command("list")
-def recipes_list() -> None:
+def recipes_list(
+    tables: bool = Opt(False, "--tables", help="the papers' tables recipes run can train whole"),
+) -> None:
     """Every recipe, its data setting and the published STS avg it should reproduce."""
-    from mmcse.recipes.catalogue import listing
+    from mmcse.recipes.catalogue import listing, table_listing
 
-    show(listing())
+    show(table_listing() if tables else listing())
 
 
 @recipes_app.command("show")
@@ -39,14 +41,23 @@ def recipes_show(name: str = _NAME, cache_root: str = _CACHE_ROOT) -> None:
 @with_flags(RecipeRunSpec, "spec", build=True)
 def recipes_run(
     spec: RecipeRunSpec,
-    name: str = _NAME,
-    output_dir: str = Opt(None, help="run directory (default: runs/<name>); seeds in seed<k>/"),
+    names: list[str] = typer.Argument(
+        ...,
+        metavar="RECIPE",
+        help="recipes, quoted patterns ('mcse/wiki+*/bert') or a table (mcse:table1)",
+    ),
+    output_dir: str = Opt(
+        None,
+        help="one recipe: its folder (default runs/<name>), seeds in seed<k>/; several: the "
+        "root (default runs), <root>/<recipe>/seed<k>/ and the table in <root>/tables/",
+    ),
     dry_run: bool = _DRY_RUN,
 ) -> None:
-    """Train a recipe over seeds and print it next to the published numbers."""
-    from mmcse.reports.recipes import recipe_run
+    """Train recipes over seeds and print them next to the published numbers. Finished seeds
+    are skipped and stopped ones resume: rerun the same command to continue."""
+    from mmcse.reports.recipes import recipes_run as run
 
-    show(recipe_run(name, spec, output_dir, dry_run))
+    show(run(names, spec, output_dir, dry_run))
 
 
 @app.command()

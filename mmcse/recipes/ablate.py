@@ -27,13 +27,13 @@ from mmcse.recipes.recipe import Recipe, RecipeRunSpec
 from mmcse.recipes.runs import (
     SeedRuns,
     check_method,
-    check_seed_dirs,
     departure_note,
     departures,
     environment_notes,
     environment_record,
     missing_p_reason,
     run_seeds,
+    seed_plan,
 )
 from mmcse.recipes.summary import Row, welch_p
 
@@ -161,7 +161,7 @@ def ablate(
         row = recipe.config(spec.with_overrides(row_overrides), seed=spec.seeds[0],
                             output_dir=row_out)  # fmt: skip
         check_method(row, label_of(terms))  # e.g. every term dropped, as the dry run says
-        check_seed_dirs(row_out, spec.seeds, row_overrides)
+        seed_plan(recipe, spec.with_overrides(row_overrides), row_out)  # used folders refused
     rows = []
     for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):
         logger.info(

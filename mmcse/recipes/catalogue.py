@@ -470,3 +470,14 @@ def listing() -> str:
         avg = f"{published.mean['avg']:<7.2f}  {published.source}" if published else "-"
         lines.append(f"{name:<34} {recipe.method:<10} {avg}")
     return "\n".join(lines)
+
+
+def table_listing() -> str:
+    """``mmcse recipes list --tables``: each published table ``recipes run`` can train whole."""
+    from mmcse.recipes.published import PAPER_TABLES
+
+    lines = [f"{'table':<18} {'rows':>4}  published in"]
+    for table in PAPER_TABLES.values():
+        lines.append(f"{table.name:<18} {len(table.rows):>4}  {table.source}")
+        lines += [f"{'':<24}{name}" for name in table.rows]
+    return "\n".join(lines)

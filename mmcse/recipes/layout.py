@@ -7,6 +7,10 @@
       results.json           the recipe record: overrides, per-seed scores, comparison rows
       results.md .csv .tex   its table
 
+    ROOT/                    mmcse recipes run with several recipes or a table (mcse:table1)
+      <recipe name>/         one SEEDS folder per recipe
+      tables/<selection>.md .csv .tex .json   the table, and every seed's numbers
+
     ABLATION/                mmcse ablate: one SEEDS folder per row, and
       ablation.md .json      the table and the full record (by default; --out moves them)
       ablation.png           its bar chart (mmcse plot)

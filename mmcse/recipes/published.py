@@ -247,3 +247,62 @@ def _build_ablations() -> dict[str, dict[str, tuple[Published, ...]]]:
 
 #: recipe → drop spec (``""`` = the full method) → published rows; shown by ``mmcse ablate``
 PUBLISHED_ABLATIONS: dict[str, dict[str, tuple[Published, ...]]] = _build_ablations()
+
+
+# ---- the papers' tables: which recipes make up each, in the paper's order ---------------------
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """A published table as ``mmcse recipes run TABLE`` trains it: its recipes in the paper's
+    row order, and which row each is tested against (the paper's significance pairs: MCSE
+    against SimCSE of the same setting and student, DALR against KDMCSE, MCSEO against MCSE)."""
+
+    name: str
+    source: str
+    rows: tuple[str, ...]
+    against: dict[str, str] = field(default_factory=dict)
+
+
+def _rows_of(rows: dict[str, tuple[str, str, str]], source: str) -> tuple[str, ...]:
+    return tuple(name for name, (_, where, _) in rows.items() if where == source)
+
+
+def _pairs(rows: tuple[str, ...], method: str, baseline: str, suffix: str = "") -> dict:
+    """``method/<setting>/<model>[/variant]`` → ``baseline/<setting>/<model><suffix>``, where that
+    row is in the table."""
+    out = {}
+    for name in rows:
+        head, _, tail = name.partition("/")
+        setting_model = "/".join(tail.split("/")[:2])
+        other = f"{baseline}/{setting_model}{suffix}"
+        if head == method and other in rows:
+            out[name] = other
+    return out
+
+
+def _dalr_table1() -> tuple[str, ...]:
+    rows = ["simcse/wiki/bert", "simcse/wiki/roberta"]
+    for setting in ("wiki+flickr", "wiki+coco"):
+        for model in ("bert", "roberta"):
+            rows += [f"{m}/{setting}/{model}" for m in ("simcse", "mcse", "kdmcse", "dalr")]
+    return tuple(rows)
+
+
+def _build_tables() -> dict[str, PaperTable]:
+    mcse1, mcse7 = _rows_of(_MCSE_ROWS, _T1), _rows_of(_MCSE_ROWS, _T7)
+    dalr1, mcseo1 = _dalr_table1(), tuple(_MCSEO_ROWS)
+    tables = [
+        PaperTable("mcse:table1", _T1, mcse1, _pairs(mcse1, "mcse", "simcse")),
+        PaperTable("mcse:table7", _T7, mcse7, _pairs(mcse7, "mcse", "simcse")),
+        PaperTable("dalr:table1", _D1, dalr1, _pairs(dalr1, "dalr", "kdmcse")),
+        PaperTable("mcseo:table1", _O1, mcseo1, _pairs(mcseo1, "mcseo", "mcse", "/longest")),
+        PaperTable("visualcse:table1", _V1, _rows_of(_NONLING_ROWS, _V1)),
+        PaperTable("audiocse:table2", _A2, _rows_of(_NONLING_ROWS, _A2)),
+    ]
+    return {table.name: table for table in tables}
+
+
+#: table name (``paper:tableN``) → its recipes in the paper's order; ``mmcse recipes list
+#: --tables`` lists them, ``mmcse recipes run TABLE`` trains them
+PAPER_TABLES: dict[str, PaperTable] = _build_tables()

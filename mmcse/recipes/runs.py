@@ -11,18 +11,19 @@ what would run, where, with which changes.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from mmcse.environment import differences, record_notes
 from mmcse.errors import MmcseError
-from mmcse.files import write_json
+from mmcse.files import atomic_dir_litter, read_json, write_json
 from mmcse.pooling import student_pooling
 from mmcse.recipes.layout import SeedsDir
 from mmcse.recipes.recipe import Recipe, RecipeRunSpec, check_unique_seeds
 from mmcse.recipes.summary import Row, delta, departure_note, published_row, scores_of, summarize
-from mmcse.rundir import RunDir
+from mmcse.rundir import FINAL, RunDir
 from mmcse.training.config import TrainConfig
 from mmcse.training.preflight import check_output_path, check_terms, checked_method
 
@@ -35,7 +36,8 @@ _PER_RUN = (
     "overwrite",
     "save_every",
     "report_to",
-)  # where a run goes and how it is watched, not what it trains
+    "keep_last_checkpoint",
+)  # where a run goes, how it is watched and what it keeps, not what it trains
 
 
 def departures(recipe: Recipe, spec: RecipeRunSpec) -> dict[str, dict[str, Any]]:
@@ -132,17 +134,100 @@ def missing_p_reason(row_avgs: list[float], full_avgs: list[float]) -> str:
 # ---- running over seeds ----------------------------------------------------------------------
 
 
-def train_one(cfg: TrainConfig) -> dict | None:
-    """Train one seed; its STS test numbers (``None`` when no SentEval data was found)."""
-    from mmcse.training.loop import (
-        train,  # imported here: torch and transformers load only to train
-    )
+def train_one(cfg: TrainConfig, resume: bool = False) -> dict | None:
+    """Train one seed (``resume``: continue it from its last/, as ``mmcse train --resume``); its
+    STS test numbers (``None`` when no SentEval data was found)."""
+    # imported here: torch and transformers load only to train
+    from mmcse.training.checkpoint import RESUMABLE_CHANGES, resume_config
+    from mmcse.training.loop import train
 
-    result = train(cfg)
+    if resume:  # the run's own saved config: what setup resolved (pooler, padding) included
+        given = {key: getattr(cfg, key) for key in RESUMABLE_CHANGES if key != "output_dir"}
+        cfg = resume_config(cfg.output_dir, None, given)
+    result = train(cfg, resume=resume)
     if result.test is None:
         return None
     logger.info(result.table())
     return scores_of(result.test)
+
+
+# ---- what a seed folder holds: train, resume or skip it --------------------------------------
+
+#: a seed folder's state, and what ``recipes run``/``ablate`` do with it
+NEW, FINISHED, RESUME, RESTART = "new", "finished", "resume", "restart"
+REFUSED = "refused"  # a dry run's word for a folder the run would refuse
+SEED_ACTIONS = {
+    NEW: "train",
+    FINISHED: "finished: skipped",
+    RESUME: "resume from last/",
+    RESTART: "started, nothing saved yet: train again",
+    REFUSED: "refused",
+}
+#: settings a seed's saved config may differ in and still be this seed's run: where it goes and
+#: how it is watched (:data:`_PER_RUN`), and what a resume may change
+#: (:data:`mmcse.training.checkpoint.RESUMABLE_CHANGES`, repeated here so a plan loads no torch)
+_SAME_RUN = (*_PER_RUN, "device", "final_eval", "eval_data")
+
+
+def seed_state(cfg: TrainConfig) -> str:
+    """What ``cfg.output_dir`` holds (:data:`SEED_ACTIONS`). A folder holding anything else (a
+    run of other settings, files of no run) is refused, naming why, before any seed trains."""
+    run = RunDir(cfg.output_dir)
+    if cfg.overwrite or not run.path.is_dir() or not any(run.path.iterdir()):
+        check_output_path(run.path, overwrite=cfg.overwrite)
+        return NEW
+    saved = read_json(run.config)
+    if not isinstance(saved, dict):
+        check_output_path(run.path)  # not a run of ours: "not empty", --overwrite
+    changed = setting_changes(saved, cfg.to_dict())
+    if changed:
+        detail = ", ".join(f"{k}={saved.get(k)!r} (now: {v!r})" for k, v in changed.items())
+        raise MmcseError(
+            f"{run.path} is not empty: it holds a run of other settings ({detail}); rerun with "
+            "the settings it was trained with, choose another --output-dir, or pass --overwrite "
+            "to replace it"
+        )
+    if run.finished():
+        return FINISHED
+    if run.last.trainer_state.is_file() or atomic_dir_litter(run.last.path):
+        return RESUME
+    return RESTART
+
+
+def setting_changes(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """``{setting: value now}`` where a seed's saved config is not this run's. The trainer
+    resolves two settings at setup: a pooler ``auto`` (to the student's own, or the method's)
+    and dynamic padding (off under capture); the saved resolved values match those."""
+    differ = {}
+    for key in sorted(set(saved) | set(now)):
+        if key in _SAME_RUN or saved.get(key) == now.get(key):
+            continue
+        if key == "pooler" and now.get(key) == "auto":
+            continue
+        if key == "dynamic_padding" and saved.get(key) is False:
+            continue
+        differ[key] = now.get(key)
+    return differ
+
+
+def recorded_scores(run: RunDir) -> dict | None:
+    """A finished seed's STS test numbers, as its final evaluation recorded them (None: none)."""
+    finals = [e for e in run.read_result_entries("sts") if e.get("source") == FINAL]
+    if not finals:
+        return None
+    entry = finals[-1]
+    return scores_of({**entry["scores"], "avg": entry.get("avg")})
+
+
+def train_seed(cfg: TrainConfig, state: str) -> dict | None:
+    """Train, resume or read back one seed, as its ``state`` says."""
+    if state == FINISHED:
+        return recorded_scores(RunDir(cfg.output_dir))
+    if state == RESUME:
+        return train_one(cfg, resume=True)
+    if state == RESTART:
+        cfg = replace(cfg, overwrite=True)  # the folder of this very run, started and killed
+    return train_one(cfg)
 
 
 @dataclass
@@ -173,24 +258,49 @@ class SeedRuns:
         }
 
 
-def run_seeds(
-    recipe: Recipe, spec: RecipeRunSpec, output_dir: str | Path, label: str | None = None
-) -> SeedRuns:
-    """Train ``recipe`` once per seed into ``<output_dir>/seed<k>`` (cache checked first)."""
+def seed_plan(
+    recipe: Recipe, spec: RecipeRunSpec, output_dir: str | Path
+) -> list[tuple[TrainConfig, str]]:
+    """Each seed's config and what its folder holds (:func:`seed_state`); a folder that cannot
+    be this seed's run is refused here, before any seed trains."""
+    return [(cfg, seed_state(cfg)) for cfg in seed_configs(recipe, spec, output_dir)]
+
+
+def seed_configs(recipe: Recipe, spec: RecipeRunSpec, output_dir: str | Path) -> list[TrainConfig]:
+    """The config of each seed, into ``<output_dir>/seed<k>``."""
     spec = spec.for_recipe(recipe)
-    seeds = spec.seeds
+    check_unique_seeds(tuple(spec.seeds))
+    out = SeedsDir(output_dir)
+    return [recipe.config(spec, seed=s, output_dir=out.seed(s).path) for s in spec.seeds]
+
+
+def run_seeds(
+    recipe: Recipe,
+    spec: RecipeRunSpec,
+    output_dir: str | Path,
+    label: str | None = None,
+    on_run: Callable[[str, int, str], None] | None = None,
+) -> SeedRuns:
+    """Train ``recipe`` once per seed into ``<output_dir>/seed<k>`` (cache checked first): a
+    finished seed is read back, not trained; a stopped or killed one resumes from its last/.
+    ``on_run(label, seed, state)`` is told before each seed starts (a table's progress)."""
+    spec = spec.for_recipe(recipe)
+    seeds, label = spec.seeds, label or recipe.name
     recipe.check_cache(spec.cache_root, set(spec.overrides))
     out = SeedsDir(output_dir)
     first = recipe.config(spec, seed=seeds[0] if seeds else 0, output_dir=out.path)
-    check_method(first, label or recipe.name)
-    check_seed_dirs(out.path, seeds, spec.overrides)
+    check_method(first, label)
+    plan = seed_plan(recipe, spec, out.path)
     results, environments = [], []
-    for i, seed in enumerate(seeds, start=1):
-        run = out.seed(seed).path
-        logger.info(f"[{label or recipe.name}] seed {seed} ({i} of {len(seeds)}) -> {run}")
-        results.append(train_one(recipe.config(spec, seed=seed, output_dir=run)))
+    for i, (cfg, state) in enumerate(plan, start=1):
+        run = Path(cfg.output_dir)
+        if on_run is not None:
+            on_run(label, cfg.seed, state)
+        logger.info(f"[{label}] seed {cfg.seed} ({i} of {len(seeds)}) -> {run}: "
+                    f"{SEED_ACTIONS[state]}")  # fmt: skip
+        results.append(train_seed(cfg, state))
         environments.append((RunDir(run).best.read_info() or {}).get("environment"))
-    return SeedRuns(label or recipe.name, out.path, tuple(seeds), results, environments)
+    return SeedRuns(label, out.path, tuple(seeds), results, environments)
 
 
 def environment_record(runs: list[SeedRuns]) -> dict[str, Any]:
@@ -206,17 +316,6 @@ def environment_record(runs: list[SeedRuns]) -> dict[str, Any]:
 def environment_notes(runs: list[SeedRuns]) -> list[str]:
     """The table notes saying which environment made the runs (nothing when none recorded)."""
     return record_notes({k: v for r in runs for k, v in r.labelled_environments().items()})
-
-
-def check_seed_dirs(
-    output_dir: str | Path, seeds: tuple[int, ...], overrides: dict[str, Any] | None
-) -> None:
-    """Refuse a used ``seed<k>`` folder before the first seed trains (unless overwrite=true)."""
-
-    check_unique_seeds(tuple(seeds))
-    overwrite = bool((overrides or {}).get("overwrite"))
-    for seed in seeds:
-        check_output_path(SeedsDir(output_dir).seed(seed).path, overwrite=overwrite)
 
 
 def comparison_rows(recipe: Recipe, runs: SeedRuns, overridden: bool = False) -> list[Row]:
@@ -248,12 +347,17 @@ class RecipeOutcome:
     seeds_dir: SeedsDir
 
 
-def run_recipe(recipe: Recipe, spec: RecipeRunSpec, output_dir: str | Path) -> RecipeOutcome:
-    """Run the seeds and write the recipe record into ``output_dir``
-    (:class:`mmcse.recipes.layout.SeedsDir`)."""
+def run_recipe(
+    recipe: Recipe,
+    spec: RecipeRunSpec,
+    output_dir: str | Path,
+    on_run: Callable[[str, int, str], None] | None = None,
+) -> RecipeOutcome:
+    """Run the seeds (:func:`run_seeds`: finished ones skipped, stopped ones resumed) and write
+    the recipe record into ``output_dir`` (:class:`mmcse.recipes.layout.SeedsDir`)."""
     spec = spec.for_recipe(recipe)
     changes = departures(recipe, spec)
-    runs = run_seeds(recipe, spec, output_dir)
+    runs = run_seeds(recipe, spec, output_dir, on_run=on_run)
     rows = comparison_rows(recipe, runs, overridden=bool(changes))
     report = {
         "recipe": recipe.to_dict(),

@@ -31,8 +31,18 @@ from mmcse.recipes.runs import (
     run_recipe,
 )
 from mmcse.recipes.summary import published_row
+from mmcse.recipes.table_run import (
+    FINISHED,
+    SOURCE_COLUMN,
+    WELCH_COLUMN,
+    TablePlan,
+    plan_table,
+    run_table,
+    select,
+    table_rows,
+)
 from mmcse.reports.compare import markdown_table
-from mmcse.reports.tables import BEST_RULE, write_tables
+from mmcse.reports.tables import BEST_RULE, render, write_tables
 
 
 def recipe_card(recipe: Recipe, cache_root: str = "cache") -> str:
@@ -82,15 +92,62 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
 def recipe_run(
     name: str, spec: RecipeRunSpec, output_dir: str | Path | None = None, dry_run: bool = False
 ) -> Iterator[str]:
-    """``mmcse recipes run``: train recipe ``name`` as ``spec`` says into ``output_dir`` (default
-    runs/<name>) and yield the table beside the published numbers; ``dry_run`` yields the plan."""
+    """``mmcse recipes run NAME``: train recipe ``name`` as ``spec`` says into ``output_dir``
+    (default runs/<name>) and yield the table beside the published numbers; ``dry_run`` yields
+    the plan. Before it starts: the seeds' states, disk and time (:class:`TablePlan`)."""
     recipe = get_recipe(name)
     spec, out = spec.for_recipe(recipe), Path(output_dir or f"runs/{name}")
+    selection = select([name])
     if dry_run:
         yield describe_plan(recipe, [(name, out, spec.overrides)], spec)
+        yield plan_table(selection, spec, out.parent, single=out, dry_run=True).describe()
         return
+    yield plan_table(selection, spec, out.parent, single=out).describe()
     yield recipe_tables(run_recipe(recipe, spec, out))
     yield f"results: {SeedsDir(out).results}"
+
+
+def recipes_run(
+    arguments: list[str],
+    spec: RecipeRunSpec,
+    output_dir: str | Path | None = None,
+    dry_run: bool = False,
+) -> Iterator[str]:
+    """``mmcse recipes run NAME|PATTERN|TABLE...``: one recipe as :func:`recipe_run`; several
+    (:func:`mmcse.recipes.table_run.select`) as a table run into ``output_dir`` (default runs),
+    ``<output-dir>/<recipe>/seed<k>``: the plan first, then every run still to train, then the
+    table (also on a dry run, when some seeds have finished)."""
+    selection = select(arguments)
+    if selection.table is None and len(selection.names) == 1:
+        yield from recipe_run(selection.names[0], spec, output_dir, dry_run)
+        return
+    plan = plan_table(selection, spec, Path(output_dir or "runs"), dry_run=dry_run)
+    yield plan.describe()
+    if dry_run:  # the table so far, written nowhere
+        if plan.count(FINISHED):
+            yield paper_table(plan, write=False)
+        return
+    run_table(plan)
+    yield paper_table(plan)
+
+
+def paper_table(plan: TablePlan, fmt: str = "md", write: bool = True) -> str:
+    """The table of a table run as the seed folders hold it now, returned in ``fmt`` with its
+    title; ``write``: also as .md/.csv/.tex (as ``mmcse compare`` writes them) and .json (per
+    seed) under ``<root>/tables/``, and where they went. No best is marked: rows of different
+    settings and students do not compete; the p column tests the paper's pairs."""
+    result = table_rows(plan)
+    extra = (SOURCE_COLUMN, WELCH_COLUMN)
+    source = f" ({plan.selection.table.source})" if plan.selection.table else ""
+    title = f"Table {plan.selection.label}{source}: mean ± std over the finished seeds"
+    table = render(result.rows, COLUMNS, fmt, extra, measured=[], notes=result.notes)
+    if not write:
+        return f"{title}\n\n{table}"
+    written = write_tables(result.rows, COLUMNS, plan.table_stem, extra, measured=[],
+                           notes=result.notes)  # fmt: skip
+    record = write_json(plan.table_stem.with_suffix(".json"), result.record)
+    where = ", ".join(str(p) for p in [*written, record])
+    return f"{title}\n\n{table}\n\nwrote {where}"
 
 
 def ablate_run(

@@ -55,7 +55,8 @@ from mmcse.training.config import read_config_file, resolve_config
 logger = logging.getLogger(__name__)
 
 #: settings a resumed run may change; any other difference from the run's config is refused
-RESUMABLE_CHANGES = ("device", "report_to", "save_every", "output_dir", "final_eval", "eval_data")
+RESUMABLE_CHANGES = ("device", "report_to", "save_every", "output_dir", "final_eval", "eval_data",
+                     "keep_last_checkpoint")  # fmt: skip
 #: settings that, made larger, extend a finished run (refused on an unfinished one)
 EXTENDING = ("max_steps", "epochs")
 INTEGRITY_FORMAT = 1
@@ -330,10 +331,17 @@ def finished_note(settings: dict[str, Any]) -> str | None:
     """What to say instead of training when ``settings`` resume a finished run without
     extending it; None when there is training to do."""
     run = RunDir(settings["output_dir"])
-    info = run.last.read_info()
+    info = run.last.read_info() or run.best.read_info()  # last/ removed at the end: best/'s
     if not run_finished(info):
         return None
     ran = info.get("config") if isinstance(info.get("config"), dict) else {}
+    if not run.last.saved() and any(
+        settings.get(k) != ran.get(k, settings.get(k)) for k in EXTENDING
+    ):
+        raise MmcseError(
+            f"--resume {run.path}: the run finished and its last/ was removed "
+            "(--no-keep-last-checkpoint): it cannot be extended; train a new run"
+        )
     if any(settings.get(k) != ran.get(k, settings.get(k)) for k in EXTENDING):
         return None  # a larger --max-steps/--epochs: extend it
     results = run.results if run.results.is_file() else None

@@ -338,6 +338,14 @@ class TrainConfig:
             "help": "steps between resumable last/ saves (0: --eval-steps)",
         },
     )
+    keep_last_checkpoint: bool = field(
+        default=True,
+        metadata={
+            "panel": PANEL_OUTPUT,
+            "help": "keep the resumable last/ once the run finishes (--no-keep-last-checkpoint "
+            "removes it: best/ stays, and the run still reads as finished)",
+        },
+    )
     report_to: str = field(
         default="none",
         metadata={

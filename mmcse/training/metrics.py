@@ -27,7 +27,7 @@ from torch import Tensor
 from mmcse.errors import MmcseError
 from mmcse.files import write_text_atomically
 from mmcse.rundir import RunDir
-from mmcse.training.plan import whole_corpus_batches
+from mmcse.training.plan import describe_checkpoints, whole_corpus_batches
 
 logger = logging.getLogger(__name__)
 #: seconds between progress lines when stderr is not a terminal (log files, CI)
@@ -241,6 +241,8 @@ def describe_plan(plan: dict[str, Any]) -> str:
         f"  eval: {evals}; final test eval: {'yes' if plan['final_eval'] else 'no'}",
         f"  resumable checkpoint last/ every {plan['save_every']} steps",
     ]
+    if plan.get("checkpoint_bytes"):
+        lines.append(describe_checkpoints(plan["checkpoint_bytes"], plan["keep_last_checkpoint"]))
     if plan.get("capture"):
         lines.append(f"  whole-step capture: {plan['capture']}")
     if plan.get("resumed_from_step") is not None:

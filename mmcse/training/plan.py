@@ -12,7 +12,10 @@ method that would see few caption batches, a corpus smaller than one batch.
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from mmcse import distributed
@@ -158,3 +161,102 @@ def plan_warnings(plan: dict[str, Any], method: Method) -> list[str]:
             "or a smaller text corpus, or --mixing caption-only"
         )
     return warnings
+
+
+# ---- disk: what each checkpoint will take ------------------------------------------------------
+
+#: AdamW keeps two fp32 moments per trained parameter (``exp_avg``, ``exp_avg_sq``), which
+#: ``last/``'s trainer state holds beside the weights; ``best/`` holds the weights only
+OPTIMIZER_BYTES_PER_PARAMETER = 2 * 4
+#: what a checkpoint writes besides tensors and tokenizer: model config, run info, integrity
+#: record (a few KB); last/'s trainer state adds the RNG states and bookkeeping (tens of KB)
+CHECKPOINT_OVERHEAD = 8 * 1024
+TRAINER_STATE_OVERHEAD = 32 * 1024
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "spm.model",
+                   "sentencepiece.bpe.model", "special_tokens_map.json", "tokenizer_config.json")  # fmt: skip
+
+
+def checkpoint_sizes(weight_bytes: int, trained_parameters: int, other_bytes: int) -> dict:
+    """``{"best": bytes, "last": bytes}``: best/ is the weights (student and heads, as trained)
+    and the tokenizer; last/ adds AdamW's two fp32 moments per trained parameter."""
+    best = weight_bytes + other_bytes + CHECKPOINT_OVERHEAD
+    moments = OPTIMIZER_BYTES_PER_PARAMETER * trained_parameters
+    return {"best": best, "last": best + moments + TRAINER_STATE_OVERHEAD}
+
+
+def checkpoint_estimate(model: str) -> dict | None:
+    """:func:`checkpoint_sizes` of a run of the student ``model`` before it loads: its
+    parameters counted from the safetensors headers (saved in fp32, as a run trains them; all
+    trained), its tokenizer files as they are. The method's heads (a projection or two) are not
+    counted. None when the student is not a local folder with safetensors weights."""
+    from mmcse.rundir import resolve_model_dir
+
+    folder = Path(resolve_model_dir(model))
+    if not folder.is_dir():  # a hub id: its snapshot in the local hub cache, if there
+        folder = hub_snapshot(model) or folder
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if files:
+        parameters = sum(safetensors_parameters(f) for f in files)
+    elif model in RECIPE_STUDENTS:
+        parameters = bert_parameters(*RECIPE_STUDENTS[model])
+    else:
+        return None
+    tokenizer = sum((folder / n).stat().st_size for n in TOKENIZER_FILES if (folder / n).is_file())
+    return checkpoint_sizes(4 * parameters, parameters, tokenizer)
+
+
+#: the recipes' students, for a plan made before they are downloaded: (vocabulary, positions,
+#: token types, hidden, layers, intermediate) from their published config.json
+RECIPE_STUDENTS = {
+    "bert-base-uncased": (30522, 512, 2, 768, 12, 3072),
+    "roberta-base": (50265, 514, 1, 768, 12, 3072),
+}
+
+
+def bert_parameters(
+    vocab: int, positions: int, types: int, hidden: int, layers: int, intermediate: int
+) -> int:
+    """Parameters of a BERT-style encoder with its pooler (as ``save_pretrained`` writes it):
+    bert-base-uncased 109,482,240, roberta-base 124,645,632."""
+    embeddings = (vocab + positions + types) * hidden + 2 * hidden  # + LayerNorm
+    attention = 4 * (hidden * hidden + hidden) + 2 * hidden
+    feed_forward = 2 * hidden * intermediate + intermediate + hidden + 2 * hidden
+    pooler = hidden * hidden + hidden
+    return embeddings + layers * (attention + feed_forward) + pooler
+
+
+def hub_snapshot(model: str) -> Path | None:
+    """The folder of ``model``'s snapshot in the local Hugging Face cache (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model, "config.json")
+    except Exception:  # not a valid repo id, no hub library: no snapshot to count
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def safetensors_parameters(path: Path) -> int:
+    """Elements in a safetensors file, from its JSON header (no tensor is read)."""
+    with open(path, "rb") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(size))
+    return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+
+
+def format_bytes(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            break
+        count /= 1000
+    return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+
+
+def describe_checkpoints(sizes: dict, keep_last: bool) -> str:
+    """The plan's disk line."""
+    after = "kept" if keep_last else "removed once the run finishes (keep_last false)"
+    return (
+        f"  disk: best/ about {format_bytes(sizes['best'])}, last/ about "
+        f"{format_bytes(sizes['last'])} (weights + AdamW's moments; {after})"
+    )

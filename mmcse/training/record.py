@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +32,7 @@ from mmcse.rundir import FINAL, Checkpoint, RunDir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.dev_eval import resolve_eval_dir
 from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics
-from mmcse.training.plan import mixing_plan
+from mmcse.training.plan import TOKENIZER_FILES, checkpoint_sizes, mixing_plan
 from mmcse.training.preflight import input_fingerprints
 from mmcse.training.schedule import eval_steps
 
@@ -250,8 +251,26 @@ class RunRecord:
             "resumed_from_step": t.step_count if t.resume_state is not None else None,
             "capture": self.capture_note(),
             "extended_from": self.extended_from,
+            "checkpoint_bytes": self.checkpoint_bytes(),
+            "keep_last_checkpoint": cfg.keep_last_checkpoint,
             **mixing_plan(t.data, t.global_batch, t.total),
         }
+
+    def checkpoint_bytes(self) -> dict[str, int]:
+        """What best/ and last/ will take (:func:`mmcse.training.plan.checkpoint_sizes`): the
+        weights and heads as saved, AdamW's moments of every trained parameter (the auxiliary
+        task's too), the student's tokenizer files."""
+        t = self.trainer
+        tensors = [*t.encoder.backbone.state_dict().values(), *self.heads().state_dict().values()]
+        weights = sum(v.numel() * v.element_size() for v in tensors)
+        trained = {id(p): p for m in t.student.trained_modules() for p in m.parameters()}
+        trained.update({id(p): p for p in self.heads().parameters()})
+        parameters = sum(p.numel() for p in trained.values() if p.requires_grad)
+        folder = Path(self.student_source())
+        tokenizer = sum(
+            (folder / name).stat().st_size for name in TOKENIZER_FILES if (folder / name).is_file()
+        )
+        return checkpoint_sizes(weights, parameters, tokenizer)
 
     def capture_note(self) -> str:
         """What the plan says about capture (:mod:`mmcse.training.fastpath`)."""
@@ -387,6 +406,9 @@ class RunRecord:
         if dist.is_main():
             self.run_dir.best.mark_finished()
             ckpt.mark_finished(self.run_dir.last)  # saved anew: its integrity record stays true
+            if not t.cfg.keep_last_checkpoint:  # best/ says the run finished; last/ only resumed
+                shutil.rmtree(self.run_dir.last.path)
+                logger.info("removed %s (--no-keep-last-checkpoint)", self.run_dir.last.path)
         return RunResult(self.out, t.best_dev, t.best_step, test, t.step_count, t.cfg.method)
 
     def interrupted_message(self) -> str:
