@@ -485,6 +485,7 @@ def test_readme_command_runs_on_the_tiny_world(command, world, monkeypatch, caps
     monkeypatch.chdir(project)  # the README's relative cache/, runs/, out/, bench/
     monkeypatch.setenv("MMCSE_SHARED_DATA", world["shared"])  # where SentEval is looked for
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id left unsubstituted fails fast
+    monkeypatch.setenv("XDG_CACHE_HOME", str(project.parent / "xdg"))  # base-model cache
     entry, args = entry_of(command), tiny_command(command, world)
     code, out, err = run_main_output(args, monkeypatch, capsys)
     where = f"README: {key(command)}\nran: mmcse {shlex.join(args)}"
