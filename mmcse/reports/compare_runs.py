@@ -3,8 +3,9 @@
 Each argument is a run or a folder of seed runs (:mod:`mmcse.reports.runs`; a folder mixing
 settings is one row per setting); its row is the mean ± sample std over the seeds that recorded
 a number. Arguments whose runs differ only in seed and output folder (sibling folders trained by
-hand) are one row (:func:`mmcse.reports.runs.group_seeds`; ``group_seeds=False`` keeps each
-argument its own row), and when the rows' settings differ, a note says what separates them. Each protocol has its own columns (STS test and dev, transfer test and fasttest, a
+hand) are one row (:func:`mmcse.reports.runs.group_seeds`; ``group=False``, ``mmcse compare
+--no-group-seeds``: a row per argument), and a note says what separates the rows. Each protocol
+has its own columns (STS test and dev, transfer test and fasttest, a
 pooler other than the run's, an average over fewer tasks), named in the header and explained in
 the legend under the table, and the best mark compares within one column only; a column whose
 numbers were measured on different data (or retrieval folders, or heads) is not marked at all.

@@ -326,39 +326,35 @@ class Trainer:
 
     def _evaluate(self, log: MetricsLog, progress: Progress, epoch: int, stop=None) -> None:
         """Score STS-B dev on rank 0; keep the best checkpoint. No eval data → keep the last.
-        A stop signal ends the evaluation between batches: no score, no best/ (``stop``)."""
+        A stop signal ends the evaluation between its batches: no score, no best/ (``stop``)."""
         started = time.perf_counter()
+        score, stopped = None, False
         if dist.is_main():
-            self._score_dev(log, progress, epoch, stop, started)
+            if self.record.eval_dir is not None:
+                asked = None if stop is None else (lambda: stop.requested)
+                try:
+                    score = self._dev_evaluator()(self.encoder, stop=asked)
+                except EvaluationStopped:
+                    stopped = True
+                    logger.warning("dev eval at step %d stopped unfinished", self.step_count)
+            if not stopped and (score is None or self.best_dev is None or score > self.best_dev):
+                self.best_dev, self.best_step = score, self.step_count
+                self.record.save_best(score)
+            if score is not None:
+                seconds = time.perf_counter() - started
+                log.write(
+                    {
+                        "step": self.step_count,
+                        "epoch": epoch,
+                        "time": time.time(),
+                        "stsb_dev": score,
+                        "eval_s": seconds,
+                    }
+                )
+                progress.set(dev=self._dev_text())
         if dist.is_distributed():
             torch.distributed.barrier()
         self.window.exclude(time.perf_counter() - started)
-
-    def _score_dev(self, log, progress, epoch: int, stop, started: float) -> None:
-        """Rank 0's part of :meth:`_evaluate`."""
-        score = None
-        if self.record.eval_dir is not None:
-            asked = None if stop is None else (lambda: stop.requested)
-            try:
-                score = self._dev_evaluator()(self.encoder, stop=asked)
-            except EvaluationStopped:
-                logger.warning("dev eval at step %d stopped unfinished", self.step_count)
-                return
-        if score is None or self.best_dev is None or score > self.best_dev:
-            self.best_dev, self.best_step = score, self.step_count
-            self.record.save_best(score)
-        if score is not None:
-            seconds = time.perf_counter() - started
-            log.write(
-                {
-                    "step": self.step_count,
-                    "epoch": epoch,
-                    "time": time.time(),
-                    "stsb_dev": score,
-                    "eval_s": seconds,
-                }
-            )
-            progress.set(dev=self._dev_text())
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> RunResult:
