@@ -11,10 +11,44 @@ import logging
 import sys
 
 import typer
+import typer.rich_utils
 
-from mmcse.commands import bench, cache, evaluate, extract, recipes, reports, train
+from mmcse.commands import bench, cache, evaluate, extract, other_rank, recipes, reports, train
 from mmcse.errors import MmcseError, os_error_message
 from mmcse.logs import show_logs
+
+#: the one type-label convention of ``--help``: click's upper-case names; a flag has none
+TYPE_LABELS = {"str": "TEXT", "int": "INT", "float": "FLOAT", "list[str]": "TEXT", "Path": "PATH"}
+
+
+def _type_label(param, ctx) -> str | None:
+    """A parameter's label in ``--help``: its metavar, else ``TEXT``/``INT``/``FLOAT`` (typer's
+    own are ``<str>``/``<int>``, beside the ``TEXT`` of the settings' flags), a choice's values,
+    nothing for a flag (it takes no value); ``...`` when it takes several."""
+    if getattr(param, "is_flag", False):
+        return None
+    if param.metavar is not None:
+        return param.metavar
+    if param.type_descriptor.is_choice:
+        return param.display_type(ctx)
+    bare = param.bare_type()
+    return TYPE_LABELS.get(bare, bare.upper()) + ("..." if param.nargs != 1 else "")
+
+
+def _folded_help(**kwargs):
+    """An option's help where a word wider than its column (a hub id default) folds onto the
+    next line instead of ending in an ellipsis."""
+    columns = _parameter_help(**kwargs)
+    for text in getattr(columns, "renderables", ()):
+        if hasattr(text, "overflow"):
+            text.overflow = "fold"
+    return columns
+
+
+typer.core.TyperOption.display_type_rich = _type_label
+typer.core.TyperArgument.display_type_rich = _type_label
+_parameter_help = typer.rich_utils._get_parameter_help
+typer.rich_utils._get_parameter_help = _folded_help
 
 app = typer.Typer(
     help="Multimodal contrastive sentence embeddings: Stage-1 teacher cache + Stage-2 trainer.",
@@ -48,6 +82,8 @@ def _main_options(
 ) -> None:
     """Multimodal contrastive sentence embeddings: Stage-1 teacher cache + Stage-2 trainer."""
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    if other_rank():  # under torchrun, rank 0 alone prints the run's lines; errors still show
+        level = logging.ERROR
     ctx.call_on_close(show_logs(level))  # until the command ends
 
 

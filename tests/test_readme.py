@@ -56,7 +56,8 @@ PLACEHOLDERS = {
 }
 
 #: what the README's Stage-2 commands write, relative to the project folder (layout: mmcse.rundir)
-MCSE_RUN, SIMCSE_RUN = RunDir("runs/mcse-flickr"), RunDir("runs/simcse")
+MCSE_RUN, SIMCSE_RUN = RunDir("runs/mcse-flickr-s0"), RunDir("runs/simcse-s0")
+SIMCSE_SEED1 = RunDir("runs/simcse-s1")
 RECIPE_RUNS = SeedsDir("runs/mcse/wiki+flickr/bert")  # `recipes run`'s default --output-dir
 ABLATION = AblationDir("runs/ablate/dalr/wiki+coco/bert")
 TABLE_RUNS = Path("runs/table")  # `recipes run NAME NAME --output-dir runs/table`
@@ -140,7 +141,7 @@ TINY: dict[str, Tiny] = {
     # ---- Stage 2 ----
     "mmcse train --method mcse --model bert-base-uncased --text-corpus "
     "cache/wiki1m/train/sentences --caption-corpus cache/flickr30k/train/captions --feature "
-    "image=cache/flickr30k/train/image-resnet50 --epochs 3 --output-dir runs/mcse-flickr": Tiny(
+    "image=cache/flickr30k/train/image-resnet50 --epochs 3 --seed 0 --output-dir runs/mcse-flickr-s0": Tiny(
         add=("--max-steps", "2"),
         files=(
             MCSE_RUN.config,
@@ -152,25 +153,29 @@ TINY: dict[str, Tiny] = {
         ),
     ),  # fmt: skip
     "mmcse train --method simcse --model bert-base-uncased --text-corpus "
-    "cache/wiki1m/train/sentences --epochs 3 --output-dir runs/simcse": Tiny(
+    "cache/wiki1m/train/sentences --epochs 3 --seed 0 --output-dir runs/simcse-s0": Tiny(
         add=("--max-steps", "2"),
         files=(SIMCSE_RUN.metrics, SIMCSE_RUN.best.run_info),
     ),
-    "mmcse eval --model runs/mcse-flickr": Tiny(shows=("STS12", "STS-B", "SICK-R")),
-    "mmcse eval --model runs/mcse-flickr --tasks sts,transfer": Tiny(
+    "mmcse train --method simcse --model bert-base-uncased --text-corpus "
+    "cache/wiki1m/train/sentences --epochs 3 --seed 1 --output-dir runs/simcse-s1": Tiny(
+        add=("--max-steps", "2"), files=(SIMCSE_SEED1.best.run_info,)
+    ),
+    "mmcse eval --model runs/mcse-flickr-s0": Tiny(shows=("STS12", "STS-B", "SICK-R")),
+    "mmcse eval --model runs/mcse-flickr-s0 --tasks sts,transfer": Tiny(
         # the papers' protocol (10-fold, Adam) is ten times slower; fasttest is the same code path
         add=("--transfer-mode", "fasttest"),
         files=(MCSE_RUN.transfer,),
         shows=("STS12", "MR", "MRPC"),
     ),
-    "mmcse eval --model runs/mcse-flickr --tasks retrieval --images-features "
+    "mmcse eval --model runs/mcse-flickr-s0 --tasks retrieval --images-features "
     "cache/coco/test-all/image-resnet50 --captions cache/coco/test-all/captions": Tiny(
         files=(MCSE_RUN.retrieval,), shows=("R@1",)
     ),
-    "mmcse compare runs/simcse runs/mcse-flickr --format md": Tiny(
-        shows=("simcse", "mcse-flickr", "STS12", "---")
+    "mmcse compare runs/simcse-s0 runs/simcse-s1 runs/mcse-flickr-s0 --format md": Tiny(
+        shows=("simcse-s{0,1} (n=2)", "mcse-flickr-s0", "STS12", "---", "What separates the rows")
     ),
-    "mmcse plot runs/simcse runs/mcse-flickr --align-uniform": Tiny(
+    "mmcse plot runs/simcse-s0 runs/mcse-flickr-s0 --align-uniform": Tiny(
         files=(
             SIMCSE_RUN.training_curves,
             MCSE_RUN.training_curves,
@@ -207,7 +212,7 @@ TINY: dict[str, Tiny] = {
     "mmcse recipes run mcse/wiki+flickr/bert --model MY_STUDENT --dry-run": Tiny(
         shows=("seed 4",), absent=(RECIPE_RUNS.seed(4).path,)
     ),
-    "mmcse export runs/mcse-flickr out/mcse-flickr-st": Tiny(
+    "mmcse export runs/mcse-flickr-s0 out/mcse-flickr-st": Tiny(
         files=(
             "out/mcse-flickr-st/modules.json",
             "out/mcse-flickr-st/1_Pooling/config.json",
@@ -496,6 +501,7 @@ def test_readme_command_runs_on_the_tiny_world(command, world, monkeypatch, caps
     monkeypatch.chdir(project)  # the README's relative cache/, runs/, out/, bench/
     monkeypatch.setenv("MMCSE_SHARED_DATA", world["shared"])  # where SentEval is looked for
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id left unsubstituted fails fast
+    monkeypatch.setenv("XDG_CACHE_HOME", str(project.parent / "xdg"))  # base-model cache
     entry, args = entry_of(command), tiny_command(command, world)
     code, out, err = run_main_output(args, monkeypatch, capsys)
     where = f"README: {key(command)}\nran: mmcse {shlex.join(args)}"
@@ -508,3 +514,31 @@ def test_readme_command_runs_on_the_tiny_world(command, world, monkeypatch, caps
     written = [str(f) for f in entry.absent if (project / f).exists()]
     assert not written, f"{where}\nwrote {written}"
     FAILED.remove(key(command))
+
+
+# ---- on the shared data, where it lies ------------------------------------------------------
+
+#: README commands that read the shared data by default (``shared/data`` beside the project),
+#: with what this test adds: the tiny student for the packaged one, and fewer, smaller batches
+ON_SHARED_DATA = {
+    "mmcse bench precision": ("--model", "{student}", "--steps", "1", "--batch-size", "4"),
+}
+
+
+def test_readme_commands_find_the_shared_data_beside_the_project(
+    tiny_model, tmp_path, monkeypatch, capsys
+):
+    """No ``MMCSE_SHARED_DATA``, run from another folder: the default is ``../shared/data``
+    beside the project (not ``./shared``), and a bench section says how far it is."""
+    shared = ROOT.parent / "shared" / "data"
+    if not (shared / "text" / "wiki1m_sample").is_dir():
+        pytest.skip(f"no shared data at {shared}")
+    monkeypatch.delenv("MMCSE_SHARED_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    for line, added in ON_SHARED_DATA.items():
+        assert shlex.split(line) in readme_commands(), f"{line} is no README command any more"
+        args = [*shlex.split(line)[1:], *(w.format(student=tiny_model) for w in added)]
+        code, out, err = run_main_output(args, monkeypatch, capsys)
+        assert code == 0, err[-3000:]
+        assert str(shared / "text" / "wiki1m_sample") in out
+        assert "bench precision: simcse batch 1/1" in err

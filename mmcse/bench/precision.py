@@ -17,6 +17,7 @@ an estimate of the format's effect, not of a GPU run.
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 from contextlib import nullcontext
@@ -35,7 +36,8 @@ from mmcse.training.data import CAPTION, TEXT, Batch
 #: methods measured by default and the batch kind that exercises all their terms
 DEFAULT_METHODS = ("simcse", "mcse")
 IMAGE_DIM = 2048  # ResNet-50 features, MCSE's image teacher
-ROOT = Path(__file__).resolve().parents[1]  # the project; shared data sits beside it
+ROOT = Path(__file__).resolve().parents[2]  # the project (not mmcse/); shared/ sits beside it
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -149,8 +151,10 @@ def bench_precision(
         dims = {role: IMAGE_DIM for role in method.caption_roles}
         student = Student(encoder, method, dims).train()
         results: dict[str, list[tuple[float, float, float]]] = {}
-        batches = make_batches(tokenizer, sentences, batch_size, max_length, kind)
+        batches = list(make_batches(tokenizer, sentences, batch_size, max_length, kind))
         for i, batch in enumerate(batches):
+            # each batch is 2-4 full steps of the student: minutes on a CPU for a real one
+            logger.info("bench precision: %s batch %d/%d", name, i + 1, len(batches))
             reference = one_step(student, batch, "fp32", seed=i)
             for fmt in formats:
                 results.setdefault(f"{fmt} vs fp32", []).append(

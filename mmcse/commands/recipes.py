@@ -14,7 +14,9 @@ recipes_app = typer.Typer(help="Paper settings as named recipes.", no_args_is_he
 Opt = typer.Option
 
 _NAME = typer.Argument(..., help="recipe name (mmcse recipes list)")
-_CACHE_ROOT = Opt("cache", "--cache-root", help="Stage-1 cache root (layout: mmcse.recipes.recipe)")
+_CACHE_ROOT = Opt(
+    "cache", "--cache-root", help="Stage-1 cache root: the folder holding <dataset>/<split>/<set>"
+)
 _DRY_RUN = Opt(False, "--dry-run", help="print every run it would train, then stop")
 
 

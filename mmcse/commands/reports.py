@@ -21,12 +21,17 @@ def compare(
     data: str = typer.Option(
         None, help="SentEval folder to score a base model on [default: the runs' own]."
     ),
+    group_seeds: bool = typer.Option(
+        True,
+        help="Runs whose configs differ only in seed and output folder are one row "
+        "(--no-group-seeds: a row per argument).",
+    ),
 ) -> None:
     """STS (+ transfer, + retrieval) of runs in one table: mean ± std over seeds; a best mark
-    only where a Welch test over >= 2 seeds a side supports it."""
+    only where a Welch test over >= 2 seeds a side supports it, shown with its n and p."""
     from mmcse.reports.compare_runs import compare_report
 
-    show(compare_report(runs, table_format, out, data))
+    show(compare_report(runs, table_format, out, data, group=group_seeds))
 
 
 @app.command()

@@ -12,7 +12,7 @@ from mmcse.evaluation.probe import check_mode
 from mmcse.evaluation.request import EvalRequest
 from mmcse.evaluation.suites import parse_suites, record, run_extra_suites, write_out
 from mmcse.hub import resolve_model_source
-from mmcse.rundir import Checkpoint, run_finished
+from mmcse.rundir import BEST_DIR, LAST_DIR, Checkpoint, run_finished
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ def unfinished_warning(model_dir: str | Path) -> str | None:
     if run_finished(info) is not False:
         return None
     of_total = f" of {info['total_steps']}" if info.get("total_steps") else ""
+    run = Path(model_dir).parent if Path(model_dir).name in (BEST_DIR, LAST_DIR) else model_dir
     return (
         f"{model_dir} is from a run that did not finish (saved at step "
-        f"{info.get('step')}{of_total}); resume it with mmcse train --resume RUN_DIR"
+        f"{info.get('step')}{of_total}); resume it with mmcse train --resume {run}"
     )

@@ -14,12 +14,15 @@ class EvalRequest:
     model: str = field(metadata={"help": "training run directory (uses run/best) or HF model dir"})
     tasks: str = field(
         default="sts",
-        metadata={"help": "comma-separated: sts, transfer (or some of MR,CR,SUBJ,MPQA,SST2,"
-                  "TREC,MRPC), retrieval"},
+        metadata={"help": "comma-separated: sts, transfer (or some of MR, CR, SUBJ, MPQA, "
+                  "SST2, TREC, MRPC), retrieval"},
     )  # fmt: skip
     data: str | None = field(
         default=None,
-        metadata={"help": "SentEval folder (holds downstream/STS) [../shared/data/senteval]"},
+        metadata={
+            "help": "SentEval folder (holds downstream/STS); unset: the senteval folder of "
+            "$MMCSE_SHARED_DATA, else of ../shared/data"
+        },
     )
     out: str | None = field(default=None, metadata={"help": "write the results as JSON here"})
     mode: str = field(

@@ -2,7 +2,10 @@
 
 Each argument is a run or a folder of seed runs (:mod:`mmcse.reports.runs`; a folder mixing
 settings is one row per setting); its row is the mean ± sample std over the seeds that recorded
-a number. Each protocol has its own columns (STS test and dev, transfer test and fasttest, a
+a number. Arguments whose runs differ only in seed and output folder (sibling folders trained by
+hand) are one row (:func:`mmcse.reports.runs.group_seeds`; ``group=False``, ``mmcse compare
+--no-group-seeds``: a row per argument), and a note says what separates the rows. Each protocol
+has its own columns (STS test and dev, transfer test and fasttest, a
 pooler other than the run's, an average over fewer tasks), named in the header and explained in
 the legend under the table, and the best mark compares within one column only; a column whose
 numbers were measured on different data (or retrieval folders, or heads) is not marked at all.
@@ -12,7 +15,8 @@ the table: the legend, what the marked rows changed, and where the runs' environ
 (:func:`mmcse.environment.differences`; nothing when they match).
 
 A best mark needs support (:data:`mmcse.reports.tables.BEST_RULE`: two seeds a side and a Welch
-test); a row of one seed says "1 seed: not compared". The ``caveats`` column says what makes a
+test) and shows it (seeds a side, p; "low power" under three seeds a side); a row of one seed says
+"1 seed: not compared". The ``caveats`` column says what makes a
 row weaker evidence than its numbers look: runs that did not finish, features from teachers with
 random weights, and for a multimodal run the batches of each kind it actually trained on. An
 argument that is a model, not a run, is the base model's row (before fine-tuning)
@@ -31,7 +35,17 @@ from mmcse.errors import MmcseError
 from mmcse.recipes.published import PUBLISHED
 from mmcse.recipes.summary import Row, departure_note, published_row
 from mmcse.reports.base_model import BASE_LABEL, base_model_run, is_base_model
-from mmcse.reports.runs import Column, Group, Protocol, Run, column, find_groups
+from mmcse.reports.runs import (
+    Column,
+    Group,
+    Protocol,
+    Run,
+    column,
+    find_groups,
+    group_seeds,
+    setting_of,
+    short_value,
+)
 from mmcse.reports.tables import ALL_TITLES, BEST_RULE, render, summarize_columns
 from mmcse.rundir import RESULT_FILES
 
@@ -61,15 +75,18 @@ class Comparison:
         return render(self.rows, self.columns, fmt, extra, self.measured, self.unranked, self.notes)
 
 
-def comparison(arguments, data: str | None = None) -> Comparison:
+def comparison(arguments, data: str | None = None, *, group: bool = True) -> Comparison:
     """Every group's row (and its recipe's published rows), the columns present, the notes;
-    a base-model argument is scored on ``data`` (None: the runs' STS data folder)."""
+    a base-model argument is scored on ``data`` (None: the runs' STS data folder); ``group``:
+    arguments of one setting are seeds of one row."""
     rows, measured, notes = [], [], []
     present: dict[str, Column] = {}
     signatures: dict[str, dict[str, list[str]]] = {}  # column -> signature -> run labels
     environments: dict[str, dict | None] = {}
     run_args = [a for a in arguments if not is_base_model(a)]
     groups = find_groups(run_args) if run_args else []
+    groups = group_seeds(groups) if group else groups
+    run_groups = list(groups)
     bases = [a for a in arguments if is_base_model(a)]
     data = data or _sts_data(groups)
     groups = [_base_group(a, data) for a in bases] + groups
@@ -78,7 +95,8 @@ def comparison(arguments, data: str | None = None) -> Comparison:
     for group in groups:
         scores = []
         for run in group.runs:
-            label = group.label if len(group.runs) == 1 else f"{group.label}/{run.label}"
+            label = run.label if group.joined else group.label
+            label = label if len(group.runs) == 1 or group.joined else f"{label}/{run.label}"
             environments[label] = run.environment()
             cells = run.cells()
             for col, cell in cells.items():
@@ -110,8 +128,8 @@ def comparison(arguments, data: str | None = None) -> Comparison:
     columns = [c.key for c in ordered if any(c.key in r.mean for r in rows)]
     unranked = {key for key in columns if len(_known(signatures.get(key, {}))) > 1}
     notes = [
-        _legend(ordered, columns), *dict.fromkeys(notes), *_protocol_notes(unranked, signatures),
-        *_environment_notes(environments),
+        _legend(ordered, columns), *dict.fromkeys(notes), *_separation_notes(run_groups, group),
+        *_protocol_notes(unranked, signatures), *_environment_notes(environments),
     ]  # fmt: skip
     return Comparison(rows, columns, measured, unranked, [n for n in notes if n])
 
@@ -180,6 +198,11 @@ def _sts_data(groups: list[Group]) -> str | None:
 
 def _group_notes(group: Group, marked: str) -> list[str]:
     notes = []
+    if group.joined:
+        notes.append(
+            f"{marked}: {', '.join(group.joined)} differ only in seed and output folder: one "
+            "setting, averaged as its seeds (--no-group-seeds keeps them apart)."
+        )
     if group.split_from:
         notes.append(
             f"{group.split_from}: each setting is its own row (seeds of one setting are "
@@ -187,6 +210,32 @@ def _group_notes(group: Group, marked: str) -> list[str]:
         )
     if group.overrides:
         notes.append(f"{marked}: {departure_note(group.overrides)}")
+    return notes
+
+
+def _separation_notes(groups: list[Group], grouped: bool) -> list[str]:
+    """What separates the rows: the settings in which their recorded configs differ; and, for a
+    row of one seed, how to give it seeds."""
+    settings = {g.label: setting_of(g.runs[0]) for g in groups if g.runs}
+    known = {label: s for label, s in settings.items() if s is not None}
+    notes = []
+    if len(known) > 1:
+        keys = sorted({k for s in known.values() for k in s}, key=lambda k: (k != "method", k))
+        differ = [k for k in keys if len({json.dumps(s.get(k), default=str)
+                                          for s in known.values()}) > 1]  # fmt: skip
+        if differ:
+            shown = differ[:4]
+            more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
+            parts = [f"{label}: " + ", ".join(f"{k}={short_value(s.get(k))}" for k in shown)
+                     for label, s in known.items()]  # fmt: skip
+            notes.append("What separates the rows (recorded configs): " + "; ".join(parts)
+                         + more + ".")  # fmt: skip
+    if grouped and any(len(g.runs) == 1 for g in groups):
+        notes.append(
+            "A row of 1 seed gets seeds by training the same setting again with only --seed and "
+            "--output-dir changed (e.g. runs/NAME-s1 beside runs/NAME-s0) and comparing them "
+            "together: runs that differ only there are one row."
+        )
     return notes
 
 
@@ -228,15 +277,22 @@ def _environment_notes(environments: dict[str, dict | None]) -> list[str]:
     return notes
 
 
-def compare_table(arguments, fmt: str = "md", data: str | None = None) -> str:
-    return comparison(arguments, data).render(fmt)
+def compare_table(
+    arguments, fmt: str = "md", data: str | None = None, *, group: bool = True
+) -> str:
+    return comparison(arguments, data, group=group).render(fmt)
 
 
 def compare_report(
-    arguments, fmt: str = "md", out: str | Path | None = None, data: str | None = None
+    arguments,
+    fmt: str = "md",
+    out: str | Path | None = None,
+    data: str | None = None,
+    *,
+    group: bool = True,
 ) -> Iterator[str]:
     """``mmcse compare``: the table, then (``out``) the file it was also written to."""
-    table = compare_table(arguments, fmt, data)
+    table = compare_table(arguments, fmt, data, group=group)
     yield table
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

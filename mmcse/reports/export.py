@@ -171,7 +171,7 @@ def export_run(
     target = out.resolve() if out.is_symlink() else out
     encoding = Encoding(model_dir, requested, pooler, student_modules)
     with naming_os_errors(out), atomic_dir(target) as tmp:
-        _write(tmp, encoding, info, run, unfinished)
+        _write(tmp, encoding, info, run, unfinished, out.name)
     return out, pooler
 
 
@@ -231,7 +231,9 @@ class Encoding:
                 f"max_seq_length {max_len}; from {self.student})"), False  # fmt: skip
 
 
-def _write(tmp: Path, encoding: Encoding, info: dict, run: Path, unfinished: str | None) -> None:
+def _write(
+    tmp: Path, encoding: Encoding, info: dict, run: Path, unfinished: str | None, folder: str
+) -> None:
     model_dir, pooler = encoding.model_dir, encoding.pooler
     encoder, tokenizer, _, _ = load_encoder(model_dir, pooler, "cpu")  # the bare encoder
     backbone = encoder.backbone
@@ -259,6 +261,6 @@ def _write(tmp: Path, encoding: Encoding, info: dict, run: Path, unfinished: str
     Checkpoint(tmp).write_info(exported)
     card = model_card(
         run, model_dir, pooler, modules, info, max_len, unfinished=unfinished,
-        encoding=(note, changed),
+        encoding=(note, changed), folder=folder,
     )  # fmt: skip
     (tmp / "README.md").write_text(card)

@@ -130,10 +130,17 @@ def _teacher_lines(info: dict) -> list[str]:
 def _environment_lines(info: dict) -> list[str]:
     environment = info.get("environment")
     if isinstance(environment, dict) and environment:
-        return [f"- {key}: `{_flat(value)}`" for key, value in environment.items()]
+        return [f"- {key}: `{_flat(_shown_paths(value))}`" for key, value in environment.items()]
     if environment:
         return [f"- `{_flat(environment)}`"]
     return ["- not recorded by this run"]
+
+
+def _shown_paths(value: Any) -> Any:
+    """An environment entry with its ``path`` (where mmcse was installed) shown relative."""
+    if isinstance(value, dict) and "path" in value:
+        return {**value, "path": shown_path(value["path"])}
+    return value
 
 
 def _flat(value: Any) -> str:
@@ -185,13 +192,30 @@ def _normalised(modules: list[dict]) -> bool:
     return bool(modules) and modules[-1]["type"].endswith(".Normalize")
 
 
+def shown_path(path: Any) -> Any:
+    """A path as a card shows it: relative to the working folder when under it, else its last
+    two parts (a card is published; the machine's folders are not its reader's)."""
+    if not isinstance(path, str | Path) or not Path(path).is_absolute():
+        return path
+    path, here = Path(path), Path.cwd()
+    if path.is_relative_to(here):
+        return str(path.relative_to(here)) or "."
+    return str(Path("…", *path.parts[-2:]))
+
+
+def _score(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, int | float) else str(value)
+
+
 def model_card(
     run: Path, model_dir: Path, pooler: str, modules: list[dict], info: dict, max_len: int,
     unfinished: str | None = None, encoding: tuple[str | None, bool] = (None, False),
+    folder: str = ".",
 ) -> str:  # fmt: skip
     """The card; ``encoding``: how the export's encoding compares with the student's own
     sentence-transformers encoding (a line, and whether it changed), said at the top when it
-    changed and under pooling when kept."""
+    changed and under pooling when kept; ``folder``: the export's folder name (its usage line).
+    Paths are :func:`shown_path`, scores rounded to 2 decimals."""
     note, changed = encoding
     config = info.get("config", {})
     method = info.get("method", {})
@@ -216,13 +240,13 @@ def model_card(
         "",
         *_warning_lines(info, unfinished, note if changed else None),
         f"- method: `{name}`" + (f" with {json.dumps(settings)}" if settings else ""),
-        f"- student: `{config.get('model', model_dir)}`",
-        f"- checkpoint: `{model_dir}` (step {info.get('step', '?')}{of_total}{status}, "
-        f"STS-B dev {info.get('stsb_dev', '?')})",
+        f"- student: `{shown_path(config.get('model', model_dir))}`",
+        f"- checkpoint: `{shown_path(model_dir)}` (step {info.get('step', '?')}{of_total}{status}, "
+        f"STS-B dev {_score(info.get('stsb_dev', '?'))})",
         f"- pooling: `{pooler}` as {chain}; max sequence length {max_len}; {norm}",
         *([f"- encoding: {note}"] if note and not changed else []),
-        f"- text corpus: `{config.get('text_corpus')}`; caption corpus: "
-        f"`{config.get('caption_corpus')}`; mixing `{config.get('mixing', '?')}`",
+        f"- text corpus: `{shown_path(config.get('text_corpus'))}`; caption corpus: "
+        f"`{shown_path(config.get('caption_corpus'))}`; mixing `{config.get('mixing', '?')}`",
         f"- training: batch {config.get('batch_size', '?')}, lr {config.get('learning_rate', '?')}, "
         f"epochs {config.get('epochs', '?')}, max steps {config.get('max_steps', '?')}, "
         f"seed {config.get('seed', '?')}",
@@ -232,7 +256,7 @@ def model_card(
     ]
     fingerprints = info.get("fingerprints") or {}
     lines += [
-        f"- `{key}`: `{value.get('fingerprint')}` ({value.get('path', '-')})"
+        f"- `{key}`: `{value.get('fingerprint')}` ({shown_path(value.get('path', '-'))})"
         for key, value in fingerprints.items()
     ] or ["- none recorded"]
     lines += ["", "## Teachers", "", *_teacher_lines(info)]
@@ -244,7 +268,7 @@ def model_card(
         "",
         "```python",
         "from sentence_transformers import SentenceTransformer",
-        "model = SentenceTransformer('PATH/TO/THIS/DIR')",
+        f"model = SentenceTransformer({folder!r})  # this folder",
         "vectors = model.encode(['A man is playing a guitar.'])",
         "```",
         "",

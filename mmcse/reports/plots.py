@@ -55,6 +55,8 @@ MIN_REL_SPAN = 0.1
 #: a series with at most this many points is drawn with markers
 MARKERS_UP_TO = 30
 DEV_KEY = "stsb_dev"
+#: the least range of each align–uniform axis (SimCSE's Fig. 2 spans about 2.5 x 0.5)
+MIN_AU_SPAN = {"uniformity": 1.0, "alignment": 0.2}
 
 
 def _pyplot():
@@ -111,21 +113,32 @@ def _span(key: str) -> float | None:
 
 def plot_training_curves(run: Run, path: str | Path) -> Path | None:
     """Loss terms, lr and STS-B dev of one run; ``None`` when it logged nothing yet."""
+    fig = training_figure(run)
+    return None if fig is None else _save(fig, path)
+
+
+def training_figure(run: Run):
+    """The figure of :func:`plot_training_curves`: a panel per loss term on its own scale (an
+    unweighted term ten times the size of another would flatten it on a shared axis), the
+    weighted total, the learning rate and STS-B dev; None without records."""
     records = run.metrics()
     if not records:
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    loss_ax, lr_ax, dev_ax = axes
-    drawn = []
-    for key, (steps, values) in loss_series(records).items():
-        style = {"color": "black", "linewidth": 2} if key == "loss" else {}
-        draw(loss_ax, steps, values, label="total (weighted)" if key == "loss" else key, **style)
-        drawn += values
-    honest_axis(loss_ax, drawn)
-    loss_ax.set(title="loss terms", xlabel="step", ylabel="loss")
-    if loss_ax.lines:
-        loss_ax.legend(fontsize=8)
+    losses = loss_series(records) or {"loss": ([], [])}
+    count = len(losses) + 2
+    columns = min(count, 4)
+    rows = -(-count // columns)
+    fig, grid = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.6 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[count:]:
+        ax.set_visible(False)
+    for ax, (key, (steps, values)) in zip(axes, losses.items(), strict=False):
+        total = key == "loss"
+        draw(ax, steps, values, **({"color": "black", "linewidth": 2} if total else {}))
+        honest_axis(ax, values)
+        ax.set(title="loss (weighted total)" if total else key, xlabel="step", ylabel="loss")
+    lr_ax, dev_ax = axes[len(losses)], axes[len(losses) + 1]
     for ax, key, title in ((lr_ax, "lr", "learning rate"), (dev_ax, DEV_KEY, "STS-B dev")):
         steps, values = _series(records, key)
         if steps:
@@ -138,7 +151,7 @@ def plot_training_curves(run: Run, path: str | Path) -> Path | None:
     dev_ax.set_ylabel("Spearman x 100")
     fig.suptitle(str(run.path))
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
 def overlay_metrics(runs: Sequence[tuple[str, Run]]) -> dict[str, dict[str, tuple]]:
@@ -186,19 +199,48 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-def plot_align_uniform(points: dict[str, tuple[float, float]], path: str | Path) -> Path:
-    """``{label: (uniformity, alignment)}`` as a labelled scatter."""
+def plot_align_uniform(
+    points: dict[str, tuple[float, float]],
+    path: str | Path,
+    base: tuple[str, tuple[float, float]] | None = None,
+) -> Path:
+    """``{label: (uniformity, alignment)}`` as a labelled scatter (:func:`align_uniform_figure`)."""
+    return _save(align_uniform_figure(points, base), path)
+
+
+def align_uniform_figure(
+    points: dict[str, tuple[float, float]], base: tuple[str, tuple[float, float]] | None = None
+):
+    """The runs' points, and ``base`` (label, point: the student before fine-tuning) as a grey
+    cross for context. Each axis spans at least :data:`MIN_AU_SPAN` around what it shows, so
+    runs 0.015 apart read as close, and carries at most 6 ticks of 2 decimals."""
+    from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 5))
     for label, (uniform, align) in points.items():
         ax.scatter(uniform, align, s=40)
         ax.annotate(label, (uniform, align), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    shown = list(points.values())
+    if base is not None:
+        label, (uniform, align) = base
+        ax.scatter(uniform, align, s=70, marker="X", color="grey", label=label)
+        ax.legend(fontsize=8, loc="best")
+        shown.append((uniform, align))
+    for values, span, set_lim in ((
+        [u for u, _ in shown], MIN_AU_SPAN["uniformity"], ax.set_xlim), (
+        [a for _, a in shown], MIN_AU_SPAN["alignment"], ax.set_ylim)):  # fmt: skip
+        low, high = min(values), max(values)
+        pad = max(span - (high - low), 0.0) / 2 + 0.1 * (high - low)
+        set_lim(low - pad, high + pad)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(6))
+        axis.set_major_formatter(FormatStrFormatter("%.2f"))
     ax.set(xlabel=r"$\ell_{uniform}$", ylabel=r"$\ell_{align}$",
            title="alignment vs uniformity on STS-B (lower is better)")  # fmt: skip
-    ax.margins(0.2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
 def _published_avg(recipe: str, drop: list[str]) -> tuple[float, float | None] | None:
@@ -244,13 +286,14 @@ def plot_ablation(ablation_json: str | Path, path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def compute_align_uniform(run: Run, data_dir=None) -> dict:
-    """Alignment/uniformity of the run's best checkpoint on the full STS-B; saved in the run."""
+def compute_align_uniform(run: Run, data_dir=None, model: str | None = None) -> dict:
+    """Alignment/uniformity of the run's best checkpoint (or of ``model``, encoded its own way)
+    on the full STS-B; saved in the run's folder."""
 
     downstream = resolve_downstream(data_dir)
     subsets = [load_stsbenchmark(downstream, split) for split in STSB_FILES]
-    logger.info(f"{run.path}: loading the best checkpoint")
-    encoder, tokenizer, pooler, _ = load_encoder(run.path, None, None)
+    logger.info(f"{model or run.path}: loading {'the model' if model else 'the best checkpoint'}")
+    encoder, tokenizer, pooler, _ = load_encoder(model or run.path, None, None)
     pairs = [pair for subset in subsets for pair in subset.pairs]
     gold = [g for subset in subsets for g in subset.gold]
     logger.info(f"{run.path}: encoding the {len(pairs)} STS-B pairs")
@@ -265,6 +308,31 @@ def compute_align_uniform(run: Run, data_dir=None) -> dict:
     result = align_uniform(pairs, np.asarray(gold), vectors, row)
     write_json(run.files.align_uniform, result)
     return result
+
+
+def base_point(runs: Sequence[Run], data_dir=None) -> tuple[str, tuple[float, float]] | None:
+    """The align–uniform point of the student the runs started from (when they share one):
+    computed once and cached with the base model's scores (:mod:`mmcse.reports.base_model`);
+    None, with a warning, when it cannot be had."""
+    from mmcse.hub import resolve_model_source
+    from mmcse.reports.base_model import results_dir
+
+    students = {(run.config() or {}).get("model") for run in runs}
+    if len(students) != 1 or None in students:
+        return None
+    student = str(next(iter(students)))
+    try:
+        source = resolve_model_source(student, flag="--model")
+        base = Run(results_dir(source, str(data_dir) if data_dir else None))
+        au = read_json(base.files.align_uniform)
+        if au is None:
+            logger.info(f"alignment/uniformity of the base model: {student}")
+            base.path.mkdir(parents=True, exist_ok=True)
+            au = compute_align_uniform(base, data_dir, model=source)
+    except MmcseError as exc:
+        logger.warning(f"no base-model point on the align–uniform plot: {exc}")
+        return None
+    return f"{Path(student).name} (before fine-tuning)", (au["uniformity"], au["alignment"])
 
 
 def _default_out_dir(arguments: Sequence[Path]) -> Path:
@@ -319,7 +387,8 @@ def write_run_plots(
     if len(plotted) > 1:
         written += plot_overlays(plotted, target)
     if points:
-        written.append(plot_align_uniform(points, target / ALIGN_UNIFORM_PLOT))
+        base = base_point([r for _, r in plotted], data_dir) if with_align_uniform else None
+        written.append(plot_align_uniform(points, target / ALIGN_UNIFORM_PLOT, base))
     if not written:
         raise MmcseError(
             f"nothing to plot: no {METRICS_FILE} records, no alignment/uniformity "

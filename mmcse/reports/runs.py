@@ -17,13 +17,16 @@ number as its *signature*, so a table can refuse to rank numbers measured on dif
 
 A folder holding runs of different settings (another method, another learning rate) is split
 into one group per setting (:func:`find_groups`): seeds of one setting are averaged, never runs
-of two.
+of two. Runs of one setting given as separate arguments (``runs/simcse-s0 runs/simcse-s1``,
+trained by hand with ``--seed`` and ``--output-dir``) join into one group
+(:func:`group_seeds`): their recorded configs differ only in :data:`PER_RUN_SETTINGS`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,6 +299,7 @@ class Group:
     recipe: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # the recipe run's departures
     split_from: str | None = None  # why this is one of several groups of its folder
+    joined: list[str] = field(default_factory=list)  # the arguments' labels it joined as seeds
 
 
 def find_group(argument: str | Path) -> Group:
@@ -322,6 +326,61 @@ def find_groups(arguments) -> list[Group]:
     return groups
 
 
+def group_seeds(groups: list[Group]) -> list[Group]:
+    """Groups of one setting (:func:`setting_of`, and the same recipe record) and different
+    seeds joined into one, at the first one's place, labelled by what their labels share
+    (``simcse-s{0,1}``); a group with a run of no recorded config never joins, nor one whose
+    seed another already has (a rerun is not a second seed)."""
+    buckets: list[tuple[str | None, list[Group]]] = []
+    for group in groups:
+        key = _setting_key(group)
+        seeds = _seeds(group)
+        bucket = next((parts for k, parts in buckets if key is not None and k == key
+                       and not seeds & {s for g in parts for s in _seeds(g)}), None)  # fmt: skip
+        if bucket is None:
+            buckets.append((key, [group]))
+        else:
+            bucket.append(group)
+    return [_join(parts) if len(parts) > 1 else parts[0] for _, parts in buckets]
+
+
+def _seeds(group: Group) -> set[str]:
+    return {json.dumps((run.config() or {}).get("seed")) for run in group.runs}
+
+
+def _setting_key(group: Group) -> str | None:
+    settings = [setting_of(run) for run in group.runs]
+    if not settings or any(s is None for s in settings):
+        return None
+    texts = {json.dumps(s, sort_keys=True, default=str) for s in settings}
+    record = json.dumps([group.recipe, group.overrides], sort_keys=True, default=str)
+    return next(iter(texts)) + record if len(texts) == 1 else None
+
+
+def _join(groups: list[Group]) -> Group:
+    labels = [g.label for g in groups]
+    runs = [
+        Run(run.path, g.label if len(g.runs) == 1 else f"{g.label}/{run.label}")
+        for g in groups
+        for run in g.runs
+    ]
+    parent = Path(os.path.commonpath([str(g.path.absolute()) for g in groups]))
+    first = groups[0]
+    return Group(seeds_label(labels), parent, runs, first.recipe, first.overrides, joined=labels)
+
+
+def seeds_label(labels: list[str]) -> str:
+    """``simcse-s{0,1}`` for ``simcse-s0`` and ``simcse-s1``: the shared start and end around
+    what differs; the labels joined with ``+`` when they share neither."""
+    start = os.path.commonprefix(labels).rstrip("0123456789")  # s{9,10}, not s{9,1}0
+    end = os.path.commonprefix([label[len(start) :][::-1] for label in labels])[::-1]
+    end = end.lstrip("0123456789")
+    if not start and not end:
+        return " + ".join(labels)
+    middles = [label[len(start) : len(label) - len(end)] for label in labels]
+    return f"{start}{{{','.join(middles)}}}{end}"
+
+
 def setting_of(run: Run) -> dict[str, Any] | None:
     """What a run trained with, less what differs between seeds by design (None: no config)."""
     config = run.config()
@@ -346,7 +405,7 @@ def split_by_setting(group: Group) -> list[Group]:
     names = {
         key: "setting not recorded"
         if setting is None
-        else ", ".join(f"{k}={_short(setting.get(k))}" for k in differing)  # fmt: skip
+        else ", ".join(f"{k}={short_value(setting.get(k))}" for k in differing)  # fmt: skip
         for key, setting in known.items()
     }
     which = "; ".join(
@@ -368,6 +427,7 @@ def _differing_keys(settings: list[dict]) -> list[str]:
     return differing[:3] if differing else ["config"]
 
 
-def _short(value: Any) -> str:
+def short_value(value: Any) -> str:
+    """A setting's value for a label or note: JSON, cut at 40 characters."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -6,7 +6,10 @@ differences) is marked -- bold in markdown and LaTeX, listed in CSV's ``best`` c
 when the difference is supported: among the rows with at least two seeds in the column, the best
 beats each other one in a two-sided Welch t-test (:func:`mmcse.recipes.summary.welch_p`,
 p < :data:`ALPHA`), and no row of one seed scores as high. One seed is never compared (noise
-would read as a finding); :data:`BEST_RULE` says so. A column whose numbers are not comparable
+would read as a finding); :data:`BEST_RULE` says so. A mark never stands without its evidence:
+beside it, the seeds on each side and the test's p (:class:`Evidence`), and with fewer than
+:data:`FEW_SEEDS` seeds a side the plain words "low power" (Welch's test then rests on two-point
+variance estimates and about one degree of freedom). A column whose numbers are not comparable
 (``unranked``) marks none. A column compares one protocol only
 (the callers give each protocol its own columns), so a mark never crosses protocols. A cell that
 summarises fewer runs than its row says so (``(1 of 2)``). Notes (a legend, what a run changed,
@@ -20,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +38,35 @@ ALL_TITLES = {**TITLES, **TRANSFER_TITLES, "transfer avg": "Transfer Avg."}
 #: the significance level a best mark needs against every other measured row
 ALPHA = 0.05
 MIN_SEEDS = 2
+#: below this many seeds a side the test has little power, and the mark says so
+FEW_SEEDS = 3
 BEST_RULE = (
     f"Bold: the best mean of a column among the rows of at least {MIN_SEEDS} seeds, only where "
     f"it beats each of them in a two-sided Welch t-test (p < {ALPHA}) and no row of 1 seed "
     "scores as high; a row of 1 seed is not compared (its differences may be noise), and "
-    "published rows do not compete."
+    "published rows do not compete. Beside a mark: (n=a vs b, p=...): its row's seeds, the "
+    "fewest seeds of a row it beat, and the largest p against them; 'low power': fewer than "
+    f"{FEW_SEEDS} seeds a side, where Welch's test has about one degree of freedom and its "
+    "variances rest on two numbers, so read the mark as tentative."
 )
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a best mark rests on: its row's seeds, the fewest seeds of a row it beat, and the
+    largest Welch p against those rows."""
+
+    n: int
+    others: int
+    p: float
+
+    @property
+    def low_power(self) -> bool:
+        return min(self.n, self.others) < FEW_SEEDS
+
+    def text(self) -> str:
+        p = "p<0.001" if self.p < 0.001 else f"p={self.p:.3f}"
+        return f"n={self.n} vs {self.others}, {p}" + (", low power" if self.low_power else "")
 
 
 def summarize_columns(label: str, scores: Sequence[dict[str, float]], columns) -> Row:
@@ -67,7 +94,14 @@ def best_cells(
     """``(row index, column)`` of each column's highest mean among ``measured`` row indices
     where the difference to every other measured row is supported (:func:`supported`; none in
     an ``unranked`` column)."""
-    out = set()
+    return set(best_evidence(rows, columns, measured, unranked))
+
+
+def best_evidence(
+    rows: Sequence[Row], columns: Sequence[str], measured, unranked: Collection[str] = ()
+) -> dict[tuple[int, str], Evidence]:
+    """:func:`best_cells`, each with the :class:`Evidence` its mark rests on."""
+    out = {}
     for column in columns:
         if column in unranked:
             continue
@@ -79,8 +113,12 @@ def best_cells(
         best = rows[top].mean[column]
         if any(rows[i].mean[column] >= best for i in candidates if i not in compared):
             continue  # a row of one seed scores as high: no row can be called the best
-        if all(supported(rows[top], rows[i], column) for i in compared if i != top):
-            out.add((top, column))
+        others = [i for i in compared if i != top]
+        if all(supported(rows[top], rows[i], column) for i in others):
+            values = rows[top].values[column]
+            p = max(welch_p(values, rows[i].values[column]) for i in others)
+            fewest = min(len(rows[i].values[column]) for i in others)
+            out[(top, column)] = Evidence(len(values), fewest, p)
     return out
 
 
@@ -140,7 +178,7 @@ def render(
     if fmt not in FORMATS:
         raise MmcseError(f"unknown table format {fmt!r}; choose md, csv or latex")
     measured = range(len(rows)) if measured is None else measured
-    best = best_cells(rows, columns, measured, unranked)
+    best = best_evidence(rows, columns, measured, unranked)
     titles = [ALL_TITLES.get(c, c) for c in columns]
     if fmt == "csv":
         return _csv(rows, columns, extra_columns, best)
@@ -151,6 +189,7 @@ def render(
             text = _cell(row, column, fmt)
             if (index, column) in best:
                 text = f"**{text}**" if fmt == "md" else f"\\textbf{{{text}}}"
+                text += f" ({best[index, column].text()})"
             cells.append(text)
         label = _label(row, index in measured)
         extras = [row.extra.get(c, "") for c in extra_columns]
@@ -178,14 +217,16 @@ def _csv(rows, columns, extra_columns, best) -> str:
     header = ["label", "n"]
     for column in columns:
         header += [f"{column} mean", f"{column} std"]
-    writer.writerow([*header, *extra_columns, "best"])
+    writer.writerow([*header, *extra_columns, "best", "best evidence"])
     for index, row in enumerate(rows):
         cells = [row.label, "" if row.n is None else row.n]
         for column in columns:
             mean, std = row.mean.get(column), row.std.get(column)
             cells += ["" if mean is None else f"{mean:.4f}", "" if std is None else f"{std:.4f}"]
-        marked = ";".join(c for c in columns if (index, c) in best)
-        writer.writerow([*cells, *(row.extra.get(c, "") for c in extra_columns), marked])
+        marked = [c for c in columns if (index, c) in best]
+        evidence = ";".join(f"{c}: {best[index, c].text()}" for c in marked)
+        extras = [row.extra.get(c, "") for c in extra_columns]
+        writer.writerow([*cells, *extras, ";".join(marked), evidence])
     return buffer.getvalue()
 
 

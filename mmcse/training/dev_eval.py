@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from mmcse.evaluation.encode import (
 from mmcse.evaluation.sts import default_data_dir, load_stsb_dev, resolve_downstream, score_task
 from mmcse.pooling import needs_hidden_states, pool
 from mmcse.training.config import TrainConfig
+from mmcse.training.stop import EvaluationStopped
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +81,9 @@ class DevEvaluator:
             self._device = device
         return self.batches
 
-    def __call__(self, encoder) -> float:
+    def __call__(self, encoder, stop: Callable[[], bool] | None = None) -> float:
+        """``stop``: asked between batches; when it says so the evaluation ends there
+        (:class:`~mmcse.training.stop.EvaluationStopped`)."""
         backbone = encoder.backbone
         device = next(backbone.parameters()).device
         was_training = backbone.training
@@ -93,6 +97,8 @@ class DevEvaluator:
         try:
             with torch.inference_mode(), eval_autocast(device):
                 for done, (input_ids, attention_mask) in enumerate(batches, start=1):
+                    if stop is not None and stop():
+                        raise EvaluationStopped(f"dev eval stopped at batch {done}")
                     out = backbone(
                         input_ids=input_ids,
                         attention_mask=attention_mask,

@@ -65,7 +65,7 @@ from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 from mmcse.training.record import RunRecord, RunResult
 from mmcse.training.schedule import is_eval_step
-from mmcse.training.stop import StopRequest, TrainingInterrupted
+from mmcse.training.stop import EvaluationStopped, StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
 from mmcse.update import (
     AdamWSettings,
@@ -261,7 +261,7 @@ class Trainer:
             self._log(log, progress, epoch)
         dev_data = self.record.eval_dir is not None
         if is_eval_step(step, cfg.eval_steps, self.total, cfg.eval_last_step, dev_data=dev_data):
-            self._evaluate(log, progress, epoch)
+            self._evaluate(log, progress, epoch, stop)
         stopping = stop.agreed(step % cfg.log_every == 0)
         if step % self.save_every == 0 or step == self.total or stopping:
             self.record.save_last(epoch, index + 1)
@@ -324,14 +324,20 @@ class Trainer:
     def _dev_text(self) -> str:
         return "-" if self.best_dev is None else f"{self.best_dev:.2f}"
 
-    def _evaluate(self, log: MetricsLog, progress: Progress, epoch: int) -> None:
-        """Score STS-B dev on rank 0; keep the best checkpoint. No eval data → keep the last."""
+    def _evaluate(self, log: MetricsLog, progress: Progress, epoch: int, stop=None) -> None:
+        """Score STS-B dev on rank 0; keep the best checkpoint. No eval data → keep the last.
+        A stop signal ends the evaluation between its batches: no score, no best/ (``stop``)."""
         started = time.perf_counter()
-        score = None
+        score, stopped = None, False
         if dist.is_main():
             if self.record.eval_dir is not None:
-                score = self._dev_evaluator()(self.encoder)
-            if score is None or self.best_dev is None or score > self.best_dev:
+                asked = None if stop is None else (lambda: stop.requested)
+                try:
+                    score = self._dev_evaluator()(self.encoder, stop=asked)
+                except EvaluationStopped:
+                    stopped = True
+                    logger.warning("dev eval at step %d stopped unfinished", self.step_count)
+            if not stopped and (score is None or self.best_dev is None or score > self.best_dev):
                 self.best_dev, self.best_step = score, self.step_count
                 self.record.save_best(score)
             if score is not None:
@@ -359,5 +365,13 @@ def train(cfg: TrainConfig, resume: bool = False) -> RunResult:
         logger.info(finished)
         return RunResult(Path(cfg.output_dir), None, None, None, 0, cfg.method)
     trainer = Trainer(cfg, resume).setup()
-    with naming_os_errors(trainer.record.out):  # disk full, read-only folder: one line
-        return trainer.fit()
+    try:
+        with naming_os_errors(trainer.record.out):  # disk full, read-only folder: one line
+            return trainer.fit()
+    except TrainingInterrupted:
+        raise
+    except KeyboardInterrupt:  # a second Ctrl-C, or one in the final evaluation: still a hint
+        message = trainer.record.aborted_message()
+        if dist.is_main():
+            logger.warning(message)
+        raise TrainingInterrupted(message) from None

@@ -411,6 +411,20 @@ class RunRecord:
                 logger.info("removed %s (--no-keep-last-checkpoint)", self.run_dir.last.path)
         return RunResult(self.out, t.best_dev, t.best_step, test, t.step_count, t.cfg.method)
 
+    def aborted_message(self) -> str:
+        """What an interrupted exit that did not stop at a step boundary leaves to resume
+        from: the step last/ holds (none: say so)."""
+        t, info = self.trainer, self.run_dir.last.read_info()
+        if not info:
+            return (f"interrupted at step {t.step_count}; no last/ was saved, nothing to resume: "
+                    "start the run again (--overwrite)")  # fmt: skip
+        saved = info.get("step", "?")
+        left = " (the final evaluation is left)" if saved == t.total else ""
+        return (
+            f"interrupted at step {t.step_count} of {t.total}; last/ holds step {saved}{left}. "
+            f"Continue with: mmcse train --resume {self.out}"
+        )
+
     def interrupted_message(self) -> str:
         t = self.trainer
         return (

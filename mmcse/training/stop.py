@@ -1,6 +1,12 @@
 """Stopping a training run cleanly on a signal: the step in progress finishes, ``last/`` is
 saved, the way to resume is logged and :class:`TrainingInterrupted` ends the run.
 
+A dev evaluation in progress (up to a minute and more on a CPU) does not make the signal wait:
+it checks the request between its batches and stops (:class:`EvaluationStopped`); its score is
+dropped, and ``last/`` is the step before it. Every interrupted exit logs how to resume: one
+during the final evaluation (the training's checkpoints are on disk; ``--resume`` scores best/),
+and one from a second signal (the hint names the step ``last/`` holds, or that there is none).
+
 Three signals ask for it: SIGINT (Ctrl-C), SIGTERM (what SLURM, Kubernetes, ``timeout`` and
 ``kill`` send; SLURM follows it with SIGKILL after a grace period) and SIGUSR1 (what SLURM's
 ``--signal=USR1@SECONDS`` sends ahead of the time limit). A second signal of the same kind acts
@@ -58,7 +64,8 @@ class StopRequest:
         signal.signal(signum, at_once)
         again = "Ctrl-C" if signum == signal.SIGINT else signal_name(signum)
         logger.warning(
-            "%s received: stopping after this step and saving last/ (%s again to abort now)",
+            "%s received: stopping after this step (or this evaluation) and saving last/ "
+            "(%s again to abort now)",
             signal_name(signum), again,
         )  # fmt: skip
 
@@ -67,6 +74,10 @@ class StopRequest:
         if not dist.is_distributed():
             return self.requested
         return at_sync_point and dist.any_rank(self.requested)
+
+
+class EvaluationStopped(Exception):
+    """A dev evaluation stopped between its batches because a stop signal came."""
 
 
 class TrainingInterrupted(KeyboardInterrupt):

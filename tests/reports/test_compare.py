@@ -22,8 +22,10 @@ from mmcse.recipes import Recipe, get_recipe
 from mmcse.recipes.layout import SeedsDir
 from mmcse.recipes.published import COLUMNS, PUBLISHED
 from mmcse.recipes.recipe import RecipeRunSpec
+from mmcse.recipes.summary import welch_p
 from mmcse.reports.compare_runs import compare_table, comparison
 from mmcse.reports.recipes import recipe_tables, write_ablation
+from mmcse.reports.tables import ALL_TITLES
 from mmcse.rundir import RunDir
 
 STS = [c for c in COLUMNS if c != "avg"]
@@ -373,6 +375,16 @@ def test_a_best_mark_needs_two_seeds_a_side_and_a_welch_test(tmp_path):
     table = compare_table([low, noisy, close])
     assert "**" not in table  # 60.67 vs 60.07 is no finding (Welch p > 0.05)
     assert "Welch t-test" in table and "a row of 1 seed is not compared" in table
+    p = welch_p([70.0, 70.3, 69.9], [60.0, 60.4, 59.8])
+    header, cells = header_and_cells(compare_table([low, clear]))
+    assert p < 0.001 and cells[1][header.index("Avg.")].endswith("** (n=3 vs 3, p<0.001)")
+    two = seed_folder(tmp_path / "two", [62.5, 63.0])
+    header, cells = header_and_cells(compare_table([low, two]))
+    p = welch_p([62.5, 63.0], [60.0, 60.4, 59.8])
+    assert cells[1][header.index("Avg.")].endswith(f"** (n=2 vs 3, p={p:.3f}, low power)")
+    assert "'low power': fewer than 3 seeds a side" in compare_table([low, two])
+    records = list(csv.DictReader(io.StringIO(compare_table([low, two], "csv"))))
+    assert 0.001 < p < 0.05 and records[1]["best evidence"].startswith("STS12: n=2 vs 3, p=")
     lower = recorded_run(tmp_path / "one-lower")
     lower.write_results("sts", with_protocol({t: 65.0 for t in STS}), source="final")
     header, cells = header_and_cells(compare_table([low, clear, lower.path]))
@@ -431,3 +443,57 @@ def test_the_base_model_is_a_reference_row_scored_once_and_cached(tmp_path, monk
     monkeypatch.setattr(evaluation, "evaluate_sts", no_second_evaluation)
     again = comparison([str(base), *runs])
     assert again.rows[0].mean == base_row.mean
+
+
+# ---- seeds trained by hand, in sibling folders ------------------------------------------------
+
+SENTEVAL_MINI = Path(__file__).resolve().parents[1] / "fixtures" / "senteval_mini"
+
+
+def test_four_runs_trained_in_sibling_folders_are_two_rows_of_two_seeds(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    """Two methods x two seeds by ``mmcse train --seed K --output-dir runs/METHOD-sK``: two rows
+    of n=2 and a note on what separates them; every mark carries its n and Welch p, and a mark
+    is exactly where an independent Welch test on the recorded seeds supports it."""
+    from scipy import stats
+    from support.cli import run_main_output
+
+    from mmcse.reports.runs import Run
+
+    monkeypatch.chdir(tmp_path)
+    folders = []
+    for method in ("simcse", "mcse"):
+        for seed in (0, 1):
+            folder = f"runs/{method}-s{seed}"
+            extra = ["--caption-corpus", tiny_world["captions"], "--feature",
+                     f"image={tiny_world['image']}"] if method == "mcse" else []  # fmt: skip
+            code, _, err = run_main_output(
+                ["train", "--method", method, "--model", str(tiny_model), "--text-corpus",
+                 tiny_world["text"], *extra, "--max-steps", "2", "--batch-size", "8", "--device",
+                 "cpu", "--eval-data", str(SENTEVAL_MINI), "--seed", str(seed), "--output-dir",
+                 folder], monkeypatch, capsys)  # fmt: skip
+            assert code == 0, err[-2000:]
+            folders.append(folder)
+    code, out, err = run_main_output(["compare", *folders], monkeypatch, capsys)
+    assert code == 0, err
+    header, cells = header_and_cells(out)
+    assert [c[0] for c in cells] == ["simcse-s{0,1} (n=2)", "mcse-s{0,1} (n=2)"]
+    assert "What separates the rows (recorded configs): simcse-s{0,1}: method=simcse" in out
+    assert "differ only in seed and output folder" in out
+    scores = [[Run(Path(f)).scores() for f in pair] for pair in (folders[:2], folders[2:])]
+    marks = 0
+    for index, name in enumerate(header[1:-2], start=1):
+        key = next(k for k in scores[0][0] if ALL_TITLES.get(k, k) == name)
+        sides = [[s[key] for s in side] for side in scores]
+        top = int(np.mean(sides[1]) > np.mean(sides[0]))
+        p = stats.ttest_ind(sides[top], sides[1 - top], equal_var=False).pvalue
+        cell = cells[top][index]
+        if p < 0.05:
+            assert cell.startswith("**") and f"(n=2 vs 2, p={p:.3f}, low power)" in cell, cell
+            marks += 1
+        else:
+            assert "**" not in cells[0][index] + cells[1][index]
+    assert out.count("**") == 2 * marks
+    code, out, _ = run_main_output(["compare", "--no-group-seeds", *folders], monkeypatch, capsys)
+    assert code == 0 and out.count("(1 seed: not compared)") == 4 and "**" not in out

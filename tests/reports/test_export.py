@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -351,3 +352,18 @@ def test_an_export_that_changes_the_students_encoding_says_so(minilm_run, tmp_pa
     assert "Normalize -> none" in log
     card = (out / "README.md").read_text()
     assert card.index("**Encoding changed**") < card.index("- method:")  # at the top
+
+
+def test_card_shows_relative_paths_rounded_scores_and_no_placeholder(run_copy, tmp_path):
+    """Published as it is: no folder of this machine (paths relative to the working folder, or
+    their last two parts), the dev score to 2 decimals, no RUN_DIR or PATH/TO placeholder."""
+    edit_info(run_copy, finished=False, step=2, total_steps=500)
+    out, _ = export_run(run_copy, tmp_path / "st")
+    card = (out / "README.md").read_text()
+    info = json.loads((run_copy / "best" / "mmcse_run.json").read_text())
+    assert f"STS-B dev {info['stsb_dev']:.2f})" in card
+    absolute = re.findall(r"(?<![\w.…])/(?:tmp|work|home|root)\b[^\s`)]*", card)
+    assert not absolute, absolute
+    assert "…/world0/wiki.txt" in card or "wiki.txt" in card
+    assert "RUN_DIR" not in card and "PATH/TO" not in card
+    assert "SentenceTransformer('st')" in card

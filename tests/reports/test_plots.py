@@ -18,10 +18,13 @@ from mmcse.errors import MmcseError
 from mmcse.recipes import Recipe, get_recipe
 from mmcse.recipes.recipe import RecipeRunSpec
 from mmcse.reports.plots import (
+    MIN_AU_SPAN,
     MIN_DEV_SPAN,
+    align_uniform_figure,
     loss_series,
     overlay_figure,
     overlay_metrics,
+    training_figure,
     write_run_plots,
 )
 from mmcse.reports.recipes import write_ablation
@@ -173,3 +176,40 @@ def test_runs_are_overlaid_per_metric_on_honest_axes_with_visible_single_points(
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["steady", "once"]
     written = write_run_plots([tmp_path / "steady", tmp_path / "once"], tmp_path / "figs")
     assert tmp_path / "figs" / "curves-stsb_dev.png" in written
+
+
+def test_each_loss_term_has_its_own_scale(tmp_path):
+    """A term 20 times smaller than another is not flattened under it: a panel per term (and
+    the total), each spanning its own values, then lr and STS-B dev."""
+    records = [{"step": s, "loss": 20.0 / s, "simcse_loss": 0.5 + 0.2 / s,
+                "image_text_loss": 10.0 + 10.0 / s, "lr": 1e-5} for s in range(1, 21)]  # fmt: skip
+    fig = training_figure(Run(make_run(tmp_path / "run", records)))
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    titles = [ax.get_title() for ax in shown]
+    assert titles == ["loss (weighted total)", "image_text_loss", "simcse_loss",
+                      "learning rate", "STS-B dev"]  # fmt: skip
+    simcse = shown[titles.index("simcse_loss")]
+    low, high = simcse.get_ylim()
+    values = [r["simcse_loss"] for r in records]
+    assert low <= min(values) and max(values) <= high and high - low < 1.0  # not 0..20
+
+
+def test_align_uniform_plot_has_the_base_model_honest_ranges_and_readable_ticks():
+    """Two runs 0.015 apart do not fill the plot; the base model's point is there, labelled;
+    ticks are few and short."""
+    points = {"simcse-s0": (-2.300, 0.250), "mcse-s0": (-2.315, 0.260)}
+    fig = align_uniform_figure(points, ("bert (before fine-tuning)", (-1.2, 0.05)))
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    (x_low, x_high), (y_low, y_high) = ax.get_xlim(), ax.get_ylim()
+    assert (
+        x_high - x_low >= MIN_AU_SPAN["uniformity"] and y_high - y_low >= MIN_AU_SPAN["alignment"]
+    )
+    assert x_low < -2.315 and x_high > -1.2 and y_low < 0.05 and y_high > 0.26
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["bert (before fine-tuning)"]
+    for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+        texts = [t.get_text() for t in labels if t.get_text()]
+        assert 2 <= len(texts) <= 7 and all(len(t) <= 5 for t in texts), texts
+    only_runs = align_uniform_figure(points).axes[0]
+    low, high = only_runs.get_xlim()
+    assert high - low >= MIN_AU_SPAN["uniformity"]  # 0.015 apart: not a trend

@@ -310,3 +310,91 @@ def test_visualcse_resume_restores_the_auxiliary_task(
     got, want = comparable(Path(cfg.output_dir)), comparable(straight.output_dir)
     assert any(k.startswith("image_") and k.endswith("_loss") for k in got[-1])
     assert got == want
+
+
+# `mmcse train --config FILE` whose dev evaluation runs a batch or two of sentences per forward;
+# at its first forward it waits until the parent has sent SIGINT (the parent removes `ready`),
+# and it counts the forwards the evaluation runs
+EVAL_SIGNALLED_CHILD = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from mmcse.training import dev_eval
+
+ready, forwards, config = sys.argv[1], sys.argv[2], sys.argv[3]
+real_init, real_call = dev_eval.DevEvaluator.__init__, dev_eval.DevEvaluator.__call__
+def init(self, encoder, tokenizer, data_dir, max_tokens=None):
+    real_init(self, encoder, tokenizer, data_dir, max_tokens=16)
+    print(f"dev batches: {{len(self.batches)}}", file=sys.stderr)
+def call(self, encoder, *args, **kwargs):
+    real_forward = encoder.backbone.forward
+    def forward(*a, **k):
+        first = not os.path.exists(forwards)
+        with open(forwards, "a") as f:
+            f.write("forward\\n")
+        if first:
+            open(ready, "w").close()
+            while os.path.exists(ready):
+                time.sleep(0.01)
+        return real_forward(*a, **k)
+    encoder.backbone.forward = forward
+    try:
+        return real_call(self, encoder, *args, **kwargs)
+    finally:
+        del encoder.backbone.forward
+dev_eval.DevEvaluator.__init__, dev_eval.DevEvaluator.__call__ = init, call
+import cli
+sys.argv = ["mmcse", "train", "--config", config]
+cli.main()
+"""
+
+SENTEVAL_MINI = ROOT / "tests" / "fixtures" / "senteval_mini"
+
+
+def test_sigint_during_a_dev_evaluation_stops_it_saves_last_and_prints_the_hint(
+    tiny_model, tiny_world, tmp_path
+):
+    """The evaluation stops at its next batch (no score, no best/ of it), last/ holds the
+    step it evaluated, and the exit says how to resume; the resumed run trains to the end."""
+    cfg = settings(tiny_model, tiny_world, tmp_path / "run", eval_data=str(SENTEVAL_MINI))
+    config, ready, forwards = tmp_path / "train.json", tmp_path / "ready", tmp_path / "forwards"
+    config.write_text(json.dumps(cfg))
+    script = EVAL_SIGNALLED_CHILD.format(root=str(ROOT))
+    args = [sys.executable, "-c", script, str(ready), str(forwards), str(config)]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        deadline = time.monotonic() + 600
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), proc.communicate()[1][-3000:]
+        proc.send_signal(signal.SIGINT)
+        ready.unlink()
+        _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err[-3000:]
+    batches = int(err.split("dev batches: ")[1].split()[0])
+    assert batches > 2 and forwards.read_text().count("forward") == 1  # stopped at the next one
+    assert "STS-B dev" not in err.split("SIGINT received")[1]  # no score of the cut evaluation
+    run = Path(cfg["output_dir"])
+    assert f"Continue with: mmcse train --resume {run}" in err and "Traceback" not in err
+    assert json.loads((run / "last" / RUN_INFO_FILE).read_text())["step"] == 5
+    assert not (run / BEST_DIR).exists()  # the first evaluation never finished
+    assert train(TrainConfig(**cfg), resume=True).steps == 10
+
+
+def test_sigint_during_the_final_evaluation_prints_the_hint_and_resume_scores(
+    tiny_model, tiny_world, tmp_path, monkeypatch, library_log
+):
+    from mmcse.training import record
+
+    cfg = settings(tiny_model, tiny_world, tmp_path / "run", eval_data=str(SENTEVAL_MINI),
+                   final_eval=True)  # fmt: skip
+    real = record.evaluate_sts
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # what Ctrl-C raises once training's handlers are gone
+
+    monkeypatch.setattr(record, "evaluate_sts", interrupted)
+    with pytest.raises(TrainingInterrupted, match="final evaluation is left.*--resume"):
+        train(TrainConfig(**cfg))
+    assert "last/ holds step 10" in library_log()
+    monkeypatch.setattr(record, "evaluate_sts", real)
+    result = train(TrainConfig(**cfg), resume=True)
+    assert result.test is not None and (Path(cfg["output_dir"]) / "results.json").exists()
