@@ -18,6 +18,8 @@ _CACHE_ROOT = Opt(
     "cache", "--cache-root", help="Stage-1 cache root: the folder holding <dataset>/<split>/<set>"
 )
 _DRY_RUN = Opt(False, "--dry-run", help="print every run it would train, then stop")
+_RECIPES_HELP = "recipes, quoted patterns ('mcse/wiki+*/bert') or a table (mcse:table1)"
+_OUTPUT_HELP = "one recipe: its folder (default runs/<name>), seeds in seed<k>/; several: the root (default runs), <root>/<recipe>/seed<k>/ and the table in <root>/tables/"
 
 
 @recipes_app.command("list")
@@ -43,16 +45,8 @@ def recipes_show(name: str = _NAME, cache_root: str = _CACHE_ROOT) -> None:
 @with_flags(RecipeRunSpec, "spec", build=True)
 def recipes_run(
     spec: RecipeRunSpec,
-    names: list[str] = typer.Argument(
-        ...,
-        metavar="RECIPE",
-        help="recipes, quoted patterns ('mcse/wiki+*/bert') or a table (mcse:table1)",
-    ),
-    output_dir: str = Opt(
-        None,
-        help="one recipe: its folder (default runs/<name>), seeds in seed<k>/; several: the "
-        "root (default runs), <root>/<recipe>/seed<k>/ and the table in <root>/tables/",
-    ),
+    names: list[str] = typer.Argument(..., metavar="RECIPE", help=_RECIPES_HELP),
+    output_dir: str = Opt(None, help=_OUTPUT_HELP),
     dry_run: bool = _DRY_RUN,
 ) -> None:
     """Train recipes over seeds and print them next to the published numbers. Finished seeds

@@ -66,7 +66,7 @@ SIGNATURE_KEYS = ("data", "max_length", "head", "images_features", "captions_dir
 #: config fields that differ between seeds of one setting by design (where a run went, how it
 #: was watched, on which device); any other difference makes two runs two settings
 PER_RUN_SETTINGS = ("seed", "output_dir", "overwrite", "save_every", "report_to", "device",
-                    "log_every", "final_eval")  # fmt: skip
+                    "log_every", "final_eval", "keep_last_checkpoint")  # fmt: skip
 
 
 @dataclass(frozen=True)

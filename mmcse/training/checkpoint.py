@@ -340,7 +340,7 @@ def finished_note(settings: dict[str, Any]) -> str | None:
     ):
         raise MmcseError(
             f"--resume {run.path}: the run finished and its last/ was removed "
-            "(--no-keep-last-checkpoint): it cannot be extended; train a new run"
+            "(--drop-last-dir): it cannot be extended; train a new run"
         )
     if any(settings.get(k) != ran.get(k, settings.get(k)) for k in EXTENDING):
         return None  # a larger --max-steps/--epochs: extend it

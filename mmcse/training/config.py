@@ -342,8 +342,10 @@ class TrainConfig:
         default=True,
         metadata={
             "panel": PANEL_OUTPUT,
-            "help": "keep the resumable last/ once the run finishes (--no-keep-last-checkpoint "
-            "removes it: best/ stays, and the run still reads as finished)",
+            "flag": "--keep-last-dir",
+            "negative": "--drop-last-dir",
+            "help": "keep the resumable last/ once the run finishes (--drop-last-dir removes "
+            "it: best/ stays, and the run still reads as finished)",
         },
     )
     report_to: str = field(

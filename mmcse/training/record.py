@@ -408,7 +408,7 @@ class RunRecord:
             ckpt.mark_finished(self.run_dir.last)  # saved anew: its integrity record stays true
             if not t.cfg.keep_last_checkpoint:  # best/ says the run finished; last/ only resumed
                 shutil.rmtree(self.run_dir.last.path)
-                logger.info("removed %s (--no-keep-last-checkpoint)", self.run_dir.last.path)
+                logger.info("removed %s (--drop-last-dir)", self.run_dir.last.path)
         return RunResult(self.out, t.best_dev, t.best_step, test, t.step_count, t.cfg.method)
 
     def aborted_message(self) -> str:

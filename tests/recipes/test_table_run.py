@@ -204,7 +204,7 @@ def test_a_run_without_keep_last_checkpoint_drops_last_and_still_reads_finished(
     assert not run.last.path.exists() and run.best.saved() and run.finished()
     log = library_log()
     assert "removed once the run finishes" in log  # the plan says so before it starts
-    assert f"removed {run.last.path} (--no-keep-last-checkpoint)" in log
+    assert f"removed {run.last.path} (--drop-last-dir)" in log
     assert train(cfg, resume=True).steps == 0  # nothing to resume: it finished
     assert "finished at step 2" in library_log()
     assert seed_state(cfg) == FINISHED
