@@ -131,12 +131,20 @@ class DataFlags:
     split_file: str | None = setting(None, "List of image files/ids in the split.")
     caption_policy: str = setting("random-one", "random-one (MCSE) | all (KDMCSE, DALR) | longest.")
     seed: int = setting(0, "Seed of the random-one caption draw.")
+    text_field: str | None = setting(
+        None, "Column/field holding the text (sentences; local captions: unset = caption)."
+    )
+    bad_lines: str = setting(
+        "skip", "Undecodable, blank or over-long line: skip (logged) or refuse the file."
+    )
 
     def records(self, dataset: str, text_file: str | None = None):
         from pipeline.datasets import DataSource, load_dataset
 
-        paths = (self.images, self.captions, self.split_file, text_file)
-        return load_dataset(dataset, DataSource(*map(_path, paths)), self.split)
+        paths = (self.images, self.captions, self.split_file)
+        text = text_file if text_file and text_file.startswith("hf:") else _path(text_file)
+        source = DataSource(*map(_path, paths), text, self.text_field, self.bad_lines)
+        return load_dataset(dataset, source, self.split)
 
 
 @dataclass(kw_only=True)
@@ -167,7 +175,11 @@ class TextJob(RunFlags, TeacherFlags, DataFlags):
     """Text features of a corpus (one row per sentence id) and, if needed, its corpus table."""
 
     corpus: str = required("wiki1m, a caption dataset name, or a corpus table dir.")
-    text_file: str | None = setting(None, "Sentence file for text corpora (wiki1m).")
+    text_file: str | None = setting(
+        None,
+        "Sentence corpus (wiki1m's, or yours): .txt, .jsonl, .csv, .tsv, .parquet, a "
+        "datasets folder or hf:NAME[:CONFIG[:SPLIT]].",
+    )
     teacher: str = setting("simcse", f"Text teacher: {TEXT_TEACHERS}; or none: the corpus table "
                            "only, no teacher pass (all SimCSE/MCSE/KDMCSE read of a text corpus).")  # fmt: skip
     out: str | None = setting(None, "Output folder (unset: cache/<corpus>/<split>).")

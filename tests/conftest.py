@@ -26,6 +26,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def project_cache(tmp_path, monkeypatch) -> Path:
+    """The project's cache root (``cache/`` under the working directory), where derived files of
+    a user's own data go (:mod:`mmcse.cache.tokens`), moved into each test's own folder so no
+    test writes into the checkout or shares a warm entry with another."""
+    import mmcse.cache.tokens
+
+    root = tmp_path / "project-cache"
+    monkeypatch.setattr(mmcse.cache.tokens, "FALLBACK_ROOT", root)
+    return root
+
+
 @pytest.fixture
 def library_log(caplog):
     """``library_log()``: the messages the library logged (``mmcse.*``, ``pipeline.*``, INFO and

@@ -33,12 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mmcse.cache.layout import MANIFEST_NAME
+from mmcse.corpusfiles import detect_format, is_hf_name
 from mmcse.devices import check_device
 from mmcse.errors import MmcseError
 from mmcse.hub import check_hub_id, load_tokenizer, local_or_hub_id
 from mmcse.pooling import check_pooler as known_pooler
 from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
-from mmcse.textfiles import decode_text
 from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, SettingError, TrainConfig
 
 # Modules that load torch (methods, data, evaluation, checkpoints: seconds, tens of seconds on a
@@ -176,10 +177,9 @@ def check_paths(cfg: TrainConfig) -> None:
         ("--text-corpus", cfg.text_corpus),
         ("--caption-corpus", cfg.caption_corpus),
     ):
-        if value:
+        if value and not is_hf_name(value):
             _readable(Path(value), f"{flag} {value}", "file or folder")
-            if Path(value).is_file():
-                check_text_file(Path(value), flag)
+            check_corpus_form(Path(value), flag)
     for role, dirs in cfg.features.items():
         parts = [d for d in dirs.split(",") if d.strip()]
         if not parts:
@@ -207,11 +207,20 @@ def check_token_cache(setting: str) -> None:
         raise MmcseError(f"token_cache {exc}") from None
 
 
-def check_text_file(path: Path, flag: str) -> None:
-    """A sentence file decodes as training will read it (UTF-8, or UTF-16/32 with a byte-order
-    mark; :mod:`mmcse.textfiles`): a bad byte is refused naming the line, never kept as U+FFFD."""
+def check_corpus_form(path: Path, flag: str) -> None:
+    """A corpus table, or (text corpus only) a file or folder in a format
+    :mod:`mmcse.corpusfiles` reads, judged by its name and first bytes; its rows are read,
+    under the read policy, when the data is joined."""
+    if (path / MANIFEST_NAME).is_file():
+        return
+    if flag == "--caption-corpus":
+        raise MmcseError(
+            f"{flag} {path}: not a corpus table; a caption corpus is the table extract-images "
+            "writes (its captions join their images' features by id): run `mmcse "
+            "extract-images --dataset local --captions FILE` for a caption file in any format"
+        )
     try:
-        decode_text(path, path.read_bytes())
+        detect_format(path)
     except MmcseError as exc:
         raise MmcseError(f"{flag} {exc}") from None
 

@@ -348,7 +348,9 @@ def test_text_corpus_reaches_the_cache_without_replacement_characters(
     corpus = Corpus.open(out / "sentences")
     assert corpus.texts == ["héllo wörld", "zweite Zeile — 東京"]
     assert [str(i) for i in corpus.ids] == ["wiki1m-0000000", "wiki1m-0000002"]
-    assert [(r["id"], r["reason"]) for r in errors_jsonl(out)] == [("wiki1m-0000001", "blank line")]
+    assert [(r["id"], r["reason"]) for r in errors_jsonl(out)] == [
+        ("wiki1m-0000001", "line 2: blank")
+    ]
 
 
 def test_utf16_text_with_an_invalid_unit_is_refused_naming_the_line(tmp_path, monkeypatch, capsys):
