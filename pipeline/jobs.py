@@ -159,9 +159,9 @@ class ImagesJob(RunFlags, TeacherFlags, DataFlags):
     max_pixels: int = setting(89_478_485, "Refuse images decoding larger than this many pixels.")
 
     def run(self) -> Written:
-        from pipeline.extract import default_workers, extract_images
+        from pipeline.extract import clamp_workers, default_workers, extract_images
 
-        workers = default_workers() if self.workers is None else self.workers
+        workers = default_workers() if self.workers is None else clamp_workers(self.workers)
         options = self.run_options(workers=workers, decode=self.decode, max_pixels=self.max_pixels)
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         target = _path(self.out) or Path("cache") / self.dataset / self.split

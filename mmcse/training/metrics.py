@@ -27,7 +27,7 @@ from torch import Tensor
 from mmcse.errors import MmcseError
 from mmcse.files import write_text_atomically
 from mmcse.rundir import RunDir
-from mmcse.training.plan import whole_corpus_batches
+from mmcse.training.plan import batch_words, whole_corpus_batches
 
 logger = logging.getLogger(__name__)
 #: seconds between progress lines when stderr is not a terminal (log files, CI)
@@ -227,7 +227,7 @@ def describe_plan(plan: dict[str, Any]) -> str:
         f"plan: {plan['method']} on {plan['device']}, precision {plan['precision']}, "
         f"{plan['world_size']} process(es)",
         f"  data: {data}; mixing {plan['mixing']}{rule}",
-        f"  per epoch: {per_epoch} batches of {plan['global_batch']} "
+        f"  per epoch: {per_epoch} batches of {batch_words(plan)} "
         f"({plan['steps_per_epoch']} steps) x {plan['epochs']} epoch(s) -> {plan['total_steps']} "
         "steps" + (f" (max_steps {plan['max_steps']})" if plan["max_steps"] else ""),
     ]

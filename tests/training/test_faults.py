@@ -746,3 +746,24 @@ def test_ablation_row_with_nothing_to_train_is_refused_before_any_row_trains(
             *(["--dry-run"] if dry_run else [])]  # fmt: skip
     refused(args, monkeypatch, capsys, *words)
     assert trained == [] and not (tmp_path / "abl").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--method-arg", "temperature=0"], ["temperature", "above 0", "got 0.0"]),
+        (["--method-arg", "image_temperature=-0.05"], ["image_temperature", "above 0"]),
+        (["--method-arg", "temperature=NaN"], ["temperature", "finite", "nan"]),
+        (["--lr", "nan"], ["--lr", "finite", "nan"]),
+        (["--lr", "-1e-5"], ["--lr", "above 0"]),
+        (["--lr", "inf"], ["--lr", "finite"]),
+        (["--method-arg", "image_text_weight=-1"], ["image_text_weight", "at least 0"]),
+    ],
+)
+def test_impossible_settings_are_refused_at_preflight_naming_them(
+    flags, words, tiny_model, tiny_world, tmp_path, monkeypatch, capsys, no_model_load
+):
+    """A temperature of 0 used to fail at step 1 as "loss became nan ... lower the lr"."""
+    out = tmp_path / "run"
+    refused(train_args(tiny_model, tiny_world, out, *flags), monkeypatch, capsys, *words)
+    assert not out.exists()
