@@ -182,7 +182,7 @@ def _read_text(path: Path) -> Records:
     for number, text, problem in read_text_lines(path):
         lines.append(text)
         if problem:
-            problems[number - 1] = problem
+            problems[number - 1] = f"undecodable: {problem}"
     return Records(
         str(path), "plain text", {"text": lines}, problems, len(lines), True, _file_hash(path)
     )
@@ -194,7 +194,9 @@ def _read_jsonl(path: Path) -> Records:
     seen_object = False
     for number, line, problem in read_text_lines(path):
         row = None
-        if problem is None and line.strip():
+        if problem is not None:
+            problem = f"undecodable: {problem}"
+        elif line.strip():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -246,7 +248,7 @@ def _read_csv(path: Path) -> Records:
     records.fingerprint = _file_hash(path)
     if bad:  # rows the parser skipped: reported against the file, after the readable rows
         for number, why in bad:
-            problems[records.num_rows] = f"line {number}: {why}" if number else why
+            problems[records.num_rows] = f"undecodable: line {number}: {why}" if number else why
             for values in columns.values():
                 values.append(None)
             records.num_rows += 1
@@ -259,7 +261,7 @@ def _decoded(raw: bytes | None, index: int, problems: dict[int, str]) -> str | N
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        problems.setdefault(index, f"invalid UTF-8 at byte {exc.start} of a value")
+        problems.setdefault(index, f"undecodable: invalid UTF-8 at byte {exc.start} of a value")
         return None
 
 
@@ -404,7 +406,7 @@ def _holds_strings(values: list) -> bool:
 def row_problem(value: object) -> str | None:
     """Why a value is not a sentence (blank, over-long, not text), or None."""
     if value is None or (isinstance(value, str) and not value.strip()):
-        return "blank" if value is None or value == "" else "blank (whitespace only)"
+        return "blank"
     if not isinstance(value, str):
         return f"undecodable: {type(value).__name__} {value!r:.40}, expected text"
     if len(value) > MAX_SENTENCE_CHARS:

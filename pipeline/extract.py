@@ -317,7 +317,7 @@ def extract_texts(
     """
     out = Path(out)
     start_run(out)
-    log_loader_errors(out, records.errors, options)
+    log_loader_errors(out, records.errors, options, SENTENCES_DIR if records.sentences else None)
     if records.sentences:
         part, extra = SENTENCES_DIR, {}
         sentences = sorted(records.sentences, key=lambda s: s.id)
@@ -571,12 +571,15 @@ def ensure_corpus(
     )
 
 
-def log_loader_errors(out: Path, errors: list[RecordError], options: RunOptions) -> None:
-    """Rows the loader could not read: fatal with ``strict``, else logged once (by rank 0)."""
+def log_loader_errors(
+    out: Path, errors: list[RecordError], options: RunOptions, part: str | None = None
+) -> None:
+    """Rows the loader could not read: fatal with ``strict``, else logged once (by rank 0), as
+    stage ``part`` of errors.jsonl (default: captions; a sentence corpus's: sentences)."""
     if errors and options.strict:
         raise strict_failure(errors[0])
     if options.rank == 0:
-        path = sidecar_path(out, LOADER_PART)
+        path = sidecar_path(out, part or LOADER_PART)
         if read_sidecar(path) != sorted(errors, key=lambda e: (e.id, e.path, e.reason)):
             write_sidecar(path, errors)
 

@@ -46,9 +46,14 @@ class Written(dict):
         self.out, self.before = out, before
 
     def __str__(self) -> str:
+        from pipeline.errors_log import summarize_errors
+
         lines = [f"{self._where(part)}: {self._state(part, m)}" for part, m in self.items()]
         if self and set(self) <= self.before:
             lines.insert(0, f"nothing to do: every set in {self.out} was already complete")
+        left_out = summarize_errors(self.out) if self.out is not None else None
+        if left_out:
+            lines.append(left_out)
         objects = self.get("objects")  # extract-objects' table: how many pairs it found
         if objects is not None and "pairs_per_caption" in objects.extra:
             lines.append(f"object–phrase pairs per caption: {objects.extra['pairs_per_caption']}")
@@ -69,8 +74,15 @@ def written(target: Path, extraction: Callable[[], dict]) -> Written:
 
 
 def _state(m) -> str:
+    """A set's rows and what it left out: a feature set its inputs that failed, a caption corpus
+    the captions dropped with their images (the run's every left-out input, loader rows
+    included, is the summary's last line, counted from errors.jsonl)."""
     if m is None:
         return "this rank's shards done; the last rank finalizes"
+    if m.kind == "corpus":
+        dropped = m.extra.get("num_dropped_captions", 0)
+        left = f", {dropped} captions dropped with their images" if dropped else ""
+        return f"{m.num_rows} rows{left}, fingerprint {m.fingerprint[:12]}"
     errors = m.extra.get("num_errors", 0)
     return f"{m.num_rows} rows, {errors} errors, fingerprint {m.fingerprint[:12]}"
 

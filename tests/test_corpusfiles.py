@@ -153,7 +153,9 @@ def test_the_policy_skips_and_reports_or_refuses(tmp_path):
     read = read_sentences(path)
     assert read.texts == KEPT
     assert read.summary() == "3 left out (1 undecodable, 1 blank, 1 over-long)"
-    with pytest.raises(MmcseError, match=r"bad.txt: line 2: invalid UTF-8.*\(and 2 more\)"):
+    with pytest.raises(
+        MmcseError, match=r"bad.txt: line 2: undecodable: invalid UTF-8.*\(and 2 more\)"
+    ):
         read_sentences(path, bad_lines="refuse")
 
 
@@ -165,7 +167,7 @@ def test_training_reads_with_the_same_policy(tmp_path, caplog):
     ids, texts, _, _ = read_corpus(str(path))
     assert texts == KEPT and list(ids) == ["bad:0", "bad:3"]
     assert "3 left out (1 undecodable, 1 blank, 1 over-long) of 5 rows" in caplog.text
-    with pytest.raises(MmcseError, match="line 2: invalid UTF-8"):
+    with pytest.raises(MmcseError, match="line 2: undecodable: invalid UTF-8"):
         read_corpus(str(path), bad_lines="refuse")
 
 
@@ -176,11 +178,11 @@ def test_extract_text_reads_with_the_same_policy(tmp_path):
     path.write_bytes(BAD)
     records = load_dataset("wiki1m", DataSource(text=path), "train")
     assert [s.text for s in records.sentences] == KEPT
-    reasons = {e.reason.split(":")[0]: e.reason.split(": ")[1] for e in records.errors}
-    assert {where: kind.split(" ")[0] for where, kind in reasons.items()} == {
-        "line 2": "invalid", "line 3": "blank", "line 5": "over-long"
-    }  # fmt: skip
-    with pytest.raises(MmcseError, match="line 2: invalid UTF-8"):
+    from pipeline.errors_log import reason_kind
+
+    kinds = {e.reason.split(":")[0]: reason_kind(e.reason) for e in records.errors}
+    assert kinds == LEFT_OUT  # the same three kinds the summary and errors.jsonl count
+    with pytest.raises(MmcseError, match="line 2: undecodable: invalid UTF-8"):
         load_dataset("wiki1m", DataSource(text=path, bad_lines="refuse"), "train")
 
 
@@ -200,7 +202,7 @@ def test_the_caption_reader_reads_with_the_same_policy(tmp_path):
     records = load_dataset("local", DataSource(tmp_path, path), "train")
     assert [r.captions for r in records.images] == [tuple(KEPT)]
     assert [e.id for e in records.errors] == list(LEFT_OUT)
-    with pytest.raises(MmcseError, match="line 2: invalid UTF-8.*--bad-lines refuse"):
+    with pytest.raises(MmcseError, match="line 2: undecodable: invalid UTF-8.*--bad-lines refuse"):
         load_dataset("local", DataSource(tmp_path, path, bad_lines="refuse"), "train")
 
 
@@ -260,3 +262,22 @@ def test_a_caption_corpus_must_be_a_table_and_a_bad_format_is_refused_before_the
     args = [*base, "--method", "mcse", "--caption-corpus", str(tmp_path / "caps.txt")]
     code, err = run_main(args, monkeypatch, capsys)
     assert_one_error(code, err, "--caption-corpus", "not a corpus table", "extract-images")
+
+
+def test_extract_text_summary_counts_the_lines_left_out(tmp_path, monkeypatch, capsys):
+    """It used to print "2 rows, 0 errors" with the undecodable line in errors.jsonl only."""
+    from support.cli import run_main_output
+
+    path = tmp_path / "bad.txt"
+    path.write_bytes(BAD)
+    out = tmp_path / "out"
+    args = ["extract-text", "--corpus", "wiki1m", "--text-file", str(path), "--teacher", "none",
+            "--out", str(out)]  # fmt: skip
+    code, stdout, _ = run_main_output(args, monkeypatch, capsys)
+    assert code == 0
+    logged = (out / "errors.jsonl").read_text().splitlines()
+    assert stdout.splitlines() == [
+        f"{out / 'sentences'}: 2 rows, fingerprint " + stdout.split("fingerprint ")[1][:12],
+        f"left out: {len(logged)} in all, every one in {out / 'errors.jsonl'}: 1 sentences "
+        "(blank), 1 sentences (over-long), 1 sentences (undecodable)",
+    ]

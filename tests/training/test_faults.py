@@ -645,8 +645,11 @@ def test_text_corpus_that_is_not_utf8_is_one_read_policy(tmp_path, caplog):
     bad.write_bytes("first line\nsecond line\ncaf\u00e9 au lait\n".encode("latin-1"))
     ids, texts, _, _ = read_corpus(str(bad))
     assert texts == ["first line", "second line"] and list(ids) == ["latin1:0", "latin1:1"]
-    assert "1 left out (1 undecodable) of 3 rows, e.g. line 3: invalid UTF-8" in caplog.text
-    with pytest.raises(MmcseError, match=f"{bad}: line 3: invalid UTF-8 at byte 3"):
+    assert (
+        "1 left out (1 undecodable) of 3 rows, e.g. line 3: undecodable: invalid UTF-8"
+        in caplog.text
+    )
+    with pytest.raises(MmcseError, match=f"{bad}: line 3: undecodable: invalid UTF-8 at byte 3"):
         read_corpus(str(bad), bad_lines="refuse")
 
 
