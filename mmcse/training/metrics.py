@@ -268,7 +268,9 @@ def recipes_mixing_note(recipes: dict[str, Any]) -> str:
 
 
 class Progress:
-    """A tqdm bar on a terminal; elsewhere one log line every :data:`LOG_LINE_INTERVAL` s."""
+    """A tqdm bar on a terminal; elsewhere one log line every :data:`LOG_LINE_INTERVAL` s.
+    Its steps/s and eta count training time only (:meth:`exclude`); evaluations say their time
+    on a line of their own."""
 
     def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
         self.total, self.step, self.desc, self.enabled = total, initial, desc, enabled
@@ -278,6 +280,7 @@ class Progress:
         self.last_line = time.monotonic()
         self.started, self.start_step = time.monotonic(), initial
         self.line_step: int | None = None  # the step of the last progress line
+        self.excluded = 0.0  # seconds since the last line that were not training
         if enabled and self.tty:
             from tqdm import tqdm
 
@@ -290,6 +293,14 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix(self.postfix, refresh=False)
 
+    def exclude(self, seconds: float) -> None:
+        """Time that was not training (evaluation, checkpoints): left out of steps/s and the
+        eta, in the log line and in the bar (whose clocks are moved on by it)."""
+        self.excluded += seconds
+        if self.bar is not None:
+            self.bar.start_t += seconds
+            self.bar.last_print_t += seconds
+
     def update(self, step: int) -> None:
         self.step = step
         if self.bar is not None:
@@ -298,7 +309,7 @@ class Progress:
             now = time.monotonic()
             if now - self.last_line >= LOG_LINE_INTERVAL or step == self.total:
                 logger.info(self.line(now))
-                self.last_line, self.line_step = now, step
+                self.last_line, self.line_step, self.excluded = now, step, 0.0
 
     def line(self, now: float) -> str:
         """The progress line; its rate is the steps since the last line's (recent speed: a
@@ -307,7 +318,7 @@ class Progress:
             since, steps = self.started, self.step - self.start_step
         else:
             since, steps = self.last_line, self.step - self.line_step
-        rate = steps / max(now - since, 1e-9)
+        rate = steps / max(now - since - self.excluded, 1e-9)
         eta = (self.total - self.step) / rate if rate > 0 else float("nan")
         extra = " ".join(f"{k} {v}" for k, v in self.postfix.items())
         return (
