@@ -23,6 +23,7 @@ than the value itself (files exist, the pooler, the model resolves) are the call
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -53,6 +54,7 @@ def check_settings(cls: type, values: dict[str, Any], where: str = "setting") ->
             continue
         label = _label(f, where)
         value = _check_type(values[f.name], hints.get(f.name, Any), label)
+        _check_number(f.name, value, label)
         _check_range(value, f.metadata, label)
         checked[f.name] = value
     return checked
@@ -159,6 +161,24 @@ def _type_name(hint: Any) -> str:
 
 def _bare(name: str) -> str:
     return name.removeprefix("a ").removeprefix("an ")
+
+
+#: setting names whose value has a meaning only above 0 (a temperature divides similarities)
+POSITIVE_SUFFIXES = ("temperature",)
+#: setting names whose value has a meaning only at 0 or more (0 switches a loss term off)
+NON_NEGATIVE_SUFFIXES = ("_weight",)
+
+
+def _check_number(name: str, value: Any, label: str) -> None:
+    """What no float setting may be: NaN or infinite; a temperature ≤ 0; a loss weight < 0."""
+    if not isinstance(value, float):
+        return
+    if not math.isfinite(value):
+        raise SettingError(f"{label} must be a finite number, got {value!r}")
+    if name.endswith(POSITIVE_SUFFIXES) and value <= 0:
+        raise SettingError(f"{label} must be above 0 (it divides the similarities), got {value!r}")
+    if name.endswith(NON_NEGATIVE_SUFFIXES) and value < 0:
+        raise SettingError(f"{label} must be at least 0 (0 switches the term off), got {value!r}")
 
 
 def _check_range(value: Any, meta: typing.Mapping[str, Any], label: str) -> None:

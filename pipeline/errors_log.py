@@ -8,6 +8,7 @@ the merged file is byte-identical however the run was interrupted or split acros
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -80,6 +81,30 @@ def _lines(errors: Iterable[RecordError]) -> str:
     return "".join(json.dumps(e.to_dict(), sort_keys=True) + "\n" for e in ordered)
 
 
+#: where a reason names its line or row first (``line 7: blank``): not part of its kind
+_WHERE = re.compile(r"^(?:line|row) \d+: ")
+
+
+def reason_kind(reason: str) -> str:
+    """``"corrupt image: <PIL detail>"`` → ``"corrupt image"``, ``"line 7: blank"`` →
+    ``"blank"``: what a count of reasons counts by."""
+    return _WHERE.sub("", reason).split(":")[0]
+
+
 def _reasons(errors: list[RecordError]) -> Counter:
-    # "corrupt image: <PIL detail>" → "corrupt image": counts stay readable
-    return Counter(e.reason.split(":")[0] for e in errors)
+    return Counter(reason_kind(e.reason) for e in errors)
+
+
+def summarize_errors(out: Path) -> str | None:
+    """The console line for ``out/errors.jsonl``: how many inputs were left out, by stage and
+    reason, counted from the file itself (so the summary and the file always agree); None
+    when nothing was left out."""
+    path = out / ERRORS_FILE
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    if not rows:
+        return None
+    counts = Counter((row.get("stage", "?"), reason_kind(row["reason"])) for row in rows)
+    shown = ", ".join(f"{n} {stage} ({why})" for (stage, why), n in sorted(counts.items()))
+    return f"left out: {len(rows)} in all, every one in {path}: {shown}"

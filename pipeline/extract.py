@@ -34,6 +34,7 @@ the rank that completes the image set writes the corpus and the caption features
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -68,6 +69,8 @@ from pipeline.errors_log import (
 )
 from pipeline.images import CPU_DECODER, DEFAULT_MAX_PIXELS, DecodeDataset, collate_decoded
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_SHARD_SIZE = 4096
 DEFAULT_BATCH_SIZE = 256
 CAPTIONS_DIR = "captions"
@@ -77,7 +80,29 @@ DROPPED_CAPTIONS_PART = "captions-dropped"
 
 
 def default_workers() -> int:
-    return min(8, os.cpu_count() or 1)
+    return min(8, machine_workers())
+
+
+def machine_workers() -> int:
+    """The decode processes this machine allows: the CPUs this process may run on (torch's
+    DataLoader suggests no more); decoding is CPU-bound, so more only compete."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def clamp_workers(workers: int) -> int:
+    """``--workers`` as the machine allows: more than :func:`machine_workers` is lowered to it,
+    with a warning (torch's DataLoader would otherwise die part-way with a traceback)."""
+    allowed = machine_workers()
+    if workers > allowed:
+        logger.warning(
+            f"--workers {workers} is more than this machine allows ({allowed} CPUs for this "
+            f"process); decoding with {allowed} workers"
+        )
+        return allowed
+    return workers
 
 
 @dataclass(frozen=True)
@@ -292,7 +317,7 @@ def extract_texts(
     """
     out = Path(out)
     start_run(out)
-    log_loader_errors(out, records.errors, options)
+    log_loader_errors(out, records.errors, options, SENTENCES_DIR if records.sentences else None)
     if records.sentences:
         part, extra = SENTENCES_DIR, {}
         sentences = sorted(records.sentences, key=lambda s: s.id)
@@ -546,12 +571,15 @@ def ensure_corpus(
     )
 
 
-def log_loader_errors(out: Path, errors: list[RecordError], options: RunOptions) -> None:
-    """Rows the loader could not read: fatal with ``strict``, else logged once (by rank 0)."""
+def log_loader_errors(
+    out: Path, errors: list[RecordError], options: RunOptions, part: str | None = None
+) -> None:
+    """Rows the loader could not read: fatal with ``strict``, else logged once (by rank 0), as
+    stage ``part`` of errors.jsonl (default: captions; a sentence corpus's: sentences)."""
     if errors and options.strict:
         raise strict_failure(errors[0])
     if options.rank == 0:
-        path = sidecar_path(out, LOADER_PART)
+        path = sidecar_path(out, part or LOADER_PART)
         if read_sidecar(path) != sorted(errors, key=lambda e: (e.id, e.path, e.reason)):
             write_sidecar(path, errors)
 

@@ -46,9 +46,14 @@ class Written(dict):
         self.out, self.before = out, before
 
     def __str__(self) -> str:
+        from pipeline.errors_log import summarize_errors
+
         lines = [f"{self._where(part)}: {self._state(part, m)}" for part, m in self.items()]
         if self and set(self) <= self.before:
             lines.insert(0, f"nothing to do: every set in {self.out} was already complete")
+        left_out = summarize_errors(self.out) if self.out is not None else None
+        if left_out:
+            lines.append(left_out)
         objects = self.get("objects")  # extract-objects' table: how many pairs it found
         if objects is not None and "pairs_per_caption" in objects.extra:
             lines.append(f"object–phrase pairs per caption: {objects.extra['pairs_per_caption']}")
@@ -69,8 +74,15 @@ def written(target: Path, extraction: Callable[[], dict]) -> Written:
 
 
 def _state(m) -> str:
+    """A set's rows and what it left out: a feature set its inputs that failed, a caption corpus
+    the captions dropped with their images (the run's every left-out input, loader rows
+    included, is the summary's last line, counted from errors.jsonl)."""
     if m is None:
         return "this rank's shards done; the last rank finalizes"
+    if m.kind == "corpus":
+        dropped = m.extra.get("num_dropped_captions", 0)
+        left = f", {dropped} captions dropped with their images" if dropped else ""
+        return f"{m.num_rows} rows{left}, fingerprint {m.fingerprint[:12]}"
     errors = m.extra.get("num_errors", 0)
     return f"{m.num_rows} rows, {errors} errors, fingerprint {m.fingerprint[:12]}"
 
@@ -131,12 +143,20 @@ class DataFlags:
     split_file: str | None = setting(None, "List of image files/ids in the split.")
     caption_policy: str = setting("random-one", "random-one (MCSE) | all (KDMCSE, DALR) | longest.")
     seed: int = setting(0, "Seed of the random-one caption draw.")
+    text_field: str | None = setting(
+        None, "Column/field holding the text (sentences; local captions: unset = caption)."
+    )
+    bad_lines: str = setting(
+        "skip", "Undecodable, blank or over-long line: skip (logged) or refuse the file."
+    )
 
     def records(self, dataset: str, text_file: str | None = None):
         from pipeline.datasets import DataSource, load_dataset
 
-        paths = (self.images, self.captions, self.split_file, text_file)
-        return load_dataset(dataset, DataSource(*map(_path, paths)), self.split)
+        paths = (self.images, self.captions, self.split_file)
+        text = text_file if text_file and text_file.startswith("hf:") else _path(text_file)
+        source = DataSource(*map(_path, paths), text, self.text_field, self.bad_lines)
+        return load_dataset(dataset, source, self.split)
 
 
 @dataclass(kw_only=True)
@@ -151,9 +171,9 @@ class ImagesJob(RunFlags, TeacherFlags, DataFlags):
     max_pixels: int = setting(89_478_485, "Refuse images decoding larger than this many pixels.")
 
     def run(self) -> Written:
-        from pipeline.extract import default_workers, extract_images
+        from pipeline.extract import clamp_workers, default_workers, extract_images
 
-        workers = default_workers() if self.workers is None else self.workers
+        workers = default_workers() if self.workers is None else clamp_workers(self.workers)
         options = self.run_options(workers=workers, decode=self.decode, max_pixels=self.max_pixels)
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         target = _path(self.out) or Path("cache") / self.dataset / self.split
@@ -167,7 +187,11 @@ class TextJob(RunFlags, TeacherFlags, DataFlags):
     """Text features of a corpus (one row per sentence id) and, if needed, its corpus table."""
 
     corpus: str = required("wiki1m, a caption dataset name, or a corpus table dir.")
-    text_file: str | None = setting(None, "Sentence file for text corpora (wiki1m).")
+    text_file: str | None = setting(
+        None,
+        "Sentence corpus (wiki1m's, or yours): .txt, .jsonl, .csv, .tsv, .parquet, a "
+        "datasets folder or hf:NAME[:CONFIG[:SPLIT]].",
+    )
     teacher: str = setting("simcse", f"Text teacher: {TEXT_TEACHERS}; or none: the corpus table "
                            "only, no teacher pass (all SimCSE/MCSE/KDMCSE read of a text corpus).")  # fmt: skip
     out: str | None = setting(None, "Output folder (unset: cache/<corpus>/<split>).")

@@ -26,6 +26,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_project_cache(tmp_path_factory):
+    """:func:`project_cache` for session-scoped fixtures (runs trained once for many tests)."""
+    import mmcse.cache.tokens
+
+    with pytest.MonkeyPatch.context() as patch:
+        root = tmp_path_factory.mktemp("project-cache")
+        patch.setattr(mmcse.cache.tokens, "FALLBACK_ROOT", root)
+        yield root
+
+
+@pytest.fixture(autouse=True)
+def project_cache(tmp_path, monkeypatch) -> Path:
+    """The project's cache root (``cache/`` under the working directory), where derived files of
+    a user's own data go (:mod:`mmcse.cache.tokens`), moved into each test's own folder so no
+    test writes into the checkout or shares a warm entry with another."""
+    import mmcse.cache.tokens
+
+    root = tmp_path / "project-cache"
+    monkeypatch.setattr(mmcse.cache.tokens, "FALLBACK_ROOT", root)
+    return root
+
+
 @pytest.fixture
 def library_log(caplog):
     """``library_log()``: the messages the library logged (``mmcse.*``, ``pipeline.*``, INFO and

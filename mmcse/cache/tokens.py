@@ -19,10 +19,12 @@ Where
 -----
 ``<folder>/<corpus name>-<corpus fp[:12]>-<tokenizer fp[:12]>-L<max length>/``. ``folder`` is
 the training setting ``token_cache`` when it names one; by default (``auto``) it is ``tokens/``
-beside the corpus (corpus table ``cache/flickr30k/train/captions`` → ``cache/flickr30k/train/
-tokens/``, sentence file ``data/wiki1m.txt`` → ``data/tokens/``), or, where the corpus's folder is
-read-only (shared data; a folder without write permission bits counts even for root),
-``cache/tokens/`` under the working directory — the Stage-1 cache root. ``off`` tokenises in memory
+beside a corpus table, itself a cache set (``cache/flickr30k/train/captions`` →
+``cache/flickr30k/train/tokens/``), and ``cache/tokens/`` under the working directory — the
+Stage-1 cache root — for any other corpus (the user's own sentence file ``data/wiki1m.txt``,
+a ``datasets`` folder: nothing is written beside the user's data unless ``token_cache`` names
+that folder) and for a corpus table whose folder is read-only (shared data; a folder without
+write permission bits counts even for root). ``off`` tokenises in memory
 and writes nothing; an entry that cannot be written (disk full) is used from memory with a warning.
 Another corpus, tokenizer or max length gives another name, so an entry never changes once
 written; entries of older corpora stay until removed (``mmcse cache ls`` lists them, ``mmcse
@@ -49,6 +51,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -127,21 +130,31 @@ class TokenKey:
 
 
 def entry_path(corpus: str | Path, key: TokenKey, folder: str | Path | None = None) -> Path:
-    """Where the entry of ``corpus`` under ``key`` lives: in ``folder`` if given, else in
-    ``tokens/`` beside the corpus, or — where that is read-only and holds no such entry — in
+    """Where the entry of ``corpus`` under ``key`` lives: in ``folder`` if given; else in
+    ``tokens/`` beside a corpus table (a cache set), or — where that is read-only and holds no
+    such entry — and for any other corpus (the user's own files: never written beside), in
     ``cache/tokens/`` under the working directory (see the module docstring)."""
-    corpus = Path(corpus)
-    stem = corpus.stem if corpus.is_file() else corpus.name
+    stem = _corpus_name(corpus)
     name = (
         f"{stem}-{key.corpus_fingerprint[:_PREFIX]}-{key.tokenizer_fingerprint[:_PREFIX]}"
         f"-L{key.max_length}"
     )
     if folder is not None:
         return Path(folder) / name
-    beside = corpus.parent / FOLDER / name
-    if (beside / MANIFEST_NAME).is_file() or writable(beside.parent):
-        return beside
+    if (Path(corpus) / MANIFEST_NAME).is_file():  # a corpus table: the cache's own folder
+        beside = Path(corpus).parent / FOLDER / name
+        if (beside / MANIFEST_NAME).is_file() or writable(beside.parent):
+            return beside
     return FALLBACK_ROOT / FOLDER / name
+
+
+def _corpus_name(corpus: str | Path) -> str:
+    """A corpus table's folder name, a file's stem, an ``hf:NAME``'s last part."""
+    text = str(corpus)
+    if text.startswith("hf:"):
+        return re.sub(r"[^\w.-]+", "_", text[3:]).strip("_") or "hf"
+    corpus = Path(corpus)
+    return corpus.stem if corpus.is_file() else corpus.name
 
 
 def writable(folder: Path) -> bool:

@@ -250,6 +250,28 @@ def embed_unique(sentences: Iterable[str], embed: Embedder) -> tuple[np.ndarray,
     return embed(unique), {sentence: row for row, sentence in enumerate(unique)}
 
 
+def embed_tasks(
+    tasks: Sequence[StsTask], extra: list[str], embed: Embedder, progress: bool
+) -> tuple[np.ndarray, dict[str, int]]:
+    """Each distinct sentence of ``tasks`` (then ``extra``) embedded once. With ``progress``,
+    task by task, each task's new sentences after a line naming it (a final evaluation that
+    takes minutes says which task it is on); else in one pass."""
+    if not progress:
+        return embed_unique([*(s for task in tasks for s in task.sentences()), *extra], embed)
+    groups = [(task.name, task.sentences()) for task in tasks]
+    groups += [("STS-B for alignment/uniformity", extra)] if extra else []
+    row: dict[str, int] = {}
+    parts = []
+    for number, (name, sentences) in enumerate(groups, start=1):
+        new = [s for s in dict.fromkeys(sentences) if s not in row]
+        logger.info(f"STS {number}/{len(groups)}: {name}, encoding {len(new):,} new sentences")
+        first = len(row)
+        row.update((sentence, first + k) for k, sentence in enumerate(new))
+        if new:
+            parts.append(embed(new))
+    return np.concatenate(parts), row
+
+
 def paired_cosine(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """Row-wise cosine; ``nan`` (a zero vector) becomes 0 like SentEval's ``np.nan_to_num``."""
     left = np.nan_to_num(left.astype(np.float64))
@@ -385,9 +407,8 @@ def evaluate_sts(
         pooler=pooler,
         progress=progress,
     )
-    sentences = [s for task in tasks for s in task.sentences()]
-    sentences += [s for subset in full_stsb for pair in subset.pairs for s in pair]
-    vectors, row = embed_unique(sentences, embed)
+    extra = [s for subset in full_stsb for pair in subset.pairs for s in pair]
+    vectors, row = embed_tasks(tasks, extra, embed, progress)
     scores = {task.name: score_task(task, vectors, row) for task in tasks}
 
     results: dict = {name: scores[name]["all"] for name in scores}

@@ -1,4 +1,5 @@
-"""Plain-text overviews for ``mmcse methods`` and ``mmcse cache ls`` (no torch imported)."""
+"""Plain-text overviews for ``mmcse methods`` and ``mmcse cache ls`` (``cache ls`` imports no
+torch: the methods, which do, are imported by the method overviews only)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import dataclasses
 from typing import Any
 
 from mmcse.cache import list_sets
-from mmcse.methods import build_method
 from mmcse.registry import METHODS
 
 
@@ -31,6 +31,7 @@ def methods_overview() -> str:
 
 def method_overview(name: str) -> str:
     """A method's loss terms, the feature roles it reads and every setting with its default."""
+    from mmcse.methods import build_method
 
     method = build_method(name)
     settings = ", ".join(f"{f.name}={_default(f)!r}" for f in dataclasses.fields(method))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmcse.corpusfiles import BAD_LINES
 from mmcse.devices import DEVICE_PATTERN, DEVICES
 from mmcse.errors import MmcseError
 from mmcse.optim import EPS_STYLES
@@ -37,7 +38,7 @@ ADAM_EPS_STYLES = EPS_STYLES  # where AdamW adds ε (mmcse.optim)
 REPORT_TO = ("none", "tensorboard")
 #: whole-step capture (:mod:`mmcse.training.fastpath`): ``auto`` = on CUDA, off on CPU
 CAPTURES = ("auto", "on", "off")
-#: ``token_cache`` values besides a folder: ``tokens/`` beside each corpus, or no cache
+#: ``token_cache`` values besides a folder: the default place (:func:`mmcse.cache.tokens.entry_path`), or no cache
 TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF = "auto", "off"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
@@ -81,7 +82,24 @@ class TrainConfig:
         default=None,
         metadata={
             "panel": PANEL_DATA,
-            "help": "text corpus: corpus table dir or .txt (a sentence a line)",
+            "help": "text corpus: corpus table dir, .txt (a sentence a line), .jsonl, .csv, "
+            ".tsv, .parquet, a datasets folder or hf:NAME[:CONFIG[:SPLIT]]",
+        },
+    )
+    text_field: str | None = field(
+        default=None,
+        metadata={
+            "panel": PANEL_DATA,
+            "help": "the column/field of --text-corpus holding the text (unset: the one obvious "
+            "candidate)",
+        },
+    )
+    bad_lines: str = field(
+        default="skip",
+        metadata={
+            "panel": PANEL_DATA,
+            "choices": BAD_LINES,
+            "help": "an undecodable, blank or over-long line: skip (and report) or refuse the file",
         },
     )
     caption_corpus: str | None = field(
@@ -179,7 +197,8 @@ class TrainConfig:
             "pattern": r".*\S.*",
             "hint": "auto, off or a folder",
             "help": "corpus token ids cached once (mmcse.cache.tokens): auto = tokens/ beside "
-            "each corpus, off = tokenise in memory every run, else a folder",
+            "a corpus table, cache/tokens/ for other corpora; off = tokenise in memory every "
+            "run; else a folder",
         },
     )
     drop_last: bool = field(

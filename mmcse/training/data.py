@@ -12,6 +12,7 @@ warm token cache reads neither the texts nor the ids of its corpus.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -21,15 +22,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmcse import corpusfiles
 from mmcse import distributed as dist
 from mmcse.cache import Corpus, FeatureSet
+from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.cache.tokenizer import encode_rows, tokenizer_fingerprint
 from mmcse.cache.tokens import TokenKey, TokenTable, cached_tokens, entry_path
 from mmcse.errors import MissingIdsError, MmcseError
-from mmcse.files import sha256_file
 from mmcse.methods.base import Method
-from mmcse.textfiles import decode_text
 from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, TrainConfig
+
+logger = logging.getLogger(__name__)
 
 TEXT, CAPTION = "text", "caption"
 #: feature-set kinds joined on the caption's image id; every other kind joins on the sentence id
@@ -38,7 +41,9 @@ IMAGE_KEYED_KINDS = ("image",)
 METHOD_JOINED_KINDS = ("object", "objects", "image_tensor", "audio_fbank")
 #: how :func:`read_corpus` turns a sentence file's bytes into sentences; change it whenever that
 #: changes (decoding, stripping, skipping): token-cache entries of sentence files are keyed by it
-SENTENCE_FILE_READER = "textfiles-bom-utf8-16-32-strict/splitlines/strip/skip-empty"
+SENTENCE_FILE_READER = "corpusfiles-1/strip/max10000"
+#: what a corpus may be, for errors
+CORPUS_FORMS = f"give a corpus table folder or a sentence file: {corpusfiles.FORMATS}"
 
 
 class CorpusView(Protocol):
@@ -88,37 +93,63 @@ class TableCorpus:
 
 
 class TextFileCorpus:
-    """A file of one sentence per line, fingerprinted by its bytes; lines are read when asked."""
+    """A sentence file in any format :mod:`mmcse.corpusfiles` reads (plain text, JSON lines,
+    CSV/TSV, Parquet, a ``datasets`` dataset), read once under the read policy; its id is
+    ``<stem>:<row>`` (the 0-based line of a text file), fingerprinted by its bytes."""
 
-    reader = SENTENCE_FILE_READER
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fingerprint = sha256_file(path)
-        self.num_rows: int | None = None  # unknown until the lines are read
+    def __init__(self, path: Path | str, text_field: str | None = None, bad_lines: str = "skip"):
+        self.path = Path(path) if not corpusfiles.is_hf_name(path) else path
+        self.text_field, self.bad_lines = text_field, bad_lines
         self.ids_sha256: str | None = None
-        self.dataset, self.split = path.stem, "train"
+        self.dataset, self.split = corpus_stem(path), "train"
         self.image_ids = None
 
-    def __len__(self) -> int:
-        return len(self.ids) if "_sentences" in self.__dict__ else self._count
-
     @cached_property
-    def _count(self) -> int:
-        return count_sentences(self.path)
-
-    @cached_property
-    def _sentences(self) -> tuple[np.ndarray, list[str]]:
-        ids, texts, _, _ = read_corpus(str(self.path))
-        return ids, texts
+    def read(self) -> corpusfiles.Sentences:
+        read = corpusfiles.read_sentences(self.path, self.text_field, self.bad_lines)
+        if not read.texts:
+            raise MmcseError(f"corpus {self.path} has no sentences ({read.summary() or 'empty'})")
+        if read.dropped:
+            row, reason = read.dropped[0]
+            logger.warning(
+                f"corpus {self.path}: {read.summary()} of {read.records.num_rows} rows, "
+                f"e.g. {read.records.where(row)}: {reason} (--bad-lines refuse to refuse such "
+                "a file)"
+            )
+        return read
 
     @property
+    def fingerprint(self) -> str:
+        return self.read.records.fingerprint
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.read.texts)
+
+    @property
+    def reader(self) -> str:
+        """What turned the file into sentences (token-cache entries are keyed by it)."""
+        read = self.read
+        return f"{SENTENCE_FILE_READER}/{read.records.format}/{read.text_field}/{self.bad_lines}"
+
+    def __len__(self) -> int:
+        return len(self.read.texts)
+
+    @cached_property
     def ids(self) -> np.ndarray:
-        return self._sentences[0]
+        stem = self.dataset  # once, not per line (1.7 s of a 1M-line file)
+        return np.asarray([f"{stem}:{row}" for row in self.read.rows], dtype=object)
 
     @property
     def texts(self) -> list[str]:
-        return self._sentences[1]
+        return self.read.texts
+
+
+def corpus_stem(path: Path | str) -> str:
+    """The name a file's sentence ids start with: its stem (an ``hf:`` name's last part)."""
+    if corpusfiles.is_hf_name(path):
+        return str(path)[len(corpusfiles.HF_PREFIX) :].split(":")[0].split("/")[-1]
+    return Path(path).stem
 
 
 @dataclass
@@ -135,14 +166,19 @@ class InMemoryCorpus:
         return len(self.ids)
 
 
-def open_corpus(path: str) -> TableCorpus | TextFileCorpus:
-    """A corpus table folder or a sentence file, opened without reading its texts."""
+def open_corpus(
+    path: str, text_field: str | None = None, bad_lines: str = "skip"
+) -> TableCorpus | TextFileCorpus:
+    """A corpus table folder (opened without reading its texts) or a sentence file in any
+    format :mod:`mmcse.corpusfiles` reads (read once, when first asked)."""
+    if corpusfiles.is_hf_name(path):
+        return TextFileCorpus(path, text_field, bad_lines)
     p = Path(path)
-    if p.is_dir():
+    if (p / MANIFEST_NAME).is_file():
         return TableCorpus(p)
-    if not p.is_file():
-        raise MmcseError(f"corpus {p} does not exist (expected a corpus table dir or a .txt file)")
-    return TextFileCorpus(p)
+    if not p.exists():
+        raise MmcseError(f"corpus {p} does not exist ({CORPUS_FORMS})")
+    return TextFileCorpus(p, text_field, bad_lines)
 
 
 @dataclass
@@ -208,46 +244,13 @@ class Batch:
         return int(self.input_ids.shape[0])
 
 
-def read_corpus(path: str) -> tuple[np.ndarray, list[str], np.ndarray | None, str]:
-    """(ids, texts, image_ids, fingerprint) of a corpus table dir or a one-sentence-per-line file."""
-    p = Path(path)
-    if p.is_dir():
-        corpus = Corpus.open(p)
-        image_ids = np.asarray(corpus.image_ids, dtype=object)
-        has_images = any(i not in (None, "") for i in image_ids[:1000])
-        return (
-            np.asarray(corpus.ids, dtype=object),
-            list(corpus.texts),
-            image_ids if has_images else None,
-            corpus.fingerprint,
-        )
-    if not p.is_file():
-        raise MmcseError(f"corpus {p} does not exist (expected a corpus table dir or a .txt file)")
-    import hashlib
-
-    raw = p.read_bytes()
-    lines = sentence_lines(p, raw)
-    kept = [(i, s) for i, s in enumerate(lines) if s]
-    if not kept:
-        raise MmcseError(f"corpus {p} has no non-empty lines")
-    stem = p.stem  # once, not per line (1.7 s of a 1M-line file)
-    ids = np.asarray([f"{stem}:{i}" for i, _ in kept], dtype=object)
-    return ids, [s for _, s in kept], None, hashlib.sha256(raw).hexdigest()
-
-
-def sentence_lines(path: Path, raw: bytes) -> list[str]:
-    """The stripped lines of sentence file ``path`` (empty ones kept: ids count every line),
-    decoded by :func:`mmcse.textfiles.decode_text` (a bad byte is refused, never replaced).
-    Changing what this returns changes :data:`SENTENCE_FILE_READER` too."""
-    return [s.strip() for s in decode_text(path, raw).splitlines()]
-
-
-def count_sentences(path: Path) -> int:
-    """Sentences :func:`read_corpus` reads from a sentence file, without building its ids."""
-    count = sum(map(bool, sentence_lines(path, path.read_bytes())))
-    if not count:
-        raise MmcseError(f"corpus {path} has no non-empty lines")
-    return count
+def read_corpus(
+    path: str, text_field: str | None = None, bad_lines: str = "skip"
+) -> tuple[np.ndarray, list[str], np.ndarray | None, str]:
+    """(ids, texts, image_ids, fingerprint) of a corpus table dir or a sentence file."""
+    corpus = open_corpus(path, text_field, bad_lines)
+    image_ids = corpus.image_ids
+    return np.asarray(corpus.ids, dtype=object), list(corpus.texts), image_ids, corpus.fingerprint
 
 
 def corpus_tokens(
@@ -316,7 +319,17 @@ class TrainData:
 
     # -- loading ---------------------------------------------------------------------------
     def _load_source(self, kind: str, path: str) -> Source:
-        corpus = open_corpus(path)
+        if kind == CAPTION and not (Path(path) / MANIFEST_NAME).is_file():
+            raise MmcseError(
+                f"--caption-corpus {path}: a caption corpus is the table extract-images writes "
+                "(its captions join their images' features by id); for a caption file in any "
+                "format, run `mmcse extract-images --dataset local --captions FILE` first"
+            )
+        try:
+            corpus = open_corpus(path, self.cfg.text_field, self.cfg.bad_lines)
+            len(corpus)  # a sentence file is read here, under the read policy
+        except MmcseError as exc:
+            raise MmcseError(f"--{kind}-corpus {exc}") from None
         if kind == CAPTION and corpus.image_ids is None:
             raise MmcseError(f"caption corpus {path} has no image_id column values")
         if self.tokenizer is None:

@@ -45,7 +45,10 @@ def launch(
         yield "preflight: every input checked"
         return
 
-    from mmcse.training.loop import train  # torch + transformers: only once settings are valid
+    from mmcse.training.preflight import check_inputs
+
+    check_inputs(cfg)  # a missing input in about a second, before the loop's imports
+    from mmcse.training.loop import train  # torch + transformers: only once inputs are there
 
     result = train(cfg, resume=bool(resume))
     if result.test is not None:

@@ -259,12 +259,14 @@ class Trainer:
         step, cfg = self.step_count, self.cfg
         if step % cfg.log_every == 0 or step == self.total:
             self._log(log, progress, epoch)
+        paused = time.perf_counter()  # evaluation and checkpoints: not in steps/s and eta
         dev_data = self.record.eval_dir is not None
         if is_eval_step(step, cfg.eval_steps, self.total, cfg.eval_last_step, dev_data=dev_data):
             self._evaluate(log, progress, epoch, stop)
         stopping = stop.agreed(step % cfg.log_every == 0)
         if step % self.save_every == 0 or step == self.total or stopping:
             self.record.save_last(epoch, index + 1)
+        progress.exclude(time.perf_counter() - paused)
         progress.update(step)
         if stopping:
             self._interrupted()
@@ -352,6 +354,10 @@ class Trainer:
                     }
                 )
                 progress.set(dev=self._dev_text())
+                progress.write(
+                    f"STS-B dev at step {self.step_count}: {score:.2f} (best {self._dev_text()}); "
+                    f"evaluated in {seconds:.1f} s, not counted in steps/s or eta"
+                )
         if dist.is_distributed():
             torch.distributed.barrier()
         self.window.exclude(time.perf_counter() - started)

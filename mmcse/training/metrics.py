@@ -27,7 +27,7 @@ from torch import Tensor
 from mmcse.errors import MmcseError
 from mmcse.files import write_text_atomically
 from mmcse.rundir import RunDir
-from mmcse.training.plan import describe_checkpoints, whole_corpus_batches
+from mmcse.training.plan import batch_words, describe_checkpoints, whole_corpus_batches
 
 logger = logging.getLogger(__name__)
 #: seconds between progress lines when stderr is not a terminal (log files, CI)
@@ -227,7 +227,7 @@ def describe_plan(plan: dict[str, Any]) -> str:
         f"plan: {plan['method']} on {plan['device']}, precision {plan['precision']}, "
         f"{plan['world_size']} process(es)",
         f"  data: {data}; mixing {plan['mixing']}{rule}",
-        f"  per epoch: {per_epoch} batches of {plan['global_batch']} "
+        f"  per epoch: {per_epoch} batches of {batch_words(plan)} "
         f"({plan['steps_per_epoch']} steps) x {plan['epochs']} epoch(s) -> {plan['total_steps']} "
         "steps" + (f" (max_steps {plan['max_steps']})" if plan["max_steps"] else ""),
     ]
@@ -270,7 +270,9 @@ def recipes_mixing_note(recipes: dict[str, Any]) -> str:
 
 
 class Progress:
-    """A tqdm bar on a terminal; elsewhere one log line every :data:`LOG_LINE_INTERVAL` s."""
+    """A tqdm bar on a terminal; elsewhere one log line every :data:`LOG_LINE_INTERVAL` s.
+    Its steps/s and eta count training time only (:meth:`exclude`); evaluations say their time
+    on a line of their own."""
 
     def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
         self.total, self.step, self.desc, self.enabled = total, initial, desc, enabled
@@ -280,6 +282,7 @@ class Progress:
         self.last_line = time.monotonic()
         self.started, self.start_step = time.monotonic(), initial
         self.line_step: int | None = None  # the step of the last progress line
+        self.excluded = 0.0  # seconds since the last line that were not training
         if enabled and self.tty:
             from tqdm import tqdm
 
@@ -292,6 +295,14 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix(self.postfix, refresh=False)
 
+    def exclude(self, seconds: float) -> None:
+        """Time that was not training (evaluation, checkpoints): left out of steps/s and the
+        eta, in the log line and in the bar (whose clocks are moved on by it)."""
+        self.excluded += seconds
+        if self.bar is not None:
+            self.bar.start_t += seconds
+            self.bar.last_print_t += seconds
+
     def update(self, step: int) -> None:
         self.step = step
         if self.bar is not None:
@@ -300,7 +311,7 @@ class Progress:
             now = time.monotonic()
             if now - self.last_line >= LOG_LINE_INTERVAL or step == self.total:
                 logger.info(self.line(now))
-                self.last_line, self.line_step = now, step
+                self.last_line, self.line_step, self.excluded = now, step, 0.0
 
     def line(self, now: float) -> str:
         """The progress line; its rate is the steps since the last line's (recent speed: a
@@ -309,7 +320,7 @@ class Progress:
             since, steps = self.started, self.step - self.start_step
         else:
             since, steps = self.last_line, self.step - self.line_step
-        rate = steps / max(now - since, 1e-9)
+        rate = steps / max(now - since - self.excluded, 1e-9)
         eta = (self.total - self.step) / rate if rate > 0 else float("nan")
         extra = " ".join(f"{k} {v}" for k, v in self.postfix.items())
         return (

@@ -123,12 +123,28 @@ def describe_preview(plan: dict[str, Any]) -> str:
     cut = f" (max_steps {plan['max_steps']})" if plan["max_steps"] else ""
     lines = [
         f"plan: mixing {plan['mixing']} ({plan['mixing_rule']})",
-        f"  per epoch: {per_epoch} batches of {plan['global_batch']} x {plan['epochs']} "
+        f"  per epoch: {per_epoch} batches of {batch_words(plan)} x {plan['epochs']} "
         f"epoch(s) -> {plan['total_steps']} steps{cut}",
         f"  this run: {taken} batches in {plan['total_steps']} steps",
     ]
     lines += [f"  note: {note}" for note in whole_corpus_batches(plan)]
     return "\n".join(lines)
+
+
+def batch_words(plan: dict[str, Any]) -> str:
+    """The batch size the run really trains with: ``--batch-size`` (x world size), or, for a
+    corpus smaller than that, the corpus itself (``12 (the whole text corpus; --batch-size
+    100000 is larger)``), so the plan's batch line never names a batch no step has."""
+    batch = plan["global_batch"]
+    small = {kind: n for kind, n in plan["sentences"].items() if n < batch}
+    if not small:
+        return str(batch)
+    if len(small) == len(plan["sentences"]):
+        sizes = ", ".join(str(n) for n in small.values())
+        corpora = " and ".join(small)
+        return f"{sizes} (the whole {corpora} corpus; the batch size asked, {batch}, is larger)"
+    kinds = ", ".join(f"{kind}: {n}, its whole corpus" for kind, n in small.items())
+    return f"{batch} ({kinds})"
 
 
 def whole_corpus_batches(plan: dict[str, Any]) -> list[str]:

@@ -6,8 +6,10 @@ overwrite an earlier run silently. :func:`preflight` looks at everything the run
 in the order of cost, and raises one :class:`~mmcse.errors.MmcseError` naming the setting (and
 the fix, where there is one):
 
-1. without loading torch: the pooler, the device, corpora and feature-set folders exist and are
-   readable (a sentence file is strict UTF-8), a named ``token_cache`` folder can be written;
+1. without loading torch (:func:`check_inputs`, which ``mmcse train`` runs before importing the
+   loop): the pooler, corpora and feature-set folders exist and are readable (a sentence file in
+   a format :mod:`mmcse.corpusfiles` reads), a named ``token_cache`` folder can be written, the
+   model folder's config and weights (or a hub-like name); then the device;
 2. torchrun variables, the method and its settings (at least one loss term for every batch kind
    the run trains on), every role the method reads is given, and every role given is one the
    method reads (a role it never reads is refused as a typo; one switched off is a warning);
@@ -33,12 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mmcse.cache.layout import MANIFEST_NAME
+from mmcse.corpusfiles import detect_format, is_hf_name
 from mmcse.devices import check_device
 from mmcse.errors import MmcseError
 from mmcse.hub import check_hub_id, load_tokenizer, local_or_hub_id
 from mmcse.pooling import check_pooler as known_pooler
 from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
-from mmcse.textfiles import decode_text
 from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, SettingError, TrainConfig
 
 # Modules that load torch (methods, data, evaluation, checkpoints: seconds, tens of seconds on a
@@ -74,9 +77,7 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
     the plan). ``resuming`` defaults to ``cfg.resume``."""
     if resuming is None:
         resuming = bool(getattr(cfg, "resume", None))
-    check_pooler(cfg.pooler)
-    check_paths(cfg)
-    check_token_cache(cfg.token_cache)
+    check_inputs(cfg)
     check_device(cfg.device)  # a GPU name loads torch to look
     check_distributed_env()  # the first check that loads torch
     method = checked_method(cfg.method, cfg.method_args)
@@ -99,6 +100,17 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
 
         check_resumable(cfg.to_dict(), input_fingerprints(data, auxiliary))
     return Checked(method, data, auxiliary, plan)
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """The checks that import neither torch nor transformers: the pooler, every corpus and
+    feature-set path, a named token cache, the model folder's files (or that a path-like
+    ``--model`` exists). ``mmcse train`` runs them before it imports the training loop, so a
+    missing input is one line at the speed of a check, not after the loop's imports."""
+    check_pooler(cfg.pooler)
+    check_paths(cfg)
+    check_token_cache(cfg.token_cache)
+    check_model_files(cfg.model, cfg.max_seq_length)
 
 
 def check_distributed_env() -> None:
@@ -176,10 +188,9 @@ def check_paths(cfg: TrainConfig) -> None:
         ("--text-corpus", cfg.text_corpus),
         ("--caption-corpus", cfg.caption_corpus),
     ):
-        if value:
+        if value and not is_hf_name(value):
             _readable(Path(value), f"{flag} {value}", "file or folder")
-            if Path(value).is_file():
-                check_text_file(Path(value), flag)
+            check_corpus_form(Path(value), flag)
     for role, dirs in cfg.features.items():
         parts = [d for d in dirs.split(",") if d.strip()]
         if not parts:
@@ -207,11 +218,20 @@ def check_token_cache(setting: str) -> None:
         raise MmcseError(f"token_cache {exc}") from None
 
 
-def check_text_file(path: Path, flag: str) -> None:
-    """A sentence file decodes as training will read it (UTF-8, or UTF-16/32 with a byte-order
-    mark; :mod:`mmcse.textfiles`): a bad byte is refused naming the line, never kept as U+FFFD."""
+def check_corpus_form(path: Path, flag: str) -> None:
+    """A corpus table, or (text corpus only) a file or folder in a format
+    :mod:`mmcse.corpusfiles` reads, judged by its name and first bytes; its rows are read,
+    under the read policy, when the data is joined."""
+    if (path / MANIFEST_NAME).is_file():
+        return
+    if flag == "--caption-corpus":
+        raise MmcseError(
+            f"{flag} {path}: not a corpus table; a caption corpus is the table extract-images "
+            "writes (its captions join their images' features by id): run `mmcse "
+            "extract-images --dataset local --captions FILE` for a caption file in any format"
+        )
     try:
-        decode_text(path, path.read_bytes())
+        detect_format(path)
     except MmcseError as exc:
         raise MmcseError(f"{flag} {exc}") from None
 
@@ -369,28 +389,35 @@ def check_eval_data(cfg: TrainConfig) -> None:
 
 def check_model(name: str, max_seq_length: int | None = None) -> None:
     """A local HF model folder (or training run), or a hub id that can resolve now."""
-
-    path = Path(name).expanduser()
-    if path.exists():
-        try:
-            local = Path(resolve_model_dir(str(path)))
-        except MmcseError as exc:
-            raise MmcseError(f"--model {exc}") from None
-        if not is_model_dir(local):
-            raise MmcseError(
-                f"--model {name}: no {MODEL_CONFIG_FILE} inside (not an HF model folder)"
-            )
-        check_positions(local / MODEL_CONFIG_FILE, name, max_seq_length)
-        check_weights(local, name)
+    local = check_model_files(name, max_seq_length)
+    if local is not None:
         check_tokenizer(local, name)
         return
-    try:
-        local_or_hub_id(name)  # a local path that does not exist is refused, not looked up
-    except MmcseError as exc:
-        raise MmcseError(f"--model {exc}") from None
     cached = check_hub_id(name, "--model")
     if cached is not None:
         check_positions(cached, name, max_seq_length)
+
+
+def check_model_files(name: str, max_seq_length: int | None = None) -> Path | None:
+    """The local model folder (its config, room for ``--max-seq-length``, weights), without
+    loading anything; None for a name that is no local path, which must then look like a hub
+    id (a path-like name that does not exist is refused, not looked up)."""
+    path = Path(name).expanduser()
+    if not path.exists():
+        try:
+            local_or_hub_id(name)
+        except MmcseError as exc:
+            raise MmcseError(f"--model {exc}") from None
+        return None
+    try:
+        local = Path(resolve_model_dir(str(path)))
+    except MmcseError as exc:
+        raise MmcseError(f"--model {exc}") from None
+    if not is_model_dir(local):
+        raise MmcseError(f"--model {name}: no {MODEL_CONFIG_FILE} inside (not an HF model folder)")
+    check_positions(local / MODEL_CONFIG_FILE, name, max_seq_length)
+    check_weights(local, name)
+    return local
 
 
 def check_positions(config_path: Path, name: str, max_seq_length: int | None) -> None:

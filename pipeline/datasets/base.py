@@ -83,7 +83,9 @@ class DataSource:
     images: Path | None = None  # image root folder
     captions: Path | None = None  # caption/annotation file or folder
     split_file: Path | None = None  # list of image file names (or ids) in the split
-    text: Path | None = None  # one-sentence-per-line file (text corpora)
+    text: Path | str | None = None  # sentence file (text corpora; hf:NAME too)
+    text_field: str | None = None  # the column of ``text`` / ``captions`` holding the text
+    bad_lines: str = "skip"  # the read policy (mmcse.corpusfiles.BAD_LINES)
 
 
 Loader = Callable[[DataSource, str], DatasetRecords]

@@ -1,18 +1,20 @@
-"""Any folder of images with a captions file: JSONL, CSV or TSV with ``image`` and ``caption``.
+"""Any folder of images with a captions file with ``image`` and ``caption`` columns, in any
+format :mod:`mmcse.corpusfiles` reads: JSON lines, CSV/TSV with a header, Parquet, a ``datasets``
+dataset (``text_field``, ``--text-field``, names another caption column).
 
 ``image`` is a file name relative to ``images``; an image may appear on several rows (one caption
-each, kept in file order). An optional ``split`` column restricts rows to ``--split``. Rows with a
-missing image name or empty caption are reported as unreadable and skipped, and so are rows whose
-image leaves ``images`` (``../``, absolute paths): errors name the caption file and line.
+each, kept in file order). An optional ``split`` column restricts rows to ``--split``. A row that
+cannot be read or whose caption is blank or over-long follows the read policy (left out and
+reported, or, with ``--bad-lines refuse``, the file refused); a row with a missing image name or
+whose image leaves ``images`` (``../``, absolute paths) is reported and skipped: errors name the
+caption file and line (row, for CSV and tables).
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 from pathlib import Path
 
+from mmcse import corpusfiles
 from mmcse.errors import MmcseError
 from pipeline.datasets.base import (
     DatasetRecords,
@@ -22,36 +24,43 @@ from pipeline.datasets.base import (
     SplitInfo,
     image_stem,
     inside,
-    read_text,
-    read_text_lines,
     register_dataset,
     require_path,
 )
 from pipeline.datasets.formats import split_marks
 
 NAME = "local"
-DELIMITERS = {".csv": ",", ".tsv": "\t"}
 
 
 @register_dataset(NAME)
 def load_local(source: DataSource, split: str) -> DatasetRecords:
     images = require_path(source.images, "--images (the image folder)", NAME)
-    captions = require_path(source.captions, "--captions (JSONL, CSV or TSV)", NAME)
-    rows = _read_rows(captions)
+    captions = require_path(source.captions, "--captions (JSONL, CSV, TSV, Parquet, ...)", NAME)
+    table = corpusfiles.read_records(captions, split)
+    caption_column = _caption_column(table, source.text_field)
+    bad = [
+        (row, reason)
+        for row in range(table.num_rows)
+        if (reason := _caption_problem(table, row, caption_column))
+    ]
+    corpusfiles.apply_policy(table, bad, source.bad_lines, "caption")
+    unreadable = dict(bad)
+    splits = table.columns.get("split", [None] * table.num_rows)
+    marks = split_marks([{"split": s} for row, s in enumerate(splits) if row not in unreadable])
     by_image: dict[str, tuple[str, list[str]]] = {}
     errors = []
-    marks = split_marks([row for _, row, _ in rows if row is not None])
-    for line_no, row, problem in rows:
-        if row is None:
-            errors.append(RecordError(f"line {line_no}", str(captions), problem))
+    for row in range(table.num_rows):
+        where = table.where(row)
+        if row in unreadable:
+            errors.append(RecordError(where, str(captions), unreadable[row]))
             continue
-        if row.get("split") not in (None, "", split):
+        if splits[row] not in (None, "", split):
             continue
-        reason = _row_problem(row.get("image"), row.get("caption"), images)
+        name, caption = table.columns["image"][row], table.columns[caption_column][row]
+        reason = _row_problem(name, images)
         if reason:
-            errors.append(RecordError(f"line {line_no}", str(captions), reason))
+            errors.append(RecordError(where, str(captions), reason))
             continue
-        name, caption = row["image"], row["caption"]
         stem = image_stem(Path(name).name)
         stored_name, texts = by_image.setdefault(stem, (name, []))
         if stored_name != name:
@@ -65,37 +74,29 @@ def load_local(source: DataSource, split: str) -> DatasetRecords:
     )
 
 
-def _read_rows(path: Path) -> list[tuple[int, dict | None, str]]:
-    """``(line number, row or None if unparsable, why)`` for every data line."""
-    if path.suffix == ".jsonl":
-        rows = []
-        for n, line, problem in read_text_lines(path):
-            if problem:
-                rows.append((n, None, problem))
-            elif line.strip():
-                rows.append((n, _json_row(line), "not a JSON object"))
-        return rows
-    if path.suffix not in DELIMITERS:
-        raise MmcseError(f"{path}: captions must be .jsonl, .csv or .tsv")
-    reader = csv.DictReader(io.StringIO(read_text(path)), delimiter=DELIMITERS[path.suffix])
-    if not {"image", "caption"} <= set(reader.fieldnames or ()):
-        raise MmcseError(f"{path}: needs 'image' and 'caption' columns")
-    return [(reader.line_num, row, "unreadable row") for row in reader]
+def _caption_column(table: corpusfiles.Records, text_field: str | None) -> str:
+    """``--text-field`` if given, else ``caption``; the ``image`` column is required."""
+    if "image" not in table.columns:
+        raise MmcseError(
+            f"{table.source}: needs an 'image' column (a file name under --images) and a caption "
+            f"column; its columns: {', '.join(table.columns) or 'none'}"
+        )
+    if text_field is None and "caption" not in table.columns:
+        raise MmcseError(
+            f"{table.source}: no 'caption' column; name the one holding the captions with "
+            f"--text-field (its columns: {', '.join(table.columns)})"
+        )
+    return corpusfiles.text_column(table, text_field or "caption")
 
 
-def _row_problem(name: object, caption: object, images: Path) -> str | None:
+def _caption_problem(table: corpusfiles.Records, row: int, column: str) -> str | None:
+    """The read policy's problems: an unreadable row, a blank or over-long caption."""
+    return table.problems.get(row) or corpusfiles.row_problem(table.columns[column][row])
+
+
+def _row_problem(name: object, images: Path) -> str | None:
     if not isinstance(name, str) or not name.strip():
         return f"unreadable caption row: 'image' is {name!r}, expected a file name"
     if not inside(images, name):  # refused before anything is opened: ``../``, absolute paths
         return f"image path outside --images: {name!r} leaves {images}"
-    if not isinstance(caption, str) or not caption.strip():
-        return f"unreadable caption row: 'caption' is {caption!r}, expected text"
     return None
-
-
-def _json_row(line: str) -> dict | None:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return row if isinstance(row, dict) else None

@@ -1,10 +1,13 @@
-"""SimCSE's Wikipedia corpus (Gao et al. 2021): 10⁶ sentences, one per line.
+"""SimCSE's Wikipedia corpus (Gao et al. 2021): 10⁶ sentences, one per line -- or any sentence
+corpus in a format :mod:`mmcse.corpusfiles` reads (JSON lines, CSV/TSV, Parquet, a ``datasets``
+dataset; ``text_field`` picks the column).
 
 ``text`` is a local ``wiki1m_for_simcse.txt``; without it the file is fetched from the hub repo
-``princeton-nlp/datasets-for-simcse`` (only when online). Sentence ids are the 0-based line number,
-zero-padded (``wiki1m-0000000``) so they sort in file order; blank lines and lines that are not
-valid UTF-8 are skipped (their numbers are not reused) and reported with their line number. A
-UTF-16/32 file with a byte-order mark is decoded as such; without one it is refused.
+``princeton-nlp/datasets-for-simcse`` (only when online). Sentence ids are the 0-based line (row)
+number, zero-padded (``wiki1m-0000000``) so they sort in file order; a blank, undecodable or
+over-long line is left out (its number not reused) and reported with its line number, or, with
+``bad_lines = "refuse"``, refuses the file -- the read policy training applies too. A UTF-16/32
+file with a byte-order mark is decoded as such; without one it is refused.
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mmcse import corpusfiles
 from mmcse.errors import MmcseError
 from pipeline.datasets.base import (
     DatasetRecords,
     DataSource,
     RecordError,
     Sentence,
-    read_text_lines,
     register_dataset,
 )
 
@@ -30,18 +33,18 @@ HUB_FILE = "wiki1m_for_simcse.txt"
 @register_dataset(NAME)
 def load_wiki1m(source: DataSource, split: str) -> DatasetRecords:
     path = source.text if source.text is not None else _download()
-    if not path.exists():
+    if not corpusfiles.exists(path):
         raise FileNotFoundError(f"{NAME}: --text-file {path} does not exist")
-    sentences, errors = [], []
-    for line_no, line, problem in read_text_lines(path):
-        sentence_id = f"{NAME}-{line_no - 1:07d}"
-        text = (line or "").strip()
-        if problem or not text:
-            reason = f"line {line_no}: {problem}" if problem else "blank line"
-            errors.append(RecordError(sentence_id, str(path), reason))
-        else:
-            sentences.append(Sentence(sentence_id, text))
-    return DatasetRecords(NAME, split, sentences=sentences, errors=errors, source=path.name)
+    read = corpusfiles.read_sentences(path, source.text_field, source.bad_lines, split)
+    sentences = [
+        Sentence(f"{NAME}-{row:07d}", text) for row, text in zip(read.rows, read.texts, strict=True)
+    ]
+    errors = [
+        RecordError(f"{NAME}-{row:07d}", str(path), f"{read.records.where(row)}: {reason}")
+        for row, reason in read.dropped
+    ]
+    name = str(path) if corpusfiles.is_hf_name(path) else Path(path).name
+    return DatasetRecords(NAME, split, sentences=sentences, errors=errors, source=name)
 
 
 def _download() -> Path:

@@ -236,7 +236,9 @@ def test_entry_round_trip_is_a_verified_tokens_set(tmp_path):
     assert [entry.path for entry in list_sets(tmp_path)] == [path]
 
 
-def test_each_part_of_the_key_names_another_entry(tmp_path):
+def test_each_part_of_the_key_names_another_entry(tmp_path, project_cache):
+    """A user's own file's entries go to the project's cache, never beside the file; a corpus
+    table's (a cache set itself) beside it."""
     corpus = tmp_path / "wiki.txt"
     corpus.write_text("a\n")
     paths = {
@@ -246,17 +248,23 @@ def test_each_part_of_the_key_names_another_entry(tmp_path):
         entry_path(corpus, key(max_length=16)),
     }
     assert len(paths) == 4
-    assert {p.parent for p in paths} == {tmp_path / "tokens"}  # beside the corpus
+    assert {p.parent for p in paths} == {project_cache / "tokens"}
     assert entry_path(corpus, key()).name == f"wiki-{'c' * 12}-{'t' * 12}-L8"
+    table = tmp_path / "cache" / "captions"
+    table.mkdir(parents=True)
+    (table / "manifest.json").write_text("{}")
+    assert entry_path(table, key()).parent == tmp_path / "cache" / "tokens"
+    assert entry_path("hf:user/wiki:en", key()).name.startswith("user_wiki_en-")
     assert entry_path(corpus, key(), tmp_path / "elsewhere").parent == tmp_path / "elsewhere"
 
 
 def test_a_read_only_corpus_folder_sends_new_entries_to_the_cache_root(tmp_path, monkeypatch):
     data = tmp_path / "data"
-    data.mkdir()
-    corpus = data / "wiki.txt"
-    corpus.write_text("a\n")
+    corpus = data / "captions"  # a corpus table on shared, read-only data
+    corpus.mkdir(parents=True)
+    (corpus / "manifest.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(token_cache, "FALLBACK_ROOT", Path("cache"))
     cached_tokens(entry_path(corpus, key()), key(), Builder())  # written while writable
     folders = (data, data / "tokens")
     for folder in folders:

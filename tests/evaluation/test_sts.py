@@ -435,3 +435,20 @@ def test_all_minilm_l6_v2_on_real_senteval(tmp_path, monkeypatch, capsys):
         assert 70.0 < results[task] < 88.0, task
     assert results["STSBenchmark"] > 80.0
     assert 77.0 < results["avg"] < 81.0
+
+
+def test_a_long_evaluation_names_each_task_as_it_goes(tiny_dir, library_log):
+    """The final test evaluation used to show "encoding: 206 batches" for minutes, naming no
+    task: with progress, each task's new sentences are encoded after a line naming it, every
+    distinct sentence still once, and the scores are those of the one-pass encoding."""
+    quiet = evaluate_sts(tiny_dir, data_dir=FIXTURE, batch_size=5, device="cpu")
+    library_log()
+    shown = evaluate_sts(tiny_dir, data_dir=FIXTURE, batch_size=5, device="cpu", progress=True)
+    lines = [line for line in library_log().splitlines() if line.startswith("STS ")]
+    assert [line.split(", ")[0] for line in lines] == [
+        f"STS {k}/7: {task}" for k, task in enumerate(TEST_TASKS, start=1)
+    ]
+    encoded = sum(int(line.split("encoding ")[1].split()[0].replace(",", "")) for line in lines)
+    assert encoded == shown["details"]["sentences_encoded"]
+    for task in TEST_TASKS:
+        assert shown[task] == pytest.approx(quiet[task], abs=1e-3)

@@ -103,7 +103,7 @@ def test_loader_reads_its_fixture(name, tmp_path):
             ("wiki1m-0000000", "first sentence"),
             ("wiki1m-0000002", "third one"),
         ]
-        assert [e.reason for e in records.errors] == ["blank line"]
+        assert [e.reason for e in records.errors] == ["line 2: blank"]
         return
     got = {r.image_id: list(r.captions) for r in records.images}
     assert got == {s: TRUTH[s] for s in TRAIN}  # Karpathy "train" includes "restval"
@@ -139,8 +139,7 @@ def test_local_csv_and_tsv_with_a_bad_row(tmp_path):
         (tmp_path / f"c{suffix}").write_text("\n".join(lines) + "\n")
         records = load_dataset("local", DataSource(tmp_path, tmp_path / f"c{suffix}"), "train")
         assert [(r.image_id, r.captions) for r in records.images] == [("a", ("first", "second"))]
-        assert [e.id for e in records.errors] == ["line 4"]
-        assert records.errors[0].reason.startswith("unreadable caption row")
+        assert [(e.id, e.reason) for e in records.errors] == [("row 3", "blank")]
 
 
 def test_local_jsonl_broken_line_is_an_error_not_a_crash(tmp_path):

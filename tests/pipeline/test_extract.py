@@ -538,3 +538,25 @@ def test_checked_jpeg_decode_gives_the_pixels_of_a_plain_pillow_decode(tmp_path)
 def _draft_for(size: tuple[int, int], short_side: int) -> tuple[int, int]:
     scale = short_side / min(size)
     return max(1, round(size[0] * scale)), max(1, round(size[1] * scale))
+
+
+def test_too_many_workers_are_clamped_with_a_warning(tmp_path, monkeypatch, capsys):
+    """``--workers 10000`` used to die in torch's DataLoader with a traceback."""
+    from pipeline import extract
+
+    monkeypatch.setattr(extract, "machine_workers", lambda: 1)
+    from support.cli import run_main_output
+
+    source = _synthetic_images(tmp_path / "imgs", 2)
+    code, _, stderr = run_main_output(
+        ["extract-images", "--dataset", "local", "--images", str(source.images), "--captions",
+         str(source.captions), *_TINY_FLAGS, "--workers", "10000", "--out", str(tmp_path / "o")],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0, stderr
+    warnings = [line for line in stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: --workers 10000 is more than this machine allows (1 CPUs for this process); "
+        "decoding with 1 workers"
+    ]
+    assert (tmp_path / "o" / "captions" / "manifest.json").is_file()

@@ -308,14 +308,14 @@ def test_invalid_utf8_line_is_logged_with_its_line_number(tmp_path):
     assert [s.text for s in records.sentences] == ["first sentence", "third one"]
     assert [s.id for s in records.sentences] == ["wiki1m-0000000", "wiki1m-0000002"]
     (error,) = records.errors
-    assert error.path == str(text) and error.reason.startswith("line 2: invalid UTF-8")
+    assert error.path == str(text) and error.reason.startswith("line 2: undecodable: invalid UTF-8")
 
 
 def test_strict_stops_on_a_bad_text_line(tmp_path):
     text = tmp_path / "wiki.txt"
     text.write_bytes(b"ok\n\xc3\x28\n")
     records = load_dataset("wiki1m", DataSource(text=text), "train")
-    with pytest.raises(MmcseError, match=r"wiki.txt: line 2: invalid UTF-8.*--strict"):
+    with pytest.raises(MmcseError, match=r"wiki.txt: line 2: undecodable: invalid UTF-8.*--strict"):
         extract_texts(
             records, MeanTeacher(), "mean", tmp_path / "o", caption_policy="all", seed=0,
             options=options(strict=True),
@@ -348,7 +348,9 @@ def test_text_corpus_reaches_the_cache_without_replacement_characters(
     corpus = Corpus.open(out / "sentences")
     assert corpus.texts == ["héllo wörld", "zweite Zeile — 東京"]
     assert [str(i) for i in corpus.ids] == ["wiki1m-0000000", "wiki1m-0000002"]
-    assert [(r["id"], r["reason"]) for r in errors_jsonl(out)] == [("wiki1m-0000001", "blank line")]
+    assert [(r["id"], r["reason"]) for r in errors_jsonl(out)] == [
+        ("wiki1m-0000001", "line 2: blank")
+    ]
 
 
 def test_utf16_text_with_an_invalid_unit_is_refused_naming_the_line(tmp_path, monkeypatch, capsys):
@@ -371,7 +373,7 @@ def test_utf8_bom_text_logs_a_bad_line_like_plain_utf8(tmp_path):
     records = load_dataset("wiki1m", DataSource(text=text), "train")
     assert [s.text for s in records.sentences] == ["first", "third"]
     (error,) = records.errors
-    assert error.reason.startswith("line 2: invalid UTF-8")
+    assert error.reason.startswith("line 2: undecodable: invalid UTF-8")
 
 
 def test_a_utf8_line_with_a_nul_byte_is_skipped_and_named_not_called_utf16(tmp_path):
@@ -380,7 +382,10 @@ def test_a_utf8_line_with_a_nul_byte_is_skipped_and_named_not_called_utf16(tmp_p
     records = load_dataset("wiki1m", DataSource(text=text), "train")
     assert [s.text for s in records.sentences] == ["first sentence here", "third sentence here"]
     (error,) = records.errors
-    assert error.reason == "line 2: a NUL byte at byte 4 of the line (UTF-8 text holds none)"
+    assert (
+        error.reason
+        == "line 2: undecodable: a NUL byte at byte 4 of the line (UTF-8 text holds none)"
+    )
 
 
 def test_utf16_without_a_byte_order_mark_is_refused(tmp_path):
@@ -735,3 +740,31 @@ def test_malformed_rank_names_the_variable_and_its_value(
     )  # fmt: skip
     assert_one_error(code, stderr, *fragments)
     assert not out.exists()
+
+
+def test_the_console_summary_counts_what_errors_jsonl_holds(tmp_path, monkeypatch, capsys):
+    """Image extraction used to print "N rows, 0 errors" for captions while captions were
+    dropped with their images: the summary says the drop, and its last line counts every row
+    of errors.jsonl by stage and reason (loader rows included)."""
+    from support.cli import run_main_output
+
+    images = images_folder(tmp_path / "imgs", 2)
+    (images / "bad.jpg").write_bytes(b"not an image")
+    rows = [{"image": n, "caption": f"of {n}"} for n in ("im0.jpg", "im1.jpg", "bad.jpg")]
+    captions = captions_file(tmp_path / "c.jsonl", [*rows, {"image": "im0.jpg", "caption": " "}])
+    out = tmp_path / "o"
+    code, stdout, _ = run_main_output(
+        ["extract-images", "--dataset", "local", "--images", str(images), "--captions",
+         str(captions), "--teacher", "resnet50", "--weights", "random", "--teacher-size", "tiny",
+         "--device", "cpu", "--workers", "0", "--caption-policy", "all", "--out", str(out)],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0
+    logged = errors_jsonl(out)
+    assert len(logged) == 3  # the bad image, its caption, the blank caption row
+    lines = stdout.splitlines()
+    assert f"{out / 'captions'}: 2 rows, 1 captions dropped with their images" in lines[1]
+    assert lines[-1] == (
+        f"left out: 3 in all, every one in {out / 'errors.jsonl'}: 1 captions (blank), "
+        "1 captions-dropped (image left out (see its own row)), 1 image-resnet50 (not a readable image)"
+    )

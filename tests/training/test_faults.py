@@ -556,19 +556,24 @@ def test_ablation_checks_every_row_before_the_first_trains(
 @pytest.mark.parametrize(
     ("content", "words"),
     [
-        (b"a dog runs\nthe cat \xff sits\n", [":2:", "not valid utf-8"]),
+        (b"a dog runs\nthe cat \xff sits\n", ["line 2", "invalid UTF-8", "--bad-lines skip"]),
         ("a dog runs\n\ud800".encode("utf-16", "surrogatepass"), [":2:", "not valid utf-16"]),
         ("a dog runs\n".encode("utf-16-le"), ["NUL bytes", "convert it to UTF-8"]),
         ("a dog runs\n".encode("utf-16-be"), ["NUL bytes", "convert it to UTF-8"]),
-        (b"a dog runs\nthe cat \x00 sits\na bird\n", [":2:", "UTF-8 text with a NUL byte"]),
+        (b"a dog runs\nthe cat \x00 sits\na bird\n", ["line 2", "a NUL byte at byte 8"]),
     ],
 )
 def test_text_corpus_that_does_not_decode_is_refused_naming_the_line(
     content, words, tiny_model, tiny_world, tmp_path, monkeypatch, capsys
 ):
+    """Under ``--bad-lines refuse`` (a UTF-16/32 file without a BOM, or with a bad unit, is
+    refused whatever the policy: it is decoded whole)."""
     corpus = tmp_path / "wiki.txt"
     corpus.write_bytes(content)
-    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--text-corpus", str(corpus))
+    args = train_args(
+        tiny_model, tiny_world, tmp_path / "run", "--text-corpus", str(corpus),
+        "--bad-lines", "refuse",
+    )  # fmt: skip
     refused(args, monkeypatch, capsys, "--text-corpus", str(corpus), *words)
 
 
@@ -631,15 +636,21 @@ def test_text_corpus_file_is_decoded_by_its_byte_order_mark(tmp_path, encoding):
     assert list(ids) == ["wiki:0", "wiki:2"] and image_ids is None
 
 
-def test_text_corpus_that_is_not_utf8_is_refused_naming_the_line(tmp_path):
-    """read_corpus itself refuses (``mmcse train``'s preflight says the same earlier), so no
-    caller gets U+FFFD rows."""
+def test_text_corpus_that_is_not_utf8_is_one_read_policy(tmp_path, caplog):
+    """read_corpus never keeps U+FFFD rows: a line that is not UTF-8 is left out and reported
+    (``skip``), or refuses the file naming the line (``refuse``)."""
     from mmcse.training.data import read_corpus
 
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("first line\nsecond line\ncaf\u00e9 au lait\n".encode("latin-1"))
-    with pytest.raises(MmcseError, match=f"{bad}:3: not valid utf-8 text"):
-        read_corpus(str(bad))
+    ids, texts, _, _ = read_corpus(str(bad))
+    assert texts == ["first line", "second line"] and list(ids) == ["latin1:0", "latin1:1"]
+    assert (
+        "1 left out (1 undecodable) of 3 rows, e.g. line 3: undecodable: invalid UTF-8"
+        in caplog.text
+    )
+    with pytest.raises(MmcseError, match=f"{bad}: line 3: undecodable: invalid UTF-8 at byte 3"):
+        read_corpus(str(bad), bad_lines="refuse")
 
 
 # ---- feature sets a run does not read, or that came from random weights ---------------------
@@ -738,3 +749,24 @@ def test_ablation_row_with_nothing_to_train_is_refused_before_any_row_trains(
             *(["--dry-run"] if dry_run else [])]  # fmt: skip
     refused(args, monkeypatch, capsys, *words)
     assert trained == [] and not (tmp_path / "abl").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--method-arg", "temperature=0"], ["temperature", "above 0", "got 0.0"]),
+        (["--method-arg", "image_temperature=-0.05"], ["image_temperature", "above 0"]),
+        (["--method-arg", "temperature=NaN"], ["temperature", "finite", "nan"]),
+        (["--lr", "nan"], ["--lr", "finite", "nan"]),
+        (["--lr", "-1e-5"], ["--lr", "above 0"]),
+        (["--lr", "inf"], ["--lr", "finite"]),
+        (["--method-arg", "image_text_weight=-1"], ["image_text_weight", "at least 0"]),
+    ],
+)
+def test_impossible_settings_are_refused_at_preflight_naming_them(
+    flags, words, tiny_model, tiny_world, tmp_path, monkeypatch, capsys, no_model_load
+):
+    """A temperature of 0 used to fail at step 1 as "loss became nan ... lower the lr"."""
+    out = tmp_path / "run"
+    refused(train_args(tiny_model, tiny_world, out, *flags), monkeypatch, capsys, *words)
+    assert not out.exists()

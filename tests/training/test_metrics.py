@@ -199,6 +199,21 @@ def test_progress_shows_a_number_with_significant_digits(monkeypatch, library_lo
     assert "loss 1.234e-05 dev -" in first and "loss 0.1235 dev -" in second
 
 
+def test_progress_rate_and_eta_count_training_time_only(monkeypatch, library_log):
+    """A dev evaluation used to drop steps/s (0.09 -> 0.02) and double the eta: 10 steps in 10 s
+    of training and 30 s of evaluation are 1 step/s, and 10 steps left take 10 s."""
+    clock = iter([0.0, 0.0, 40.0])  # the bar's start, the line's check, the line's time
+    monkeypatch.setattr(metrics_log.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(metrics_log, "LOG_LINE_INTERVAL", 1.0)
+    progress = Progress(total=20, initial=0, desc="train x", enabled=True)
+    for step in range(1, 10):
+        progress.step = step
+    progress.exclude(30.0)
+    progress.update(10)
+    (line,) = library_log().splitlines()
+    assert line.endswith("1.00 steps/s eta 0.2 min")
+
+
 def test_truncate_keeps_records_up_to_the_step_and_drops_a_cut_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 3}\n{"step": 5, "stsb_dev": 1}\n{"step": 6}\n{"step": 7, "lo')

@@ -62,6 +62,24 @@ def test_a_batch_larger_than_the_corpus_is_said_as_what_it_trains(
     ]
     assert all(f"note: {line}" in out for line in said)
     assert warnings == [f"warning: {line}" for line in said]
+    # the plan's batch line names the batch trained, never 100000 alone (issue 32)
+    assert "batches of 96, 64 (the whole text and caption corpus; the batch size asked, " in out
+
+
+def test_the_plan_printed_by_a_run_says_the_true_batch():
+    from mmcse.training.metrics import describe_plan
+
+    plan = {
+        "method": "simcse", "device": "cpu", "precision": "fp32", "world_size": 1,
+        "sentences": {"text": 12}, "mixing": "text-only", "global_batch": 100000,
+        "batches_per_epoch": {"text": 1}, "steps_per_epoch": 1, "epochs": 1, "max_steps": 0,
+        "total_steps": 1, "eval_data": None, "eval_steps": 125, "evals": 0,
+        "final_eval": False, "save_every": 125,
+    }  # fmt: skip
+    text = describe_plan(plan)
+    assert "1 text batches of 12 (the whole text corpus; the batch size asked, 100000, is" in text
+    mixed = {**plan, "sentences": {"text": 200000, "caption": 12}, "global_batch": 64}
+    assert "batches of 64 (caption: 12, its whole corpus)" in describe_plan(mixed)
 
 
 def test_the_published_mcse_mix_is_not_warned_a_barely_multimodal_one_is():

@@ -63,23 +63,26 @@ def no_encoding(*_args, **_kwargs):
     raise AssertionError("tokenised although the token cache is warm")
 
 
-def test_first_run_writes_entries_beside_the_corpora_and_the_next_maps_them(
-    tiny_model, world, tmp_path, monkeypatch
+def test_first_run_writes_entries_in_the_cache_and_the_next_maps_them(
+    tiny_model, world, tmp_path, monkeypatch, project_cache
 ):
+    """A corpus table's entry goes beside it (in the cache); the user's own sentence file's goes
+    to the project's cache/tokens/, never beside the user's data."""
     cfg = mcse_config(tiny_model, world, tmp_path / "run")
     cold = load(cfg, tiny_model)
     root = Path(world["text"]).parent
-    # one entry per corpus, beside it
-    assert [name.split("-")[0] for name in entries(root / "tokens")] == ["captions", "wiki"]
-    for name in entries(root / "tokens"):
-        manifest = FeatureSet.open(root / "tokens" / name).manifest
+    where = {CAPTION: root / "tokens", TEXT: project_cache / "tokens"}
+    assert [name.split("-")[0] for name in entries(where[CAPTION])] == ["captions"]
+    assert [name.split("-")[0] for name in entries(where[TEXT])] == ["wiki"]
+    for folder in where.values():
+        manifest = FeatureSet.open(folder / entries(folder)[0]).manifest
         assert manifest.kind == "tokens" and manifest.producer["max_length"] == 32
 
     monkeypatch.setattr(data_module, "encode_rows", no_encoding)
     warm = load(cfg, tiny_model)
     for kind in (TEXT, CAPTION):
         np.testing.assert_array_equal(token_rows(warm, kind), token_rows(cold, kind))
-        assert warm.sources[kind].tokens.path.parent == root / "tokens"
+        assert warm.sources[kind].tokens.path.parent == where[kind]
     monkeypatch.undo()
 
     off = load(mcse_config(tiny_model, world, tmp_path / "run", token_cache="off"), tiny_model)
@@ -94,10 +97,12 @@ def test_first_run_writes_entries_beside_the_corpora_and_the_next_maps_them(
         assert row[0] == len(ids) and row[1 : 1 + len(ids)].tolist() == ids
 
 
-def test_a_new_corpus_tokenizer_or_max_length_gets_its_own_entry(tiny_model, world, tmp_path):
+def test_a_new_corpus_tokenizer_or_max_length_gets_its_own_entry(
+    tiny_model, world, tmp_path, project_cache
+):
     text_only = {"method": "simcse", "mixing": "text-only", "features": {}}
     cfg = mcse_config(tiny_model, world, tmp_path / "run", **text_only)
-    folder = Path(world["text"]).parent / "tokens"
+    folder = project_cache / "tokens"
     first = load(cfg, tiny_model)
     assert len(entries(folder)) == 1
 
