@@ -23,7 +23,7 @@ from typing import Any
 
 from mmcse.devices import DEVICE_PATTERN, DEVICES
 from mmcse.errors import MmcseError
-from mmcse.optim import EPS_STYLES
+from mmcse.optim import DECAY_STYLES, EPS_STYLES, ZERO_GRADS
 from mmcse.pooling import check_pooler
 from mmcse.precision import PRECISIONS
 from mmcse.rundir import METRICS_FILE
@@ -135,6 +135,24 @@ class TrainConfig:
     )
     weight_decay: float = field(
         default=0.0, metadata={"panel": PANEL_OPTIMISATION, "min": 0, "help": "AdamW weight decay"}
+    )
+    weight_decay_style: str = field(
+        default="transformers",
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "choices": DECAY_STYLES,
+            "help": "decay after the update, biases and LayerNorm spared (transformers.AdamW), "
+            "or torch's: every parameter, before it",
+        },
+    )
+    zero_grad: str = field(
+        default="none",
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "choices": ZERO_GRADS,
+            "help": "gradients after a step: none (a parameter without one is skipped) or zeros "
+            "(torch<2: a head that had one keeps stepping on its momentum)",
+        },
     )
     adam_eps: float = field(
         default=1e-6,

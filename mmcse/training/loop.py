@@ -73,6 +73,7 @@ from mmcse.update import (
     EagerUpdate,
     FlatParameters,
     adamw_groups,
+    decay_exempt,
     linear_factor,
     linear_factor_tensor,
 )
@@ -170,6 +171,7 @@ class Trainer:
         settings = AdamWSettings(
             lr=cfg.learning_rate, weight_decay=cfg.weight_decay, eps=cfg.adam_eps,
             eps_style=cfg.adam_eps_style, max_grad_norm=cfg.grad_clip,
+            decay_style=cfg.weight_decay_style, zero_grad=cfg.zero_grad,
         )  # fmt: skip
         schedule = partial(linear_factor, warmup=cfg.warmup_steps, total=self.total)
         if self.capture != "whole":
@@ -178,6 +180,7 @@ class Trainer:
             return EagerUpdate(
                 groups, settings, schedule, fused=fused_adamw(cfg, self.device),
                 scaler=grad_scaler_for(self.device, cfg.precision),
+                exempt=decay_exempt(self.student),
             )  # fmt: skip
         fresh_capture_cache()
         aux_groups = [list(self.aux.heads.parameters())] if self.aux is not None else []
