@@ -7,7 +7,9 @@ they differ in where the work runs.
 * :class:`EagerUpdate` (``--capture off``; also under DDP and with ``--precision fp16``, see
   below): ``torch.optim.AdamW`` + :func:`torch.nn.utils.clip_grad_norm_` + ``LambdaLR``, every
   operator dispatched from the host. transformers-style ε is set per group from a host-side
-  step count (reading the optimizer's device step tensor would wait for the GPU every step).
+  count of the steps AdamW took (reading the optimizer's device step tensor would wait for the
+  GPU every step); a step the fp16 GradScaler skips is not one, as transformers.AdamW, whose
+  ``step()`` the scaler then never calls, counts it.
 * :class:`CapturedUpdate` (whole-update capture, ``--capture on``/``auto`` on CUDA): every trained
   parameter is a view of one flat fp32 buffer (:class:`FlatParameters`); one function computes
   the loss, its gradient with respect to that buffer (``torch.func.grad_and_value`` over

@@ -75,6 +75,7 @@ MCSE_CODE_TRAIN: dict[str, Any] = {
     "grad_clip": 1.0,
     "drop_last": False,
     "eval_last_step": True,
+    "eval_precision": "fp32",  # utils.evaluate: no autocast
 }
 #: SimCSE's HF-Trainer code, which VisualCSE/AudioCSE build on (transformers 4.5): ``--fp16``
 #: in their run scripts, ``TrainingArguments`` defaults ε = 1e-8, weight decay 0, no warm-up,
@@ -92,6 +93,7 @@ HF_TRAINER_TRAIN: dict[str, Any] = {
     "grad_clip": 1.0,
     "drop_last": False,
     "eval_last_step": False,
+    "eval_precision": "fp32",  # the Trainer's SentEval evaluate: no autocast
 }
 MCSE_SEEDS = (0, 1, 2, 3, 4)  # MCSE's train_mix.py: "We used [0,1,2,3,4] in experiments"
 TEXT_CORPUS = "wiki1m"

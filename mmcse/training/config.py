@@ -252,6 +252,15 @@ class TrainConfig:
             "help": "SentEval-layout dir ('' disables evaluation; unset: ../shared/data)",
         },
     )
+    eval_precision: str = field(
+        default="fp32",
+        metadata={
+            "panel": PANEL_EVALUATION,
+            "choices": PRECISIONS,
+            "help": "STS-B dev and test scoring: fp32 (the released evaluations) or autocast "
+            "on CUDA (auto/bf16: bf16)",
+        },
+    )
     final_eval: bool = field(
         default=True,
         metadata={

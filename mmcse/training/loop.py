@@ -44,7 +44,7 @@ from mmcse.hub import load_tokenizer
 from mmcse.methods import Method
 from mmcse.model import SentenceEncoder, resolve_pooler
 from mmcse.pooling import DEFAULT_POOLER
-from mmcse.precision import autocast_context, grad_scaler_for, precision_name
+from mmcse.precision import autocast_context, evaluating_in, grad_scaler_for, precision_name
 from mmcse.rundir import resolve_model_dir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
@@ -362,5 +362,5 @@ def train(cfg: TrainConfig, resume: bool = False) -> RunResult:
         logger.info(finished)
         return RunResult(Path(cfg.output_dir), None, None, None, 0, cfg.method)
     trainer = Trainer(cfg, resume).setup()
-    with naming_os_errors(trainer.record.out):  # disk full, read-only folder: one line
+    with naming_os_errors(trainer.record.out), evaluating_in(cfg.eval_precision):
         return trainer.fit()

@@ -262,6 +262,7 @@ class Cfg:  # the fields auxiliary_task reads from a TrainConfig
     def __init__(self, features, adam_eps=1e-8, adam_eps_style="transformers"):
         self.features, self.seed, self.precision = features, 3, "auto"
         self.adam_eps, self.adam_eps_style = adam_eps, adam_eps_style
+        self.weight_decay_style = "transformers"
 
 
 def changed(before: dict, module: torch.nn.Module) -> bool:

@@ -84,7 +84,7 @@ def batches(kinds: str = KINDS, overflow_at: int | None = None):
     for index, kind in enumerate(kinds):
         x = torch.randn(5, 4, generator=gen, dtype=torch.float64)
         if index == overflow_at:
-            x = x * 1e200  # an fp16-style overflow: the scaled gradient is not finite
+            x[0, 0] = math.inf  # an fp16-style overflow: the scaled gradient is not finite
         out.append((x, kind == "c"))
     return out
 
@@ -282,6 +282,25 @@ def test_zero_grad_zeros_survives_a_resume():
     assert int(head_state["step"]) == 2  # the caption step, then this text step
 
 
+# ---- point 2: transformers' ε counts the steps AdamW took, not those the scaler skipped -----
+
+SCALE = 256.0
+
+
+def test_a_step_the_scaler_skips_is_not_counted_in_eps():
+    """fp16 (the VisualCSE/AudioCSE recipes): the second batch overflows; the scaler skips that
+    step (no AdamW step: transformers.AdamW's per-parameter count stays), backs the scale off,
+    and the lr schedule moves on, as the released HF-Trainer loop. ε's scaling must then use
+    t = 1, 2, 3 for the three steps taken."""
+    kinds, overflow_at = "tttt", 1
+    released = run_released(kinds, overflow_at, scale=SCALE)
+    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=1000)
+    model, update = run_eager(kinds, overflow_at, scaler=scaler, zero_grad="zeros")
+    assert released.scale == SCALE / 2 and scaler.get_scale() == SCALE / 2
+    assert update.group_steps == [3, 0]  # the encoder's 3 steps; the head never had a gradient
+    assert_equals_released(model, update, released, rtol=1e-10)
+
+
 # ---- under DDP (gloo, 2 ranks): the zeroed gradients of idle heads survive the all-reduce -----
 
 
@@ -317,3 +336,40 @@ def test_zero_grad_zeros_under_ddp_steps_the_grounding_head_on_text_batches(
     # under none the grounding head steps on caption batches only
     assert set(got.values()) == {4}
     assert min(head_steps(none.output_dir).values()) < 4
+
+
+# ---- point 4: weight decay as transformers.AdamW, biases and LayerNorm weights spared --------
+
+
+def test_torch_decay_style_is_the_other_reading():
+    """``weight_decay_style=torch``: every parameter, before the update — not the release's."""
+    released = run_released()
+    model, _ = run_eager(zero_grad="zeros", decay_style="torch")
+    norms = model.encoder.LayerNorm.weight
+    assert (norms - released.model.encoder.LayerNorm.weight).abs().max() > 1e-5
+    # with λ = 0 the two styles are one update
+    a, _ = run_eager(zero_grad="zeros", decay_style="torch", weight_decay=0.0)
+    b, _ = run_eager(zero_grad="zeros", weight_decay=0.0)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_decay_exemptions_are_the_released_groups_on_bert(tiny_model):
+    """On a BERT student with mmcse's heads: the spared set equals MCSE's ``train_mix.py`` rule
+    (``bias``/``LayerNorm.bias``/``LayerNorm.weight`` in the name) and the HF Trainer 4.5 rule
+    (every LayerNorm parameter, every name with ``bias``)."""
+    from transformers import AutoModel
+
+    student = nn.Module()
+    student.encoder = AutoModel.from_pretrained(tiny_model)
+    student.head = nn.Sequential(nn.Linear(32, 8), nn.Tanh())
+    named = dict(student.named_parameters())
+    released = {n for n in named if released_decay_groups(student)[n] == 0.0}
+    layer_norms = {
+        f"{m}.{n}" for m, mod in student.named_modules() if isinstance(mod, nn.LayerNorm)
+        for n, _ in mod.named_parameters(recurse=False)
+    }  # fmt: skip
+    trainer_45 = layer_norms | {n for n in named if "bias" in n}
+    exempt = {n for n, p in named.items() if id(p) in decay_exempt(student)}
+    assert exempt == released == trainer_45
+    assert any("LayerNorm.weight" in n for n in exempt) and "head.0.weight" not in exempt
