@@ -494,6 +494,8 @@ class CapturedUpdate:
         for state in (flat.data, self.adamw.exp_avg, self.adamw.exp_avg_sq, self.adamw.steps,
                       self.schedule_step):  # fmt: skip
             torch._dynamo.mark_static_address(state)  # CUDA graphs update them in place
+        if self.adamw.decay_rate is not None:  # read every step: no copy into the graph
+            torch._dynamo.mark_static_address(self.adamw.decay_rate)
         self._compiled = compile_fn(self._whole_step)
 
     # -- the step ----------------------------------------------------------------------------
