@@ -402,7 +402,7 @@ class Recipe:
             f"  precision   {cfg.precision} {PRECISION_WORDS[cfg.precision]}",
             f"  optimizer   AdamW lr {cfg.learning_rate:g}, eps {cfg.adam_eps:g} (placed as "
             f"{cfg.adam_eps_style}), weight decay {cfg.weight_decay:g} "
-            f"({cfg.weight_decay_style}), grad clip {cfg.grad_clip:g}, gradients zeroed to "
+            f"({cfg.weight_decay_style}), grad clip {cfg.grad_clip:g}, gradients after a step: "
             f"{cfg.zero_grad}",
             f"  schedule    linear, warm-up {cfg.warmup_steps} steps, decay to 0 "
             "(HF get_linear_schedule_with_warmup)",
@@ -411,7 +411,7 @@ class Recipe:
             f"{'dropped' if cfg.drop_last else 'kept (as torch DataLoader)'}",
             f"  evaluation  STS-B dev every {cfg.eval_steps} steps "
             f"{'and at the last step' if cfg.eval_last_step else '(not at the last step)'}, "
-            f"pooler {cfg.pooler}",
+            f"pooler {cfg.pooler}, in {cfg.eval_precision}",
             f"  seeds       {','.join(map(str, self.seeds))}",
             *(
                 f"  examples    {n.command}"

@@ -373,3 +373,24 @@ def test_decay_exemptions_are_the_released_groups_on_bert(tiny_model):
     exempt = {n for n, p in named.items() if id(p) in decay_exempt(student)}
     assert exempt == released == trainer_45
     assert any("LayerNorm.weight" in n for n in exempt) and "head.0.weight" not in exempt
+
+
+# ---- the recipes follow the releases; mmcse train keeps its own defaults ----------------------
+
+
+def test_every_recipe_steps_and_evaluates_as_its_release():
+    from mmcse.recipes import RECIPES, get_recipe
+    from mmcse.training.config import TrainConfig
+
+    for name in RECIPES.names():
+        recipe = get_recipe(name)
+        cfg = recipe.config("cache", seed=recipe.seeds[0], output_dir="o")
+        assert cfg.zero_grad == "zeros", name
+        assert cfg.weight_decay_style == "transformers", name
+        assert cfg.eval_precision == "fp32", name
+    default = TrainConfig()
+    assert (default.zero_grad, default.weight_decay_style, default.eval_precision) == (
+        "none",
+        "transformers",
+        "fp32",
+    )
