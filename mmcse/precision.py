@@ -4,13 +4,19 @@ run records (training, the VisualCSE/AudioCSE image/audio step and evaluation al
 ``fp32``: no autocast. ``fp16``: fp16 autocast with a GradScaler (the released ``--fp16``
 runs). ``bf16`` and ``auto``: bf16 autocast where the GPU supports it, else fp32. Autocast is
 CUDA only: a CPU always computes in fp32 (CPU autocast emulates the formats; ``mmcse bench
-precision`` measures it on purpose). Evaluation has no precision setting: it encodes under
-:data:`EVAL_PRECISION`.
+precision`` measures it on purpose). Evaluation (``mmcse eval``, a run's dev and test scoring)
+encodes in fp32 by default (:data:`EVAL_PRECISION`), as every released trainer evaluated — the
+evaluation that picked their checkpoints and gave their numbers: MCSE/KDMCSE/DALR's
+``utils.evaluate`` runs the encoder under ``torch.no_grad()`` with no autocast, and the HF
+Trainer's SentEval ``evaluate`` (SimCSE, VisualCSE/AudioCSE) enters none either. ``mmcse eval
+--precision`` / ``--eval-precision`` of a run select autocast instead (:func:`evaluating_in`).
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the settings name PRECISIONS without importing torch
@@ -19,8 +25,27 @@ if TYPE_CHECKING:  # the settings name PRECISIONS without importing torch
 #: ``auto`` = bf16 autocast on CUDA where supported; ``fp16`` = fp16 autocast + GradScaler on
 #: CUDA (the released SimCSE/VisualCSE ``--fp16``); every value computes in plain fp32 on CPU
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-#: what evaluation (``mmcse eval``, the run's dev and test scoring) encodes under
-EVAL_PRECISION = "auto"
+#: what evaluation (``mmcse eval``, the run's dev and test scoring) encodes under by default:
+#: fp32, as the released evaluations (``auto``/``bf16``: bf16 autocast on CUDA, faster)
+EVAL_PRECISION = "fp32"
+_evaluation_precision: ContextVar[str] = ContextVar("evaluation_precision", default=EVAL_PRECISION)
+
+
+def evaluation_precision() -> str:
+    """The precision evaluation encodes under here (:func:`evaluating_in`; else fp32)."""
+    return _evaluation_precision.get()
+
+
+@contextmanager
+def evaluating_in(precision: str) -> Iterator[None]:
+    """Evaluations inside encode under ``precision`` (one of :data:`PRECISIONS`)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    token = _evaluation_precision.set(precision)
+    try:
+        yield
+    finally:
+        _evaluation_precision.reset(token)
 
 
 def bf16_supported(device: torch.device) -> bool:
@@ -61,11 +86,12 @@ def grad_scaler_for(device: torch.device, precision: str) -> torch.amp.GradScale
     return torch.amp.GradScaler("cuda", enabled=enabled)
 
 
-def precision_name(device: torch.device, precision: str = EVAL_PRECISION) -> str:
-    """What a run (or an evaluation) on ``device`` computes in, as recorded in its environment."""
+def precision_name(device: torch.device, precision: str | None = None) -> str:
+    """What a run (or, with no ``precision``, an evaluation) on ``device`` computes in, as
+    recorded in its environment."""
     import torch
 
-    dtype = autocast_dtype(device, precision)
+    dtype = autocast_dtype(device, precision or evaluation_precision())
     if dtype is None:
         return "fp32"
     return "fp16 autocast + GradScaler" if dtype == torch.float16 else "bf16 autocast"

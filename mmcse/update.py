@@ -7,7 +7,9 @@ they differ in where the work runs.
 * :class:`EagerUpdate` (``--capture off``; also under DDP and with ``--precision fp16``, see
   below): ``torch.optim.AdamW`` + :func:`torch.nn.utils.clip_grad_norm_` + ``LambdaLR``, every
   operator dispatched from the host. transformers-style ε is set per group from a host-side
-  step count (reading the optimizer's device step tensor would wait for the GPU every step).
+  count of the steps AdamW took (reading the optimizer's device step tensor would wait for the
+  GPU every step); a step the fp16 GradScaler skips is not one, as transformers.AdamW, whose
+  ``step()`` the scaler then never calls, counts it.
 * :class:`CapturedUpdate` (whole-update capture, ``--capture on``/``auto`` on CUDA): every trained
   parameter is a view of one flat fp32 buffer (:class:`FlatParameters`); one function computes
   the loss, its gradient with respect to that buffer (``torch.func.grad_and_value`` over
@@ -17,15 +19,25 @@ they differ in where the work runs.
   that one graph per batch kind (and size), replayed as a CUDA graph on CUDA: a step is one
   launch, with no host read of a device value.
 
-What the captured AdamW equals. ``torch.optim.AdamW``'s arithmetic (decoupled decay first,
-``lerp`` of the first moment, bias corrections, ε after the corrected √v, or transformers' ε
-placement), with the same per-parameter skip rule: a parameter that gets no gradient on a batch
-kind is not touched on that kind's steps (its moments do not decay, its step does not count) —
-which parameters those are is found once per kind by an eager forward/backward on the first batch
-of that kind, with the random state restored after it (:meth:`CapturedUpdate._probe`). Step
+What the captured AdamW equals. ``torch.optim.AdamW``'s arithmetic (``lerp`` of the first
+moment, bias corrections, ε after the corrected √v, or transformers' ε placement; weight decay as
+``weight_decay_style`` says, below), with the same per-parameter skip rule: under
+``zero_grad="none"`` a parameter that gets no gradient on a batch kind is not touched on that
+kind's steps (its moments do not decay, its step does not count); under ``zero_grad="zeros"`` (the
+released runs: torch < 2's ``zero_grad()`` leaves a zero gradient, which transformers.AdamW steps)
+a parameter that has had a gradient on any batch steps on every later one, with gradient 0 where
+its batch does not reach it. Which parameters a kind reaches is found once per kind by an eager
+forward/backward on the first batch of that kind, with the random state restored after it
+(:meth:`CapturedUpdate._probe`); under ``zeros`` a kind's plan is rebuilt when another kind
+first reaches new parameters. Step
 counts are kept per contiguous run of parameters that step together (normally one per group);
 the bias corrections and ε read them on the device, in fp32 (eager: Python floats), so the two
 agree to float rounding (tested after 3 steps, ``tests/training/test_whole_update.py``).
+
+Weight decay (``weight_decay_style``): ``transformers`` — transformers.AdamW 4.x's decoupled decay
+``p ← p − lr·λ·p`` *after* the Adam update, on every parameter but biases and LayerNorm weights
+(the released trainers' parameter groups, :func:`decay_exempt`) — or ``torch``: torch's AdamW,
+``p ← p·(1 − lr·λ)`` *before* the update, on every parameter.
 
 Not captured whole (these runs use :class:`EagerUpdate`, with the student's forward/backward
 still compiled when capture is on): ``--precision fp16`` (the GradScaler skips an overflowing
@@ -42,7 +54,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
 
-from mmcse.optim import transformers_eps
+from mmcse.optim import DECAY_STYLES, ZERO_GRADS, transformers_eps
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +74,28 @@ def adamw_groups(modules: list[nn.Module]) -> list[list[nn.Parameter]]:
         if params:
             groups.append(params)
     return groups
+
+
+def decay_exempt(module: nn.Module) -> set[int]:
+    """Ids of ``module``'s parameters spared weight decay under ``weight_decay_style=
+    transformers``: a name containing ``bias``, or a LayerNorm's parameter — the released
+    trainers' groups (MCSE/KDMCSE/DALR ``train_mix.py``: ``"bias"``, ``"LayerNorm.bias"``,
+    ``"LayerNorm.weight"`` in the name; HF Trainer 4.5: every LayerNorm parameter and every
+    ``bias``; the same set for BERT/RoBERTa, whose LayerNorms are named ``LayerNorm``)."""
+    exempt = set()
+    for prefix, sub in module.named_modules():
+        for name, p in sub.named_parameters(recurse=False):
+            if "bias" in f"{prefix}.{name}" or isinstance(sub, nn.LayerNorm):
+                exempt.add(id(p))
+    return exempt
+
+
+def decay_after_update_(params: list[Tensor], lr: float, weight_decay: float) -> None:
+    """transformers.AdamW's decay, after its update: ``p ← p − lr·λ·p`` for each parameter
+    that stepped (``params``)."""
+    if params and weight_decay > 0:
+        with torch.no_grad():
+            torch._foreach_mul_(params, 1.0 - lr * weight_decay)
 
 
 def linear_factor(step: int, warmup: int, total: int) -> float:
@@ -89,10 +123,35 @@ class AdamWSettings:
     eps_style: str = "transformers"
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0
+    #: ``transformers``: decay after the update, biases and LayerNorm weights spared; ``torch``:
+    #: torch.optim.AdamW's (every parameter, before the update) — :data:`mmcse.optim.DECAY_STYLES`
+    decay_style: str = "transformers"
+    #: ``zeros``: a parameter that has had a gradient steps on every later batch (torch < 2's
+    #: ``zero_grad()``); ``none``: only on batches that reach it — :data:`mmcse.optim.ZERO_GRADS`
+    zero_grad: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.decay_style not in DECAY_STYLES:
+            raise ValueError(f"decay_style must be one of {DECAY_STYLES}, not {self.decay_style!r}")
+        if self.zero_grad not in ZERO_GRADS:
+            raise ValueError(f"zero_grad must be one of {ZERO_GRADS}, not {self.zero_grad!r}")
+
+    @property
+    def torch_weight_decay(self) -> float:
+        """The decay torch's AdamW applies itself (the ``torch`` style's)."""
+        return self.weight_decay if self.decay_style == "torch" else 0.0
+
+    @property
+    def decay_after(self) -> float:
+        """The decay applied after the update (the ``transformers`` style's)."""
+        return self.weight_decay if self.decay_style == "transformers" else 0.0
 
 
 class EagerUpdate:
-    """``torch.optim.AdamW`` + clipping + ``LambdaLR``, dispatched op by op from the host."""
+    """``torch.optim.AdamW`` + clipping + ``LambdaLR``, dispatched op by op from the host.
+
+    ``exempt``: ids of the parameters spared weight decay (:func:`decay_exempt`; read under
+    ``decay_style="transformers"`` only)."""
 
     captured = False
 
@@ -103,6 +162,7 @@ class EagerUpdate:
         schedule: Callable[[int], float],
         fused: bool | None = None,
         scaler: torch.amp.GradScaler | None = None,
+        exempt: set[int] | frozenset[int] = frozenset(),
     ) -> None:
         self.settings = settings
         self.params = [p for g in groups for p in g]
@@ -110,7 +170,7 @@ class EagerUpdate:
             [{"params": g} for g in groups],
             lr=settings.lr,
             betas=settings.betas,
-            weight_decay=settings.weight_decay,
+            weight_decay=settings.torch_weight_decay,
             eps=settings.eps,
             fused=fused,
         )
@@ -118,12 +178,16 @@ class EagerUpdate:
         self.scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
         #: optimizer steps taken by each group, on the host (ε's scaling reads it)
         self.group_steps = [0] * len(groups)
+        #: what transformers' decay shrinks after each step it takes
+        self.decayed = [p for p in self.params if id(p) not in exempt]
 
     def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        """Clear the gradients: to None, or (``zero_grad="zeros"``) to zero tensors, which
+        AdamW then steps on every batch, as the released runs' ``optimizer.zero_grad()``."""
+        self.optimizer.zero_grad(set_to_none=self.settings.zero_grad == "none")
 
     def apply(self, loss: Tensor) -> None:
-        """Backward of ``loss`` (scaled under fp16), clip, AdamW, schedule."""
+        """Backward of ``loss`` (scaled under fp16), clip, AdamW, decay, schedule."""
         self.scaler.scale(loss).backward()
         if self.settings.max_grad_norm > 0:
             self.scaler.unscale_(self.optimizer)
@@ -135,12 +199,26 @@ class EagerUpdate:
             beta2 = self.settings.betas[1]
             for group, steps in zip(self.optimizer.param_groups, self.group_steps, strict=True):
                 group["eps"] = transformers_eps(self.settings.eps, beta2, steps + 1)
+        lr = self.lr()
+        taken = self._scaled_step()
+        if taken:
+            stepped = [p for p in self.decayed if p.grad is not None]
+            decay_after_update_(stepped, lr, self.settings.decay_after)
+        self.scheduler.step()  # also after a skipped step, as the released HF-Trainer loop
+        if taken:  # a step the fp16 scaler skipped is no step of AdamW's: ε's count stays
+            self.group_steps = [n + int(s) for n, s in zip(self.group_steps, stepping, strict=True)]
+
+    def _scaled_step(self) -> bool:
+        """The optimizer step through the loss scaler; False when the scaler skipped it (an
+        overflowing fp16 gradient: the scale backs off). The scale is read on the host only when
+        the scaler is on — its ``step`` has read the overflow flag there already."""
+        if not self.scaler.is_enabled():
+            self.optimizer.step()
+            return True
+        before = self.scaler.get_scale()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.scheduler.step()
-        # a step the fp16 scaler skipped counts in torch's state too (its step tensors stay);
-        # only a scaled run can skip, and it then reads the state on the host (load_state_dict)
-        self.group_steps = [n + int(s) for n, s in zip(self.group_steps, stepping, strict=True)]
+        return self.scaler.get_scale() >= before
 
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
@@ -158,6 +236,10 @@ class EagerUpdate:
         if state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
         self.group_steps = read_group_steps(self.optimizer)
+        if self.settings.zero_grad == "zeros":  # what had a gradient before keeps stepping
+            for p in self.params:
+                if p in self.optimizer.state and p.grad is None:
+                    p.grad = torch.zeros_like(p)
 
 
 def read_group_steps(optimizer: torch.optim.Optimizer) -> list[int]:
@@ -250,11 +332,24 @@ class FlatAdamW:
     ``torch.optim.AdamW``'s, so ``last/`` looks the same whichever update saved it."""
 
     def __init__(
-        self, flat: FlatParameters, params: list[nn.Parameter], settings: AdamWSettings
+        self,
+        flat: FlatParameters,
+        params: list[nn.Parameter],
+        settings: AdamWSettings,
+        exempt: set[int] | frozenset[int] = frozenset(),
     ) -> None:
         """``params``: what this optimizer trains, in its param-group order (the indices of its
-        state dict); a subset of ``flat``'s parameters."""
+        state dict); a subset of ``flat``'s parameters. ``exempt``: ids of those spared the
+        ``transformers`` style's decay (:func:`decay_exempt`)."""
         self.flat, self.params, self.settings = flat, params, settings
+        #: the ``transformers`` style's decay per element (λ, or 0 where spared); None without
+        self.decay_rate: Tensor | None = None
+        if settings.decay_after > 0:
+            self.decay_rate = torch.zeros_like(flat.data)
+            for p in params:
+                if id(p) not in exempt:
+                    start, end = flat.span[id(p)]
+                    self.decay_rate[start:end] = settings.decay_after
         self.exp_avg = torch.zeros_like(flat.data)
         self.exp_avg_sq = torch.zeros_like(flat.data)
         self.steps = torch.zeros(MAX_COUNTERS, dtype=torch.float32, device=flat.data.device)
@@ -288,10 +383,13 @@ class FlatAdamW:
             self.steps[seg.counter] = t
             bias1, bias2_sqrt = 1 - beta1**t, (1 - beta2**t).sqrt()
             eps = s.eps / bias2_sqrt if s.eps_style == "transformers" else s.eps
-            p.mul_(1 - lr * s.weight_decay)
+            if s.torch_weight_decay > 0:
+                p.mul_(1 - lr * s.torch_weight_decay)
             m.lerp_(g, 1 - beta1)
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             p.sub_((lr / bias1) * m / (v.sqrt() / bias2_sqrt + eps))
+            if self.decay_rate is not None:  # transformers.AdamW: after the update
+                p.mul_(1 - lr * self.decay_rate[at])
 
     def count(self, segments: tuple[Segment, ...]) -> None:
         """Mirror one step of ``segments`` on the host (for the state dict)."""
@@ -375,30 +473,36 @@ class CapturedUpdate:
         self.flat, self.module, self.settings = flat, module, settings
         self.loss_of, self.lr_factor, self.autocast = loss_of, lr_factor, autocast
         self.trained = [p for g in groups for p in g]
-        self.adamw = FlatAdamW(flat, self.trained, settings)
+        self.adamw = FlatAdamW(flat, self.trained, settings, decay_exempt(module))
         self.layout = flat.layout(module)
         self.names = {id(p): name for name, p in module.named_parameters()}
         self.buffers = dict(module.named_buffers())
         # never stepped: it holds the param groups and the schedule the state dict records
         self.optimizer = torch.optim.AdamW(
             [{"params": g} for g in groups], lr=settings.lr, eps=settings.eps,
-            betas=settings.betas, weight_decay=settings.weight_decay,
+            betas=settings.betas, weight_decay=settings.torch_weight_decay,
         )  # fmt: skip
         self.optimizer._opt_called = True  # (LambdaLR warns of a scheduler stepped first)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, host_factor)
         device = flat.data.device
         self.schedule_step = torch.zeros((), dtype=torch.float32, device=device)
         self.plans: dict[str, KindPlan] = {}
+        #: per batch kind: (the parameters it reaches, its terms), from its probe
+        self.reached: dict[str, tuple[set[int], tuple[str, ...]]] = {}
+        #: ``zero_grad="zeros"``: every parameter that has had a gradient (they all step)
+        self.had_gradient: set[int] = set()
         for state in (flat.data, self.adamw.exp_avg, self.adamw.exp_avg_sq, self.adamw.steps,
                       self.schedule_step):  # fmt: skip
             torch._dynamo.mark_static_address(state)  # CUDA graphs update them in place
+        if self.adamw.decay_rate is not None:  # read every step: no copy into the graph
+            torch._dynamo.mark_static_address(self.adamw.decay_rate)
         self._compiled = compile_fn(self._whole_step)
 
     # -- the step ----------------------------------------------------------------------------
     def step(self, kind: str, *inputs) -> tuple[tuple[str, ...], Tensor]:
         """One update on ``inputs`` of batch kind ``kind``: (term names, their values stacked
         on the device, in fp32)."""
-        plan = self.plans.get(kind) or self._probe(kind, inputs)
+        plan = self.plans.get(kind) or self._plan(kind, inputs)
         if self.flat.data.is_cuda:  # the outputs of the last replay are dead (read already)
             torch.compiler.cudagraph_mark_step_begin()
         # a copy: the next replay of any captured graph may reuse the output's memory
@@ -444,10 +548,27 @@ class CapturedUpdate:
             terms = functional_call(self.module, (params, buffers), inputs)
         return self.loss_of(terms), terms
 
-    def _probe(self, kind: str, inputs: tuple) -> KindPlan:
-        """Which parameters a step of ``kind`` updates (those that get a gradient) and which
-        terms it returns: one eager forward/backward, the random state and the module's buffers
-        (e.g. BatchNorm statistics) restored after it, so the run's draws are unchanged."""
+    def _plan(self, kind: str, inputs: tuple) -> KindPlan:
+        """What a step of ``kind`` updates: the parameters it reaches (:meth:`_probe`, once per
+        kind) — under ``zero_grad="zeros"`` with every parameter that has had a gradient, and
+        the other kinds' plans rebuilt when this kind reaches new ones."""
+        if kind not in self.reached:
+            self.reached[kind] = self._probe(inputs)
+        active, keys = self.reached[kind]
+        if self.settings.zero_grad == "zeros":
+            if not active <= self.had_gradient:
+                self.had_gradient |= active
+                self.plans.clear()  # they step these too from now on
+            active = active | self.had_gradient
+        plan = KindPlan(self.adamw.segments(active, self.names), keys)
+        self.plans[kind] = plan
+        logger.debug("captured update, %s batches: %d segments", kind, len(plan.segments))
+        return plan
+
+    def _probe(self, inputs: tuple) -> tuple[set[int], tuple[str, ...]]:
+        """(ids of the parameters a step on ``inputs`` gives a gradient, the terms it returns):
+        one eager forward/backward, the random state and the module's buffers (e.g. BatchNorm
+        statistics) restored after it, so the run's draws are unchanged."""
         buffers = {k: b.clone() for k, b in self.module.named_buffers()}
         device = self.flat.data.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -457,10 +578,7 @@ class CapturedUpdate:
         for key, buffer in self.module.named_buffers():
             buffer.copy_(buffers[key])
         active = {id(p) for p, g in zip(self.trained, grads, strict=True) if g is not None}
-        plan = KindPlan(self.adamw.segments(active, self.names), tuple(terms))
-        self.plans[kind] = plan
-        logger.debug("captured update, %s batches: %d segments", kind, len(plan.segments))
-        return plan
+        return active, tuple(terms)
 
     # -- bookkeeping -------------------------------------------------------------------------
     def lr(self) -> float:
@@ -478,3 +596,6 @@ class CapturedUpdate:
         self.adamw.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.schedule_step.fill_(float(self.scheduler.last_epoch))
+        if self.settings.zero_grad == "zeros":  # what stepped before keeps stepping
+            self.had_gradient = set(self.adamw.loaded_steps)
+            self.plans.clear()

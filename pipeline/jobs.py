@@ -365,6 +365,11 @@ class AudioJob(LabelledFlags):
     class_pick: str = setting(
         "most", "which --classes: most (the most files: AudioCSE's released top speakers)|random"
     )
+    class_numbering: str = setting(
+        "walk",
+        "labels: walk (speakers in the order os.walk first meets them: AudioCSE's released "
+        "prep_librispeech.py)|sorted (by name)",
+    )
     mel_bins: int = setting(128, "mel filterbank bins")
     frames: int = setting(1024, "frames per clip (zero-padded or cut)")
     window: str = setting("hanning", "hanning (SSAST)|povey (Kaldi default)|hamming")
@@ -380,8 +385,11 @@ class AudioJob(LabelledFlags):
             by=self.class_pick,
         )  # fmt: skip
         cfg = FbankConfig(num_mel_bins=self.mel_bins, target_frames=self.frames, window=self.window)
+        classes = nc.numbered_classes(
+            self.source, nc.AUDIO_SUFFIXES, examples, self.class_numbering
+        )
         m = nc.write_audio_fbanks(
             examples, self.out, dataset=self.name(self.source), split=self.split, cfg=cfg,
-            dtype=self.dtype, shard_rows=self.shard_rows, workers=self.workers,
+            dtype=self.dtype, shard_rows=self.shard_rows, workers=self.workers, classes=classes,
         )  # fmt: skip
         return f"{self.out}: {m.num_rows} clips, {len(m.extra['classes'])} classes"

@@ -15,7 +15,8 @@ Training then decodes nothing: a step gathers rows of a memory-mapped feature se
   files (:func:`most_files_classes`); ``by="random"`` draws them at random.
 
 Labels: every id is ``<class>/<name>`` and the manifest's ``extra["classes"]`` lists the class
-names (sorted); the trainer derives labels from the ids (:func:`mmcse.cache.kinds.class_of`), so
+names in label order (sorted; audio: by default the released first-appearance order,
+:func:`numbered_classes`); the trainer derives labels from the ids (:func:`mmcse.cache.kinds.class_of`), so
 labels are joined by id like every other cached value and need no second table.
 """
 
@@ -56,6 +57,9 @@ RELEASED_LISTS = {"visualcse": Path(__file__).parent / "data" / "visualcse-sampl
 #: how ``class_folder`` picks ``max_classes`` classes: the most files first (AudioCSE's released
 #: ``prep_librispeech.py`` + ``trainers.py``: the top-50 speakers), or a seeded random draw
 CLASS_PICKS = ("most", "random")
+#: how classes are numbered (label i = the i-th): ``walk`` — first met by ``os.walk``, AudioCSE's
+#: released ``prep_librispeech.py`` — or ``sorted`` by name (torchvision's ``ImageFolder``)
+CLASS_NUMBERINGS = ("walk", "sorted")
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,21 @@ def most_files_classes(root: str | Path, suffixes: set[str], k: int) -> list[str
     in which ``os.walk`` first met each class (the file system's listing order, as in the released
     run) — and ``trainers.py:481`` keeps the first ``top_classes`` = 50. A tie across the cut is
     logged, since another file system may list the tied classes in another order."""
+    counts = walk_counts(root, suffixes)
+    ranked = sorted(counts.items(), key=lambda item: item[1], reverse=True)
+    if k < len(ranked) and ranked[k - 1][1] == ranked[k][1]:
+        tied = [name for name, n in ranked if n == ranked[k][1]]
+        logger.warning(
+            f"{root}: classes {tied} have {ranked[k][1]} files each and straddle the top-{k} "
+            "cut; kept in os.walk's listing order, as the released preparation does"
+        )
+    return [name for name, _ in ranked[:k]]
+
+
+def walk_counts(root: str | Path, suffixes: set[str]) -> dict[str, int]:
+    """Files per class of ``root/<class>/**``, in the order ``os.walk`` first meets each class
+    (the dict's order: the file system's listing order, depth first)."""
+    root = Path(root)
     counts: dict[str, int] = {}
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -120,14 +139,24 @@ def most_files_classes(root: str | Path, suffixes: set[str], k: int) -> list[str
         found = sum(Path(f).suffix.lower() in suffixes for f in files)
         if found:
             counts[parts[0]] = counts.get(parts[0], 0) + found
-    ranked = sorted(counts.items(), key=lambda item: item[1], reverse=True)
-    if k < len(ranked) and ranked[k - 1][1] == ranked[k][1]:
-        tied = [name for name, n in ranked if n == ranked[k][1]]
-        logger.warning(
-            f"{root}: classes {tied} have {ranked[k][1]} files each and straddle the top-{k} "
-            "cut; kept in os.walk's listing order, as the released preparation does"
-        )
-    return [name for name, _ in ranked[:k]]
+    return counts
+
+
+def numbered_classes(
+    root: str | Path, suffixes: set[str], examples: Sequence[Example], numbering: str
+) -> list[str]:
+    """The classes of ``examples`` in label order (class ``i`` = label ``i``): ``sorted`` by
+    name, or ``walk`` — AudioCSE's released numbering: ``prep_librispeech.py:35–36, 56, 65``
+    lists speakers in the order ``os.walk`` first meets one of their files (``csv``
+    ``display_name``), and ``trainers.py:489–494`` numbers the kept top speakers 0, 1, … in that
+    order. The class-rank loss is not invariant to the numbering (its target is a class's rank
+    among the batch's labels), so the released one is the default of ``extract-audio``."""
+    if numbering not in CLASS_NUMBERINGS:
+        raise MmcseError(f"the class numbering must be one of {', '.join(CLASS_NUMBERINGS)}")
+    present = {class_of(e.id) for e in examples}
+    if numbering == "sorted":
+        return sorted(present)
+    return [name for name in walk_counts(root, suffixes) if name in present]
 
 
 def listed_files(root: str | Path, list_file: str | Path) -> list[Example]:
@@ -260,8 +289,10 @@ def write_audio_fbanks(
     dtype: str = "float16",
     shard_rows: int = 256,
     workers: int = 2,
+    classes: Sequence[str] | None = None,
 ) -> Manifest:
-    """Cache ``examples`` (WAV files) as an ``audio_fbank`` set of ``[frames, bins]`` rows."""
+    """Cache ``examples`` (WAV files) as an ``audio_fbank`` set of ``[frames, bins]`` rows;
+    ``classes``: the label order (:func:`numbered_classes`; None: sorted names)."""
     shape = [cfg.target_frames, cfg.num_mel_bins]
     writer = FeatureSetWriter(
         out,
@@ -275,7 +306,7 @@ def write_audio_fbanks(
             "teacher": PRODUCER,
             "preprocessing": {"fbank": "kaldi (SSAST)", "dither": 0.0, **cfg.to_dict()},
         },
-        extra=_class_extra(examples),
+        extra=_class_extra(examples, classes),
     )
     row = partial(fbank_row, cfg=cfg, dtype=dtype)
     return _write(writer, examples, row, shard_rows, workers, "audio")
@@ -329,8 +360,9 @@ def _write(writer, examples, make_row, shard_rows, workers, what) -> Manifest:
     return writer.finalize(extra={"examples_listed": len(examples)}, num_shards=num_shards)
 
 
-def _class_extra(examples: Sequence[Example]) -> dict[str, Any]:
-    classes = sorted({class_of(e.id) for e in examples})
+def _class_extra(examples: Sequence[Example], classes: Sequence[str] | None = None) -> dict:
+    """The manifest's class list (label ``i`` = ``classes[i]``; sorted names unless given)."""
+    classes = list(classes) if classes is not None else sorted({class_of(e.id) for e in examples})
     return {"classes": classes, "label_from": "id prefix before the first '/'"}
 
 

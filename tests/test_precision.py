@@ -60,7 +60,7 @@ def test_training_the_auxiliary_step_and_evaluation_follow_one_policy(
     want = precision.autocast_dtype(device, name)
     assert training_dtype(device, name, autocasts) == want
     assert auxiliary_dtype(device, name, autocasts) == want
-    if name == precision.EVAL_PRECISION:
+    with precision.evaluating_in(name):  # --eval-precision / mmcse eval --precision
         assert evaluation_dtype(device, autocasts) == want
     recorded = {None: "fp32", torch.bfloat16: "bf16 autocast"}.get(
         want, "fp16 autocast + GradScaler"
@@ -97,3 +97,54 @@ def test_only_fp16_on_a_gpu_scales_the_loss(name, device, monkeypatch):
 def test_the_settings_offer_exactly_the_policy_s_names():
     for name in precision.PRECISIONS:
         assert TrainConfig(precision=name).precision == name
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU], ids=["cuda", "cpu"])
+def test_evaluation_is_fp32_by_default_on_every_device(device, autocasts, monkeypatch):
+    """The released trainers evaluated (dev: the checkpoint choice; test: the numbers) with no
+    autocast; so do mmcse eval and a run's dev/test scoring unless asked, even on a bf16 GPU."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert evaluation_dtype(device, autocasts) is None
+    assert precision.precision_name(device) == "fp32"
+    assert TrainConfig().eval_precision == "fp32"
+    with precision.evaluating_in("auto"):
+        assert precision.precision_name(device) == ("bf16 autocast" if device == CUDA else "fp32")
+    assert precision.evaluation_precision() == "fp32"  # restored on leaving
+
+
+def test_mmcse_eval_and_a_run_evaluate_under_their_precision_setting(monkeypatch, tmp_path):
+    from mmcse.evaluation import evaluate as evaluate_mod
+    from mmcse.evaluation.request import EvalRequest
+    from mmcse.training import loop
+
+    seen = []
+
+    class Scored(Exception):  # stops the evaluation once the STS suite is entered
+        pass
+
+    def spy_sts(*_, **__):
+        seen.append(precision.evaluation_precision())
+        raise Scored
+
+    monkeypatch.setattr(evaluate_mod, "evaluate_sts", spy_sts)
+    monkeypatch.setattr(evaluate_mod, "unfinished_warning", lambda *_: None)
+    monkeypatch.setattr(evaluate_mod, "resolve_model_source", lambda m: m)
+    for asked in ("fp32", "auto"):
+        request = EvalRequest(model=str(tmp_path), tasks="sts", precision=asked)
+        with pytest.raises(Scored):
+            list(evaluate_mod.evaluate_model(request))
+    assert seen == ["fp32", "auto"]
+    assert EvalRequest(model="m").precision == "fp32"
+
+    class FakeTrainer:
+        def __init__(self, cfg, resume):
+            self.record = type("R", (), {"out": tmp_path})()
+
+        def setup(self):
+            return self
+
+        def fit(self):
+            return precision.evaluation_precision()
+
+    monkeypatch.setattr(loop, "Trainer", FakeTrainer)
+    assert loop.train(TrainConfig(eval_precision="bf16")) == "bf16"

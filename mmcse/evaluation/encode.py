@@ -2,7 +2,8 @@
 
 Speed comes from three things that change no number: every sentence is tokenised once, batches
 are built from length-sorted sentences (little padding), and the forward runs under
-``torch.inference_mode`` (bf16 autocast on CUDA; plain fp32 on CPU). Rows come back in the
+``torch.inference_mode`` (fp32, as the released evaluations; :func:`mmcse.precision.evaluating_in`
+selects autocast). Rows come back in the
 caller's order. The encoder's train/eval mode is restored afterwards, so the trainer can call
 this on its live model.
 """
@@ -21,7 +22,7 @@ from tqdm.auto import tqdm
 
 from mmcse.errors import MmcseError
 from mmcse.pooling import StModule, needs_hidden_states, pool
-from mmcse.precision import EVAL_PRECISION, autocast_for
+from mmcse.precision import autocast_for, evaluation_precision
 
 # tokenizers report "no limit" as a huge sentinel (int(1e30)); anything above this is not a limit
 _NO_LIMIT = 1_000_000
@@ -63,9 +64,9 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[np.nda
 
 
 def eval_autocast(device: torch.device):
-    """The autocast evaluation encodes under: the one precision policy at
-    :data:`~mmcse.precision.EVAL_PRECISION` (bf16 on a GPU that supports it, else fp32)."""
-    return autocast_for(device, EVAL_PRECISION)
+    """The autocast evaluation encodes under: none by default (fp32, as the released
+    evaluations), else :func:`~mmcse.precision.evaluating_in`'s precision."""
+    return autocast_for(device, evaluation_precision())
 
 
 def encoder_device(encoder: nn.Module, device: str | torch.device | None) -> torch.device:

@@ -12,6 +12,7 @@ from mmcse.evaluation.probe import check_mode
 from mmcse.evaluation.request import EvalRequest
 from mmcse.evaluation.suites import parse_suites, record, run_extra_suites, write_out
 from mmcse.hub import resolve_model_source
+from mmcse.precision import evaluating_in
 from mmcse.rundir import BEST_DIR, LAST_DIR, Checkpoint, run_finished
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,11 @@ def evaluate_model(request: EvalRequest) -> Iterator[str]:
     it is scored, beside the earlier ones (:func:`~mmcse.evaluation.suites.record`); every
     result's details hold its protocol and environment. A checkpoint of an unfinished run is
     evaluated with a warning."""
+    with evaluating_in(request.precision):
+        yield from _evaluate_model(request)
+
+
+def _evaluate_model(request: EvalRequest) -> Iterator[str]:
     r = request
     suites = parse_suites(r.tasks, r.images_features, r.captions, r.data)
     check_mode(r.transfer_mode)  # refused now, not after the STS tasks ran

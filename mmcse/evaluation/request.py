@@ -36,6 +36,13 @@ class EvalRequest:
                   "config, else cls_before_pooler)"},
     )  # fmt: skip
     batch_size: int = field(default=128, metadata={"help": "sentences per forward pass"})
+    precision: str = field(
+        default="fp32",
+        metadata={
+            "choices": ("fp32", "auto", "bf16", "fp16"),
+            "help": "fp32 (the released evaluations) or autocast on CUDA (auto/bf16: bf16)",
+        },
+    )
     device: str | None = field(
         default=None, metadata={"help": "cpu, cuda, cuda:1, ... (None: cuda if any)"}
     )

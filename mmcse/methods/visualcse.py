@@ -61,6 +61,7 @@ class NonLinguisticMixin:
         return NonLinguisticTask(
             encoder, self, path, device, seed=cfg.seed, precision=cfg.precision,
             adam_eps=cfg.adam_eps, adam_eps_style=cfg.adam_eps_style,
+            weight_decay_style=cfg.weight_decay_style,
         )  # fmt: skip
 
     def auxiliary_roles(self) -> tuple[str, ...]:

@@ -46,10 +46,16 @@ from mmcse.losses.heads import MLPHead
 from mmcse.nonling.augment import ViewAugmentation, apply_params, draw_params, pack_params
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
 from mmcse.nonling.specaugment import SpecAugment, draw_spans, mask_clips
-from mmcse.optim import EPS_STYLES, set_transformers_eps
+from mmcse.optim import DECAY_STYLES, EPS_STYLES, set_transformers_eps
 from mmcse.precision import autocast_context, grad_scaler_for
 from mmcse.registry import LOSSES
-from mmcse.update import AdamWSettings, CapturedUpdate, FlatParameters
+from mmcse.update import (
+    AdamWSettings,
+    CapturedUpdate,
+    FlatParameters,
+    decay_after_update_,
+    decay_exempt,
+)
 
 IMAGE_KIND = IMAGE_TENSOR_KIND  # the cache contract's names (mmcse.cache.kinds)
 AUDIO_KIND = AUDIO_FBANK_KIND
@@ -142,13 +148,20 @@ class NonLinguisticTask:
         precision: str = "auto",
         adam_eps: float = 1e-8,
         adam_eps_style: str = "transformers",
+        weight_decay_style: str = "transformers",
     ) -> None:
-        """``adam_eps``, ``adam_eps_style``: the run's (``TrainConfig``): the released trainer
-        builds both optimizers with the same ``adam_epsilon``, both ``transformers.AdamW``."""
+        """``adam_eps``, ``adam_eps_style``, ``weight_decay_style``: the run's (``TrainConfig``):
+        the released trainer builds both optimizers with the same ``adam_epsilon``, both
+        ``transformers.AdamW``, both sparing biases and LayerNorm weights from decay
+        (``trainers.py:504``)."""
         if adam_eps_style not in EPS_STYLES:
             raise ValueError(f"adam_eps_style must be one of {EPS_STYLES}, not {adam_eps_style!r}")
+        if weight_decay_style not in DECAY_STYLES:
+            raise ValueError(f"weight_decay_style must be one of {DECAY_STYLES}")
         self.settings: NonLinguisticSettings = method_cfg.nonlinguistic_settings()
         self.adam_eps, self.adam_eps_style = adam_eps, adam_eps_style
+        self.weight_decay_style = weight_decay_style
+        self.decayed: list[nn.Parameter] = []  # what transformers' decay shrinks (eager step)
         self.encoder = encoder
         self.device = torch.device(device)
         self.seed, self.total_steps, self.precision = seed, total_steps, precision
@@ -227,10 +240,22 @@ class NonLinguisticTask:
         """AdamW over the encoder and the task's modules at the task's lr (Table C.1); its ε
         is set before every step when ``adam_eps_style`` is ``transformers`` (:meth:`step`)."""
         params = [*encoder.parameters(), *self.heads.parameters()]
+        decay = self._adamw_settings()
         self.optimizer = torch.optim.AdamW(
-            params, lr=self.settings.lr, weight_decay=self.settings.weight_decay, eps=self.adam_eps
+            params, lr=self.settings.lr, weight_decay=decay.torch_weight_decay, eps=self.adam_eps
         )
+        if decay.decay_after > 0:
+            exempt = decay_exempt(encoder) | decay_exempt(self.heads)
+            self.decayed = [p for p in params if id(p) not in exempt]
         return self.optimizer
+
+    def _adamw_settings(self) -> AdamWSettings:
+        s = self.settings
+        return AdamWSettings(
+            lr=s.lr, weight_decay=s.weight_decay, eps=self.adam_eps,
+            eps_style=self.adam_eps_style, max_grad_norm=s.max_grad_norm,
+            decay_style=self.weight_decay_style,
+        )  # fmt: skip
 
     @property
     def fingerprint(self) -> dict[str, str]:
@@ -251,14 +276,9 @@ class NonLinguisticTask:
         holds the encoder's and this task's parameters (the trainer's, shared with the text
         update). Not under fp16: the loss scaler's skip is a host decision (the forward is
         captured instead, :meth:`capture`)."""
-        s = self.settings
-        settings = AdamWSettings(
-            lr=s.lr, weight_decay=s.weight_decay, eps=self.adam_eps,
-            eps_style=self.adam_eps_style, max_grad_norm=s.max_grad_norm,
-        )  # fmt: skip
         groups = [[*self.encoder.parameters(), *self.heads.parameters()]]
         self.whole = CapturedUpdate(
-            flat, self.viewed, groups, settings,
+            flat, self.viewed, groups, self._adamw_settings(),
             loss_of=lambda terms: sum(terms.values()),
             lr_factor=self._cosine_tensor,
             host_factor=self._cosine,
@@ -384,8 +404,14 @@ class NonLinguisticTask:
             torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
         if self.adam_eps_style == "transformers":
             set_transformers_eps(optimizer, self.adam_eps)  # the released transformers.AdamW
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(optimizer)  # skipped when a scaled gradient overflowed (fp16)
         self.scaler.update()
+        if scale is None or self.scaler.get_scale() >= scale:  # the step was taken
+            stepped = [p for p in self.decayed if p.grad is not None]
+            decay_after_update_(
+                stepped, optimizer.param_groups[0]["lr"], self.settings.weight_decay
+            )
         optimizer.zero_grad(set_to_none=True)
         values = torch.stack([v.detach().float() for v in terms.values()])
         return tuple(terms), values

@@ -60,30 +60,40 @@ COMMON_TRAIN: dict[str, Any] = {
 #: ``python`` (fp32; DALR's ``--fp16`` only casts its text teachers' embeddings), ``transformers.
 #: AdamW`` at its default ε = 1e-6, weight decay 0, no warm-up, linear decay, clip 1.0,
 #: ``DataLoader(shuffle=True)`` keeping each corpus's last partial batch, and STS-B dev at every
-#: 125th step and the last (``completed_steps >= max_train_steps``)
+#: 125th step and the last (``completed_steps >= max_train_steps``). ``optimizer.zero_grad()``
+#: under torch 1.7.1 (accelerate 0.3.0 passes ``set_to_none=None``) zeroes the gradients, so the
+#: caption-only heads step on their momentum on text batches; decay groups spare biases and
+#: LayerNorm weights, transformers.AdamW decays after the update
 MCSE_CODE_TRAIN: dict[str, Any] = {
     "precision": "fp32",
     "adam_eps": 1e-6,
     "adam_eps_style": "transformers",
     "weight_decay": 0.0,
+    "weight_decay_style": "transformers",
+    "zero_grad": "zeros",
     "warmup_steps": 0,
     "grad_clip": 1.0,
     "drop_last": False,
     "eval_last_step": True,
+    "eval_precision": "fp32",  # utils.evaluate: no autocast
 }
 #: SimCSE's HF-Trainer code, which VisualCSE/AudioCSE build on (transformers 4.5): ``--fp16``
 #: in their run scripts, ``TrainingArguments`` defaults ε = 1e-8, weight decay 0, no warm-up,
 #: linear decay, ``max_grad_norm`` 1.0, ``dataloader_drop_last`` False, and STS-B dev at the
-#: multiples of ``--eval_steps 125`` only (``DefaultFlowCallback``: none at the last step)
+#: multiples of ``--eval_steps 125`` only (``DefaultFlowCallback``: none at the last step);
+#: ``model.zero_grad()`` under torch 1.10 zeroes; decay groups as MCSE's
 HF_TRAINER_TRAIN: dict[str, Any] = {
     "precision": "fp16",
     "adam_eps": 1e-8,
     "adam_eps_style": "transformers",  # Trainer 4.5 builds transformers.AdamW
     "weight_decay": 0.0,
+    "weight_decay_style": "transformers",
+    "zero_grad": "zeros",
     "warmup_steps": 0,
     "grad_clip": 1.0,
     "drop_last": False,
     "eval_last_step": False,
+    "eval_precision": "fp32",  # the Trainer's SentEval evaluate: no autocast
 }
 MCSE_SEEDS = (0, 1, 2, 3, 4)  # MCSE's train_mix.py: "We used [0,1,2,3,4] in experiments"
 TEXT_CORPUS = "wiki1m"
@@ -391,7 +401,9 @@ class Recipe:
             f"  mixing      {cfg.mixing}",
             f"  precision   {cfg.precision} {PRECISION_WORDS[cfg.precision]}",
             f"  optimizer   AdamW lr {cfg.learning_rate:g}, eps {cfg.adam_eps:g} (placed as "
-            f"{cfg.adam_eps_style}), weight decay {cfg.weight_decay:g}, grad clip {cfg.grad_clip:g}",
+            f"{cfg.adam_eps_style}), weight decay {cfg.weight_decay:g} "
+            f"({cfg.weight_decay_style}), grad clip {cfg.grad_clip:g}, gradients after a step: "
+            f"{cfg.zero_grad}",
             f"  schedule    linear, warm-up {cfg.warmup_steps} steps, decay to 0 "
             "(HF get_linear_schedule_with_warmup)",
             f"  batches     {cfg.batch_size} per step, {cfg.epochs} epoch(s), max length "
@@ -399,7 +411,7 @@ class Recipe:
             f"{'dropped' if cfg.drop_last else 'kept (as torch DataLoader)'}",
             f"  evaluation  STS-B dev every {cfg.eval_steps} steps "
             f"{'and at the last step' if cfg.eval_last_step else '(not at the last step)'}, "
-            f"pooler {cfg.pooler}",
+            f"pooler {cfg.pooler}, in {cfg.eval_precision}",
             f"  seeds       {','.join(map(str, self.seeds))}",
             *(
                 f"  examples    {n.command}"

@@ -24,7 +24,7 @@ from typing import Any
 from mmcse.corpusfiles import BAD_LINES
 from mmcse.devices import DEVICE_PATTERN, DEVICES
 from mmcse.errors import MmcseError
-from mmcse.optim import EPS_STYLES
+from mmcse.optim import DECAY_STYLES, EPS_STYLES, ZERO_GRADS
 from mmcse.pooling import check_pooler
 from mmcse.precision import PRECISIONS
 from mmcse.rundir import METRICS_FILE
@@ -154,6 +154,24 @@ class TrainConfig:
     weight_decay: float = field(
         default=0.0, metadata={"panel": PANEL_OPTIMISATION, "min": 0, "help": "AdamW weight decay"}
     )
+    weight_decay_style: str = field(
+        default="transformers",
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "choices": DECAY_STYLES,
+            "help": "decay after the update, biases and LayerNorm spared (transformers.AdamW), "
+            "or torch's: every parameter, before it",
+        },
+    )
+    zero_grad: str = field(
+        default="none",
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "choices": ZERO_GRADS,
+            "help": "gradients after a step: none (a parameter without one is skipped) or zeros "
+            "(torch<2: a head that had one keeps stepping on its momentum)",
+        },
+    )
     adam_eps: float = field(
         default=1e-6,
         metadata={
@@ -251,6 +269,15 @@ class TrainConfig:
         metadata={
             "panel": PANEL_EVALUATION,
             "help": "SentEval-layout dir ('' disables evaluation; unset: ../shared/data)",
+        },
+    )
+    eval_precision: str = field(
+        default="fp32",
+        metadata={
+            "panel": PANEL_EVALUATION,
+            "choices": PRECISIONS,
+            "help": "STS-B dev and test scoring: fp32 (the released evaluations) or autocast "
+            "on CUDA (auto/bf16: bf16)",
         },
     )
     final_eval: bool = field(

@@ -44,7 +44,7 @@ from mmcse.hub import load_tokenizer
 from mmcse.methods import Method
 from mmcse.model import SentenceEncoder, resolve_pooler
 from mmcse.pooling import DEFAULT_POOLER
-from mmcse.precision import autocast_context, grad_scaler_for, precision_name
+from mmcse.precision import autocast_context, evaluating_in, grad_scaler_for, precision_name
 from mmcse.rundir import resolve_model_dir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
@@ -73,6 +73,7 @@ from mmcse.update import (
     EagerUpdate,
     FlatParameters,
     adamw_groups,
+    decay_exempt,
     linear_factor,
     linear_factor_tensor,
 )
@@ -170,6 +171,7 @@ class Trainer:
         settings = AdamWSettings(
             lr=cfg.learning_rate, weight_decay=cfg.weight_decay, eps=cfg.adam_eps,
             eps_style=cfg.adam_eps_style, max_grad_norm=cfg.grad_clip,
+            decay_style=cfg.weight_decay_style, zero_grad=cfg.zero_grad,
         )  # fmt: skip
         schedule = partial(linear_factor, warmup=cfg.warmup_steps, total=self.total)
         if self.capture != "whole":
@@ -178,6 +180,7 @@ class Trainer:
             return EagerUpdate(
                 groups, settings, schedule, fused=fused_adamw(cfg, self.device),
                 scaler=grad_scaler_for(self.device, cfg.precision),
+                exempt=decay_exempt(self.student),
             )  # fmt: skip
         fresh_capture_cache()
         aux_groups = [list(self.aux.heads.parameters())] if self.aux is not None else []
@@ -372,7 +375,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> RunResult:
         return RunResult(Path(cfg.output_dir), None, None, None, 0, cfg.method)
     trainer = Trainer(cfg, resume).setup()
     try:
-        with naming_os_errors(trainer.record.out):  # disk full, read-only folder: one line
+        with naming_os_errors(trainer.record.out), evaluating_in(cfg.eval_precision):
             return trainer.fit()
     except TrainingInterrupted:
         raise

@@ -16,6 +16,7 @@ GIVEN = {
     "model": "some/model", "tasks": "sts,MR,retrieval", "data": "/senteval", "out": "/o.json",
     "mode": "dev", "pooler": "avg", "batch_size": 7, "device": "cpu", "align_uniform": True,
     "transfer_mode": "fasttest", "images_features": "/imgs", "captions": "/caps", "head": "t",
+    "precision": "bf16",
 }  # fmt: skip
 
 

@@ -262,6 +262,7 @@ class Cfg:  # the fields auxiliary_task reads from a TrainConfig
     def __init__(self, features, adam_eps=1e-8, adam_eps_style="transformers"):
         self.features, self.seed, self.precision = features, 3, "auto"
         self.adam_eps, self.adam_eps_style = adam_eps, adam_eps_style
+        self.weight_decay_style = "transformers"
 
 
 def changed(before: dict, module: torch.nn.Module) -> bool:
@@ -499,6 +500,74 @@ def test_audio_classes_are_the_released_top_speakers(tmp_path, caplog):
     assert len({class_of(e.id) for e in drawn}) == 3  # the switch: a seeded random draw
     with pytest.raises(MmcseError, match="class pick"):
         nc.class_folder(tmp_path / "ls", nc.AUDIO_SUFFIXES, max_classes=3, by="first")
+
+
+def released_speaker_numbering(path: Path, k: int, suffix: str = ".wav") -> list[str]:
+    """The speaker of each label 0, 1, … in the released AudioCSE run, as written there:
+    prep_librispeech.py's walk appends each new speaker to ``mid`` as it first meets one of their
+    files (lines 35–36) and writes ``csv.display_name = mid`` (56, 65); trainers.py (489–494) keeps
+    the top-``k`` speakers and numbers them 0, 1, … in ``display_name``'s order."""
+    import os
+    import re
+
+    mid: list[str] = []
+    for _root, _dirs, files in os.walk(path):
+        for file in files:
+            if file.endswith(suffix):
+                c_name = re.findall(r"(.*?)-.*", file)[0]
+                if c_name not in mid:
+                    mid.append(c_name)
+    top_dk = released_top_speakers(path, k, suffix)
+    return [name for name in mid if name in top_dk]
+
+
+def test_audio_speakers_are_numbered_as_the_released_run(tmp_path, monkeypatch):
+    """extract-audio numbers speakers by first appearance in os.walk (the release), not by name:
+    the class-rank loss is not invariant to the numbering (next test). The file system lists
+    folders in reverse name order here, so the two numberings differ."""
+    import os
+
+    real_walk = os.walk
+
+    def reverse_listing_walk(top, *args, **kwargs):
+        for folder, dirs, files in real_walk(top, *args, **kwargs):
+            dirs.sort(reverse=True)  # in place: the walk descends in this order
+            yield folder, dirs, files
+
+    monkeypatch.setattr(os, "walk", reverse_listing_walk)
+    counts = {"19": 5, "26": 2, "103": 7, "1034": 3, "87": 4, "911": 3, "200": 1, "4": 6}
+    for speaker, n in counts.items():
+        for u in range(n):
+            wav = tmp_path / "ls" / speaker / "100" / f"{speaker}-100-{u:04d}.wav"
+            wav.parent.mkdir(parents=True, exist_ok=True)
+            wav.write_bytes(b"")
+    root = tmp_path / "ls"
+    for k in (3, 5, 8):
+        picked = nc.class_folder(root, nc.AUDIO_SUFFIXES, max_classes=k, by="most")
+        walk = nc.numbered_classes(root, nc.AUDIO_SUFFIXES, picked, "walk")
+        assert walk == released_speaker_numbering(root, k)
+        assert nc.numbered_classes(root, nc.AUDIO_SUFFIXES, picked, "sorted") == sorted(walk)
+        assert walk != sorted(walk)
+    from pipeline.jobs import AudioJob
+
+    assert AudioJob.__dataclass_fields__["class_numbering"].default == "walk"
+    with pytest.raises(MmcseError, match="numbering"):
+        nc.numbered_classes(root, nc.AUDIO_SUFFIXES, picked, "name")
+
+
+def test_the_class_rank_loss_depends_on_how_classes_are_numbered():
+    """Renumbering the classes (a permutation of the label values) moves the class-rank targets
+    — a column index — and so the loss: the numbering must be the release's."""
+    from mmcse.losses.class_rank_cross_entropy import class_rank_targets
+
+    labels = torch.tensor([7, 2, 7, 5, 2, 9])
+    renumbered = torch.tensor([{7: 0, 2: 3, 5: 1, 9: 2}[int(y)] for y in labels])
+    assert class_rank_targets(labels).tolist() == [2, 0, 2, 1, 0, 3]
+    assert class_rank_targets(renumbered).tolist() == [0, 3, 0, 1, 3, 2]
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 6, generator=gen)
+    loss = torch.nn.functional.cross_entropy
+    assert loss(scores, class_rank_targets(labels)) != loss(scores, class_rank_targets(renumbered))
 
 
 RELEASED_LIST_SHA256 = "dca31e7bfb42686d76b1f4c86dd77b6bc015bab792059dcaacba8ede5c3f760d"

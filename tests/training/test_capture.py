@@ -134,7 +134,7 @@ def auxiliary_task(name: str, model_dir, examples):
     method = build_method(name, **settings)
     cfg = SimpleNamespace(
         features={kind: str(examples)}, seed=3, precision="auto", adam_eps=1e-8,
-        adam_eps_style="transformers",
+        adam_eps_style="transformers", weight_decay_style="transformers",
     )  # fmt: skip
     encoder = SentenceEncoder.from_pretrained(str(model_dir))
     torch.manual_seed(0)  # the task's heads
