@@ -55,28 +55,26 @@ VARLEN = "varlen"
 def pack_rows(lengths: Sequence[int] | np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """``(row, start)`` of each sentence: best fit decreasing into rows of ``width`` tokens.
 
-    Longest first, each sentence goes to the row with the least room left that still holds it
-    (a new row when none does). Deterministic: ties go to the lowest row."""
+    Longest first, each sentence goes to a row with the least room left that still holds it
+    (a new row when none does). Deterministic. Rows are found by their room left (at most
+    ``width`` lists), so a run's whole schedule is packed in seconds (:func:`rows_needed`)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size and int(lengths.max()) > width:
         raise ValueError(f"a sentence of {int(lengths.max())} tokens exceeds the row ({width})")
     rows = np.zeros(len(lengths), dtype=np.int64)
     starts = np.zeros(len(lengths), dtype=np.int64)
-    used: list[int] = []  # tokens used per row
-    for i in np.argsort(-lengths, kind="stable"):
+    by_room: list[list[int]] = [[] for _ in range(width)]  # room left → rows with that room
+    count = 0
+    for i in np.argsort(-lengths, kind="stable").tolist():
         n = int(lengths[i])
-        best, room = -1, width + 1
-        for r, u in enumerate(used):
-            left = width - u
-            if n <= left < room:
-                best, room = r, left
-                if left == n:
-                    break
-        if best < 0:
-            best = len(used)
-            used.append(0)
-        rows[i], starts[i] = best, used[best]
-        used[best] += n
+        room = next((r for r in range(max(n, 1), width) if by_room[r]), width)
+        if room == width:
+            row, count = count, count + 1
+        else:
+            row = by_room[room].pop()
+        rows[i], starts[i] = row, width - room
+        if room - n > 0:
+            by_room[room - n].append(row)
     return rows, starts
 
 
@@ -108,8 +106,9 @@ class PackedTokens:
     segments: Tensor  # [R, W] sentence number; fill of row r: sentences + r
     index: Tensor  # [copies·N, L] flat token index of each sentence's tokens (clamped past its end)
     mask: Tensor  # [copies·N, L] the padded attention mask of the sentences
-    cu_seqlens: Tensor  # [S+1] int32 starts of every segment over the flattened rows (varlen)
-    max_seqlen: int  # longest segment (varlen)
+    #: [copies·(N + rows) + 1] int32 starts of every segment over the flattened rows (varlen),
+    #: a fixed length (repeated totals at the end: empty segments) so a budget's shapes are static
+    cu_seqlens: Tensor
 
     @property
     def rows(self) -> int:
@@ -144,13 +143,13 @@ def pack_tokens(
     pad_id: int,
     rows: int | None = None,
     copies: int = 1,
-    offset: int = 0,
 ) -> PackedTokens:
     """Pack a right-padded batch (``input_ids``/``attention_mask`` ``[N, L]``, on the host).
 
     ``rows``: a fixed row count for static shapes (per copy; None: the fewest best fit needs),
     which must hold the batch; ``copies``: the sentences packed this many times over (the
-    copies' rows follow each other); ``offset``: :func:`position_offset` of the encoder."""
+    copies' rows follow each other). Positions count from 0 here; the forward adds the
+    encoder's :func:`position_offset`."""
     ids = input_ids.cpu().numpy()
     lengths = attention_mask.sum(1).cpu().numpy().astype(np.int64)
     n, padded_width = ids.shape
@@ -161,7 +160,7 @@ def pack_tokens(
         raise MmcseError(f"a batch needs {needed} packed rows, more than its budget of {rows}")
     total = rows * copies
     packed = np.full((total, width), pad_id, dtype=np.int64)
-    positions = np.full((total, width), offset, dtype=np.int64)
+    positions = np.zeros((total, width), dtype=np.int64)
     segments = (np.arange(total)[:, None] + copies * n).repeat(width, 1)
     index = np.zeros((copies * n, padded_width), dtype=np.int64)
     column = np.arange(padded_width)
@@ -169,10 +168,9 @@ def pack_tokens(
         for i in range(n):
             r, s, k = copy * rows + int(row_of[i]), int(start_of[i]), int(lengths[i])
             packed[r, s : s + k] = ids[i, :k]
-            positions[r, s : s + k] = offset + np.arange(k)
+            positions[r, s : s + k] = np.arange(k)
             segments[r, s : s + k] = copy * n + i
             index[copy * n + i] = r * width + s + np.where(column < k, column, 0)
-    cu, longest = _segment_starts(segments)
     mask = attention_mask.cpu().repeat(copies, 1)
     return PackedTokens(
         torch.from_numpy(packed),
@@ -180,17 +178,18 @@ def pack_tokens(
         torch.from_numpy(segments),
         torch.from_numpy(index),
         mask,
-        torch.from_numpy(cu),
-        longest,
+        torch.from_numpy(_segment_starts(segments, copies * (n + rows) + 1)),
     )
 
 
-def _segment_starts(segments: np.ndarray) -> tuple[np.ndarray, int]:
-    """Cumulative starts of every run of one segment over the flattened rows, and the longest."""
+def _segment_starts(segments: np.ndarray, size: int) -> np.ndarray:
+    """Cumulative starts of every run of one segment over the flattened rows, ``size`` long."""
     flat = segments.reshape(-1)
     change = np.flatnonzero(flat[1:] != flat[:-1]) + 1
-    cu = np.concatenate([[0], change, [flat.size]]).astype(np.int32)
-    return cu, int(np.diff(cu).max()) if flat.size else 0
+    cu = np.full(size, flat.size, dtype=np.int32)
+    cu[0] = 0
+    cu[1 : len(change) + 1] = change
+    return cu
 
 
 # ---- attention inside each sentence ---------------------------------------------------------
@@ -201,7 +200,7 @@ def attention_arguments(packed: PackedTokens, implementation: str, dtype: torch.
     for the encoder's ``attn_implementation``."""
     if implementation == VARLEN:
         register_varlen()
-        return {"cu_seqlens": packed.cu_seqlens, "max_seqlen": packed.max_seqlen}
+        return {"cu_seqlens": packed.cu_seqlens, "max_seqlen": packed.width}
     if implementation == "flex_attention":
         return {"attention_mask": document_block_mask(packed.segments)}
     same = packed.segments[:, None, :, None] == packed.segments[:, None, None, :]  # [R,1,W,W]
@@ -291,9 +290,10 @@ def packed_forward(backbone, packed: PackedTokens, pooler: str, output_hidden_st
     """Run ``backbone`` on a packed batch; :class:`PackedOutputs` in the padded layout."""
     implementation = backbone.config._attn_implementation
     dtype = backbone.get_input_embeddings().weight.dtype
+    offset = position_offset(backbone)
     out = backbone(
         input_ids=packed.input_ids,
-        position_ids=packed.position_ids,
+        position_ids=packed.position_ids + offset if offset else packed.position_ids,
         output_hidden_states=output_hidden_states,
         return_dict=True,
         **attention_arguments(packed, implementation, dtype),

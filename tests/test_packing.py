@@ -29,10 +29,10 @@ TOLERANCE = 1e-5
 FAMILIES = {"bert": (BertModel, BertConfig, 0), "roberta": (RobertaModel, RobertaConfig, 1)}
 
 
-def tiny_backbone(family: str, attention: str = "sdpa"):
+def tiny_backbone(family: str, attention: str = "sdpa", hidden: int = 32):
     model_class, config_class, pad = FAMILIES[family]
     config = config_class(
-        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        vocab_size=100, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0, pad_token_id=pad,
     )  # fmt: skip
@@ -66,16 +66,17 @@ def test_best_fit_puts_every_sentence_in_one_row_without_overlap():
 
 def test_packed_tensors_restart_positions_and_count_real_tokens():
     ids, mask = padded_batch([3, 2, 4], pad=1)
-    packed = pack_tokens(ids, mask, width=4, pad_id=1, copies=2, offset=2)
+    packed = pack_tokens(ids, mask, width=4, pad_id=1, copies=2)
     assert packed.rows == 6  # 3 rows per copy: 4 | 3 | 2 (best fit), twice
     assert token_counts(packed) == (18, 24)
     first = packed.index[0]  # the 3-token sentence: its tokens, then its first token again
     flat_ids = packed.input_ids.reshape(-1)
     assert flat_ids[first[:3]].tolist() == ids[0, :3].tolist()
-    assert packed.position_ids.reshape(-1)[first[:3]].tolist() == [2, 3, 4]
+    assert packed.position_ids.reshape(-1)[first[:3]].tolist() == [0, 1, 2]
     copy_two = packed.index[3]
     assert flat_ids[copy_two[:3]].tolist() == ids[0, :3].tolist() and copy_two[0] >= 12
-    assert packed.cu_seqlens.tolist()[-1] == 24 and packed.max_seqlen == 4
+    # segments: per copy 3 sentences + fill in 2 rows (the 4-token row is full), then repeats
+    assert packed.cu_seqlens.tolist() == [0, 4, 7, 8, 10, 12, 16, 19, 20, 22, 24, 24, 24]
 
 
 def test_a_fixed_budget_holds_the_batch_or_refuses():
@@ -99,7 +100,7 @@ def test_packed_forward_equals_padded(family, pooler, attention):
     lengths = [5, 12, 3, 9, 16, 7, 1]
     ids, mask = padded_batch(lengths, pad, width=20)  # static width: padding past the longest
     encoder = SentenceEncoder(backbone, pooler)
-    packed = pack_tokens(ids, mask, 16, pad, copies=2, offset=position_offset(backbone))
+    packed = pack_tokens(ids, mask, 16, pad, copies=2)
     assert packed.rows < len(lengths) * 2  # the point: fewer rows than sentences
     with torch.no_grad():
         padded = encoder(input_ids=ids, attention_mask=mask)

@@ -39,7 +39,9 @@ REPORT_TO = ("none", "tensorboard")
 CAPTURES = ("auto", "on", "off")
 #: ``token_cache`` values besides a folder: ``tokens/`` beside each corpus, or no cache
 TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF = "auto", "off"
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+#: encoder attention (:mod:`mmcse.packing`): ``flex_attention`` and ``varlen`` need a GPU for
+#: training (FlexAttention has no backward on CPU; varlen is CUDA-only and packed-only)
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "varlen")
 
 
 #: the ``mmcse train --help`` panel of each setting (field metadata ``panel``)
@@ -322,6 +324,14 @@ class TrainConfig:
             "help": "pad a batch to its longest sentence, not max_seq_length",
         },
     )
+    packing: bool = field(
+        default=True,
+        metadata={
+            "panel": PANEL_SPEED,
+            "help": "pack each batch's sentences end to end in rows of max_seq_length "
+            "(no padding computed; the same numbers)",
+        },
+    )
     log_every: int = field(
         default=10,
         metadata={
@@ -352,6 +362,10 @@ class TrainConfig:
             setattr(self, name, value)
 
         self.pooler = check_pooler(self.pooler, allow_auto=True)  # before any model loads
+        if self.attn_implementation == "varlen" and not self.packing:
+            raise SettingError(
+                "--attn-implementation varlen runs packed batches only: drop --no-packing"
+            )
         unknown_roles = sorted(set(self.expect_fingerprints) - set(self.features))
         if unknown_roles:
             known = ", ".join(sorted(self.features)) or "none (no --feature given)"
