@@ -27,7 +27,7 @@ from test_packing import FAMILIES, padded_batch, tiny_backbone
 
 from mmcse.methods import build_method
 from mmcse.model import SentenceEncoder
-from mmcse.packing import pack_tokens
+from mmcse.packing import pack_tokens, rows_needed
 from mmcse.pooling import POOLERS
 from mmcse.training.data import Batch
 from mmcse.training.student import Student
@@ -96,3 +96,48 @@ def test_every_pooler_packed_equals_padded(pooler, family):
     """MCSEO on caption batches: the pooler, MCSE's image term and the phrase spans at once."""
     method = build_method("mcseo")
     assert_same_step(student_for(method, family, pooler), *batches(method, "caption", family))
+
+
+def test_a_static_run_packs_every_batch_into_one_budget_per_kind(tiny_model, tiny_world, tmp_path):
+    """Static shapes (what capture uses): each kind's rows are the most any batch of the run's
+    schedule needs, so every batch fits and has that one shape; the run records --packing."""
+    from support.runs import tiny_mcse_settings
+
+    from mmcse.training.config import TrainConfig
+    from mmcse.training.loop import Trainer
+    from mmcse.training.prefetch import CPU
+
+    settings = tiny_mcse_settings(tiny_model, tiny_world, tmp_path, max_seq_length=24,
+                                  dynamic_padding=False, epochs=2)  # fmt: skip
+    trainer = Trainer(TrainConfig(**settings)).setup()
+    data = trainer.data
+    drawn = list(trainer.run_batches())
+    assert len(drawn) == trainer.total and {kind for kind, _ in drawn} == {"text", "caption"}
+    for kind, budget in data.pack_budgets.items():
+        lengths = data.sources[kind].lengths
+        needs = [rows_needed(lengths[rows], 24) for k, rows in drawn if k == kind]
+        assert budget == max(needs)
+    shapes = {}
+    for kind, rows in drawn:
+        packed = data.batch(kind, rows, CPU).packed
+        shapes.setdefault(kind, set()).add(tuple(packed.input_ids.shape))
+        assert packed.mask.sum() == 2 * data.sources[kind].lengths[rows].sum()
+    assert all(len(s) == 1 for s in shapes.values())  # one shape per kind: one graph
+    assert trainer.cfg.packing and trainer.cfg.to_dict()["packing"] is True
+
+
+def test_an_eager_run_packs_each_batch_into_the_rows_it_needs(tiny_model, tiny_world, tmp_path):
+    from support.runs import tiny_mcse_settings
+
+    from mmcse.training.config import TrainConfig
+    from mmcse.training.loop import Trainer
+    from mmcse.training.prefetch import CPU
+
+    trainer = Trainer(TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path))).setup()
+    assert trainer.data.pack_budgets == {}
+    kind, rows = next(trainer.run_batches())
+    packed = trainer.data.batch(kind, rows, CPU).packed
+    lengths = trainer.data.sources[kind].lengths[rows]
+    assert packed.rows == 2 * rows_needed(lengths, trainer.cfg.max_seq_length)
+    off = TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path, packing=False))
+    assert Trainer(off).setup().data.batch(kind, rows, CPU).packed is None
