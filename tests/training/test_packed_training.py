@@ -141,3 +141,12 @@ def test_an_eager_run_packs_each_batch_into_the_rows_it_needs(tiny_model, tiny_w
     assert packed.rows == 2 * rows_needed(lengths, trainer.cfg.max_seq_length)
     off = TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path, packing=False))
     assert Trainer(off).setup().data.batch(kind, rows, CPU).packed is None
+
+
+def test_varlen_attention_needs_packing():
+    from mmcse.settings import SettingError
+    from mmcse.training.config import TrainConfig
+
+    assert TrainConfig(attn_implementation="varlen").packing
+    with pytest.raises(SettingError, match="varlen runs packed batches only"):
+        TrainConfig(attn_implementation="varlen", packing=False)
