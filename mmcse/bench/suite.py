@@ -487,7 +487,7 @@ def dev_eval_section(options: SuiteOptions, size: SuiteSize, train: dict | None)
         "first_call_seconds_incl_preparation": prepare_s,
         "samples_s": {k: t.samples for k, t in timings.items()},
         "forwards": len(evaluator.batches),
-        "padded_tokens": sum(ids.numel() for ids, _ in evaluator.batches),
+        "computed_tokens": sum(batch.input_ids.numel() for batch in evaluator.batches),
         "student": size.student,
         "tokenizer": vocab,
     }
@@ -573,8 +573,9 @@ def versus_st_section(options: SuiteOptions, size: SuiteSize) -> dict:
 def packing_bench_section(options: SuiteOptions, size: SuiteSize) -> dict:
     """Real ÷ computed tokens and the packed ÷ padded step (:mod:`mmcse.bench.packing`)."""
     from mmcse.bench.packing import packing_section
+    from mmcse.evaluation.sts import default_data_dir
 
-    senteval = _eval_data(options)
+    senteval = default_data_dir()  # ../shared/data/senteval: the shared data, when present
     shared = senteval.parent if senteval is not None else None
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
         return packing_section(options, size, shared, Path(tmp))
@@ -791,7 +792,8 @@ def _md_dev_eval(section: dict) -> list[str]:
         "",
         f"one dev evaluation (median of 3, warm): {_fmt(section['seconds'], 3)} s as the trainer "
         f"runs it (data prepared once per run: {section['forwards']} forwards, "
-        f"{section['padded_tokens']:,} padded tokens), {_fmt(section['seconds_unprepared'], 3)} s "
+        f"{section['computed_tokens']:,} tokens computed, packed), "
+        f"{_fmt(section['seconds_unprepared'], 3)} s "
         f"re-tokenising every time; share of a run evaluating every {EVAL_EVERY} steps "
         f"(derived from the SimCSE step): {_pct(share)} (unprepared: {_pct(share_before)})",
     ]
