@@ -220,7 +220,7 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     packing = data["packing"]  # lengths real with ../shared/data, else drawn at the measured means
     for corpus in ("wiki", "coco", "flickr"):
         ratios = packing["tokens"][corpus]
-        assert ratios["padded_to_32"] < ratios["dynamic_padding"] <= 1
+        assert ratios["padded_to_32"] <= ratios["dynamic_padding"] <= 1  # Wiki: equal (full rows)
         assert (
             ratios["padded_to_32"] < ratios["packed_fixed_budget"] <= ratios["packed_rows_needed"]
         )
