@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from mmcse.errors import MmcseError
 from mmcse.hub import local_or_hub_id, quiet_transformers
+from mmcse.packing import VARLEN, PackedTokens, packed_forward, register_varlen
 from mmcse.pooling import (
     AUTO,
     DEFAULT_POOLER,
@@ -66,7 +67,8 @@ class SentenceEncoder(nn.Module):
         attn_implementation: str | None = None,
     ) -> SentenceEncoder:
         """``attn_implementation``: ``"sdpa"`` (PyTorch's fused attention kernels; the same
-        function as ``"eager"``, HF's reference matmul–softmax–matmul), ``None`` = HF default."""
+        function as ``"eager"``, HF's reference matmul–softmax–matmul), ``"flex_attention"``,
+        ``"varlen"`` (packed batches only, CUDA: :mod:`mmcse.packing`), ``None`` = HF default."""
         from transformers import AutoConfig, AutoModel
 
         quiet_transformers()
@@ -78,6 +80,8 @@ class SentenceEncoder(nn.Module):
             for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
                 if hasattr(config, key):
                     setattr(config, key, dropout)
+        if attn_implementation == VARLEN:
+            register_varlen()
         kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
         return cls(AutoModel.from_pretrained(source, config=config, **kwargs), pooler)
 
@@ -90,8 +94,17 @@ class SentenceEncoder(nn.Module):
         input_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         inputs_embeds: Tensor | None = None,
+        packed: PackedTokens | None = None,
         **kwargs,
     ) -> EncoderOutput:
+        """``packed``: the batch's sentences packed into rows (:mod:`mmcse.packing`; then
+        ``input_ids``/``attention_mask`` are not read); the outputs are in the padded layout
+        either way (``token_states`` ``[sentences, L, H]``)."""
+        if packed is not None:
+            out = packed_forward(
+                self.backbone, packed, self.pooler, needs_hidden_states(self.pooler)
+            )
+            return self._pooled(out, packed.mask)
         out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -104,6 +117,9 @@ class SentenceEncoder(nn.Module):
             attention_mask = torch.ones(
                 out.last_hidden_state.shape[:2], device=out.last_hidden_state.device
             )
+        return self._pooled(out, attention_mask)
+
+    def _pooled(self, out, attention_mask: Tensor) -> EncoderOutput:
         sentence = pool(out, attention_mask, self.pooler)
         if self.post_pooling is not None:
             sentence = self.post_pooling(sentence)

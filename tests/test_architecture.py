@@ -22,10 +22,10 @@ SHARED = ("mmcse.cache", "mmcse.errors", "mmcse.registry", "mmcse.hub", "mmcse.d
 GROUND = ("mmcse.errors", "mmcse.registry", "mmcse.settings", "mmcse.hub", "mmcse.model",
           "mmcse.pooling", "mmcse.devices", "mmcse.distributed", "mmcse.rundir",
           "mmcse.environment", "mmcse.logs", "mmcse.textfiles", "mmcse.tiny", "mmcse.files",
-          "mmcse.precision", "mmcse")  # fmt: skip
+          "mmcse.precision", "mmcse.packing", "mmcse")  # fmt: skip
 #: the lowest layer: what each may import (the run layout knows files, nothing of its users)
 LEAVES = {"mmcse.pooling": {"mmcse.errors"}, "mmcse.files": {"mmcse.errors"},
-          "mmcse.precision": set(), "mmcse.rundir": {"mmcse.errors", "mmcse.files"}}  # fmt: skip
+          "mmcse.precision": set(), "mmcse.packing": {"mmcse.errors"}, "mmcse.rundir": {"mmcse.errors", "mmcse.files"}}  # fmt: skip
 #: the applications: they may import both stages
 APPS = ("cli", "mmcse.commands", "mmcse.bench", "mmcse.demo")
 

@@ -22,6 +22,9 @@ Sections (each can be picked with ``--sections``; all run by default):
                 (:mod:`mmcse.bench.startup`)
 ``versus_st``   SimCSE training steps/s of mmcse's trainer vs sentence-transformers' Trainer
                 (same student, texts, batch, length, precision; :mod:`mmcse.bench.versus_st`)
+``packing``     real ÷ computed tokens per step on Wiki, COCO and Flickr batches (padded,
+                dynamic, packed), and SimCSE's step packed ÷ padded on real sentences
+                (:mod:`mmcse.bench.packing`)
 ==============  ===========================================================================
 
 Sizes: ``real`` (BERT-base student, real-size teachers: what the goals are stated for),
@@ -53,7 +56,7 @@ from mmcse.registry import METHODS
 
 SECTIONS = (
     "extract", "text", "objects", "train", "fast_paths", "capture", "dev_eval", "sts_eval",
-    "startup", "versus_st",
+    "startup", "versus_st", "packing",
 )  # fmt: skip
 IMAGE_TEACHERS = ("resnet50", "clip-vit-b32", "clip-vit-l14")
 TEXT_TEACHER = "simcse"  # BERT-base, like DiffCSE's and RankCSE's
@@ -166,6 +169,7 @@ def run_suite(options: SuiteOptions, out: Path) -> dict:
         "sts_eval": lambda: sts_eval_section(options, size),
         "startup": lambda: startup_section(options, size),
         "versus_st": lambda: versus_st_section(options, size),
+        "packing": lambda: packing_bench_section(options, size),
     }
     for name in SECTIONS:
         if name not in options.sections:
@@ -483,7 +487,7 @@ def dev_eval_section(options: SuiteOptions, size: SuiteSize, train: dict | None)
         "first_call_seconds_incl_preparation": prepare_s,
         "samples_s": {k: t.samples for k, t in timings.items()},
         "forwards": len(evaluator.batches),
-        "padded_tokens": sum(ids.numel() for ids, _ in evaluator.batches),
+        "computed_tokens": sum(batch.input_ids.numel() for batch in evaluator.batches),
         "student": size.student,
         "tokenizer": vocab,
     }
@@ -566,6 +570,17 @@ def versus_st_section(options: SuiteOptions, size: SuiteSize) -> dict:
     return {"student": size.student, **out}
 
 
+def packing_bench_section(options: SuiteOptions, size: SuiteSize) -> dict:
+    """Real ÷ computed tokens and the packed ÷ padded step (:mod:`mmcse.bench.packing`)."""
+    from mmcse.bench.packing import packing_section
+    from mmcse.evaluation.sts import default_data_dir
+
+    senteval = default_data_dir()  # ../shared/data/senteval: the shared data, when present
+    shared = senteval.parent if senteval is not None else None
+    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
+        return packing_section(options, size, shared, Path(tmp))
+
+
 def _eval_data(options: SuiteOptions) -> Path | None:
     if options.eval_data == "":
         return None
@@ -643,6 +658,7 @@ def to_markdown(results: dict) -> str:
         ("sts_eval", _md_sts_eval),
         ("startup", _md_startup),
         ("versus_st", _md_versus_st),
+        ("packing", _md_packing),
     ):
         if name in results:
             lines += render(results[name]) + [""]
@@ -776,7 +792,8 @@ def _md_dev_eval(section: dict) -> list[str]:
         "",
         f"one dev evaluation (median of 3, warm): {_fmt(section['seconds'], 3)} s as the trainer "
         f"runs it (data prepared once per run: {section['forwards']} forwards, "
-        f"{section['padded_tokens']:,} padded tokens), {_fmt(section['seconds_unprepared'], 3)} s "
+        f"{section['computed_tokens']:,} tokens computed, packed), "
+        f"{_fmt(section['seconds_unprepared'], 3)} s "
         f"re-tokenising every time; share of a run evaluating every {EVAL_EVERY} steps "
         f"(derived from the SimCSE step): {_pct(share)} (unprepared: {_pct(share_before)})",
     ]
@@ -808,6 +825,40 @@ def _md_startup(section: dict) -> list[str]:
                 f"{r['warm_ratio_to_smallest']:.2f} |"
             )
     return lines + ["", f"Settings: {section['settings']}"]
+
+
+def _md_packing(section: dict) -> list[str]:
+    lines = [
+        "## Packing: real ÷ computed tokens per step (batches of 128, length ≤ 32)",
+        "",
+        "| corpus | mean tokens | padded to 32 | dynamic padding | packed (rows needed) "
+        "| packed (fixed budget, rows) | lengths |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for corpus, r in section["tokens"].items():
+        lines.append(
+            f"| {corpus} | {r['mean_tokens']:.1f} | {r['padded_to_32']:.2f} | "
+            f"{r['dynamic_padding']:.2f} | {r['packed_rows_needed']:.2f} | "
+            f"{r['packed_fixed_budget']:.2f} ({r['budget_rows']}) | {r['lengths']} |"
+        )
+    step = section["step"]
+    lines += [
+        "",
+        f"SimCSE step, batch {step['batch']}, real sentences, timed alternately in one run:",
+        "",
+        "| corpus | packed ms | padded ms | packed ÷ padded |",
+        "|---|---:|---:|---:|",
+    ]
+    for corpus in ("wiki", "coco"):
+        r = step.get(corpus, {})
+        if "skipped" in r:
+            lines.append(f"| {corpus} | skipped: {r['skipped']} | | |")
+        elif r:
+            lines.append(
+                f"| {corpus} | {_fmt(r['packed_ms'])} | {_fmt(r['padded_ms'])} | "
+                f"{r['packed_over_padded']:.2f} |"
+            )
+    return lines
 
 
 def _md_versus_st(section: dict) -> list[str]:

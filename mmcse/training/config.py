@@ -40,7 +40,9 @@ REPORT_TO = ("none", "tensorboard")
 CAPTURES = ("auto", "on", "off")
 #: ``token_cache`` values besides a folder: the default place (:func:`mmcse.cache.tokens.entry_path`), or no cache
 TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF = "auto", "off"
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+#: encoder attention (:mod:`mmcse.packing`): ``flex_attention`` and ``varlen`` need a GPU for
+#: training (FlexAttention has no backward on CPU; varlen is CUDA-only and packed-only)
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "varlen")
 
 
 #: the ``mmcse train --help`` panel of each setting (field metadata ``panel``)
@@ -368,6 +370,14 @@ class TrainConfig:
             "help": "pad a batch to its longest sentence, not max_seq_length",
         },
     )
+    packing: bool = field(
+        default=False,  # until a GPU step time decides (BENCHMARKS.md): CPU figures were mixed
+        metadata={
+            "panel": PANEL_SPEED,
+            "help": "pack each batch's sentences end to end in rows of max_seq_length "
+            "(no padding computed; the same numbers with dropout off)",
+        },
+    )
     log_every: int = field(
         default=10,
         metadata={
@@ -408,6 +418,10 @@ class TrainConfig:
             setattr(self, name, value)
 
         self.pooler = check_pooler(self.pooler, allow_auto=True)  # before any model loads
+        if self.attn_implementation == "varlen" and not self.packing:
+            raise SettingError(
+                "--attn-implementation varlen runs packed batches only: drop --no-packing"
+            )
         unknown_roles = sorted(set(self.expect_fingerprints) - set(self.features))
         if unknown_roles:
             known = ", ".join(sorted(self.features)) or "none (no --feature given)"

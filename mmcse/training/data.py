@@ -30,6 +30,7 @@ from mmcse.cache.tokenizer import encode_rows, tokenizer_fingerprint
 from mmcse.cache.tokens import TokenKey, TokenTable, cached_tokens, entry_path
 from mmcse.errors import MissingIdsError, MmcseError
 from mmcse.methods.base import Method
+from mmcse.packing import PackedTokens, pack_tokens, rows_needed
 from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -238,6 +239,8 @@ class Batch:
     features: dict[str, Tensor]
     #: the method's per-batch extras (MCSEO's phrase spans), gathered with the batch
     extras: dict[str, Tensor] = field(default_factory=dict)
+    #: both dropout views packed end to end (``--packing``; :mod:`mmcse.packing`), else None
+    packed: PackedTokens | None = None
 
     @property
     def size(self) -> int:
@@ -303,6 +306,9 @@ class TrainData:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.method = method
+        #: rows per packed dropout view by batch kind: the run's budget for static shapes
+        #: (:meth:`fix_pack_budgets`); a kind not here packs each batch into the rows it needs
+        self.pack_budgets: dict[str, int] = {}
         self.sources: dict[str, Source] = {}
         if cfg.text_corpus and cfg.mixing != "caption-only":
             self.sources[TEXT] = self._load_source(TEXT, cfg.text_corpus)
@@ -477,13 +483,35 @@ class TrainData:
         ids = torch.from_numpy(input_ids[:, :width].astype(np.int64))
         lengths = torch.from_numpy(np.ascontiguousarray(lengths))
         mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+        packed = self.pack(kind, ids, mask) if self.cfg.packing else None
         features = {
             role: torch.from_numpy(np.ascontiguousarray(src.feature_sets[role].take(frows[rows])))
             .to(device, non_blocking=True)
             .float()
             for role, frows in src.feature_rows.items()
         }
-        return Batch(kind, rows, ids.to(device, non_blocking=True), mask.to(device), features)
+        batch = Batch(kind, rows, ids.to(device, non_blocking=True), mask.to(device), features)
+        batch.packed = packed.map(lambda t: t.to(device)) if packed is not None else None
+        return batch
+
+    # -- packing ---------------------------------------------------------------------------
+    def pack(self, kind: str, input_ids: Tensor, attention_mask: Tensor) -> PackedTokens:
+        """A batch's two dropout views packed into rows of ``max_seq_length`` tokens."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        rows = self.pack_budgets.get(kind)
+        return pack_tokens(input_ids, attention_mask, self.cfg.max_seq_length, pad, rows, copies=2)
+
+    def fix_pack_budgets(self, batches) -> dict[str, int]:
+        """Fix each batch kind's packed rows once per run (static shapes: one captured graph
+        per kind): the most rows any of ``batches`` (``(kind, rows)``, this rank's part of every
+        batch the run's schedule draws) needs, so none overflows."""
+        lengths = {kind: src.lengths for kind, src in self.sources.items()}
+        budgets: dict[str, int] = {}
+        for kind, rows in batches:
+            need = rows_needed(lengths[kind][rows], self.cfg.max_seq_length)
+            budgets[kind] = max(budgets.get(kind, 0), need)
+        self.pack_budgets = budgets
+        return budgets
 
     def fingerprints(self) -> dict[str, dict[str, str]]:
         """What a checkpoint records: every corpus and feature set it trained on."""

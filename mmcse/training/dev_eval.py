@@ -29,12 +29,13 @@ import torch
 
 from mmcse.evaluation.encode import (
     eval_autocast,
+    forward_pooled,
     model_max_length,
-    pad_batch,
+    pack_or_pad,
+    to_device,
     token_budget_batches,
 )
 from mmcse.evaluation.sts import default_data_dir, load_stsb_dev, resolve_downstream, score_task
-from mmcse.pooling import needs_hidden_states, pool
 from mmcse.training.config import TrainConfig
 from mmcse.training.stop import EvaluationStopped
 
@@ -60,9 +61,11 @@ class DevEvaluator:
         tokenizer,
         data_dir: str | Path | None,
         max_tokens: int | None = None,
+        packing: bool = True,
     ):
         """``max_tokens``: padded tokens per batch (default: :func:`dev_tokens_per_batch` of
-        the device ``encoder`` is on)."""
+        the device ``encoder`` is on); ``packing``: each batch's sentences packed end to end
+        (:mod:`mmcse.packing`), else padded."""
         self.task, sentences = load_stsb_dev(resolve_downstream(data_dir))
         self.rows = {sentence: row for row, sentence in enumerate(sentences)}
         limit = model_max_length(tokenizer, encoder.backbone)
@@ -72,12 +75,14 @@ class DevEvaluator:
         rows = token_budget_batches([len(ids) for ids in token_ids], max_tokens)
         self.order = np.concatenate(rows)  # the sentence of each encoded row
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.batches = [pad_batch([token_ids[i] for i in batch], pad_id, "cpu") for batch in rows]
+        self.batches = [
+            pack_or_pad([token_ids[i] for i in batch], pad_id, packing) for batch in rows
+        ]
         self._device: torch.device | None = None
 
     def _on(self, device: torch.device) -> list:
         if self._device != device:
-            self.batches = [(ids.to(device), mask.to(device)) for ids, mask in self.batches]
+            self.batches = [to_device(batch, device) for batch in self.batches]
             self._device = device
         return self.batches
 
@@ -96,16 +101,10 @@ class DevEvaluator:
         )
         try:
             with torch.inference_mode(), eval_autocast(device):
-                for done, (input_ids, attention_mask) in enumerate(batches, start=1):
+                for done, batch in enumerate(batches, start=1):
                     if stop is not None and stop():
                         raise EvaluationStopped(f"dev eval stopped at batch {done}")
-                    out = backbone(
-                        input_ids=input_ids,
-                        attention_mask=attention_mask,
-                        output_hidden_states=needs_hidden_states(encoder.pooler),
-                        return_dict=True,
-                    )
-                    chunks.append(pool(out, attention_mask, encoder.pooler).float())
+                    chunks.append(forward_pooled(backbone, batch, encoder.pooler).float())
                     if time.monotonic() - last_line >= PROGRESS_INTERVAL and done < len(batches):
                         last_line = time.monotonic()
                         logger.info(

@@ -3,9 +3,12 @@
 =====================  ==================  ====================================================
 field                  flag                effect
 =====================  ==================  ====================================================
-``attn_implementation``  ``--attn-implementation``  ``sdpa`` (default): PyTorch's fused attention
-                                           kernels; ``eager``: HF's reference attention. Same
-                                           function; dropout draws differ.
+``attn_implementation``  ``--attn-implementation``  ``sdpa`` (default, every device: no GPU
+                                           measurement has chosen another yet): PyTorch's fused
+                                           attention kernels; ``eager``: HF's reference
+                                           attention; ``flex_attention`` (GPU for training);
+                                           ``varlen`` (CUDA, packed, no attention dropout).
+                                           Same function; dropout draws differ.
 ``fused_adamw``        ``--fused-adamw``   AdamW's single fused CUDA kernel (default on; the
                                            same update; a CPU run uses the plain loop)
 ``compile_encoder``    ``--compile``       ``torch.compile`` of the encoder (off by default:
@@ -15,6 +18,10 @@ field                  flag                effect
                                            CUDA (off by default: ~1e-3 relative error)
 ``dynamic_padding``    ``--dynamic-padding``  pad each batch to its longest sentence (default);
                                            off: always ``max_seq_length`` (static shapes)
+``packing``            ``--packing``       each batch's sentences, both dropout views, end to
+                                           end in rows of ``max_seq_length`` (default on:
+                                           :mod:`mmcse.packing`); the same numbers to fp32
+                                           rounding, 1.4-2x fewer tokens computed
 ``capture``            ``--capture``       ``auto`` (default: on CUDA, off elsewhere), ``on``,
                                            ``off``: the whole step captured, below
 =====================  ==================  ====================================================
@@ -36,7 +43,11 @@ checks both for every method on CPU; measured on an H200: BENCHMARKS.md). On CPU
 nothing to replay, so ``auto`` leaves CPU runs eager.
 
 * Static shapes: capture pads every batch to ``max_seq_length`` (``dynamic_padding`` off; MCSEO's
-  object–phrase pairs to the corpus's most pairs per caption). A kept last partial batch of a
+  object–phrase pairs to the corpus's most pairs per caption). Packed (the default), each batch
+  kind gets a fixed number of rows, the most any batch of the run's schedule needs (fixed at
+  set-up, logged): one packed shape per batch kind, so still one graph per kind (checked on CPU
+  with the ``aot_eager`` backend by ``tests/training/test_capture.py``/``test_whole_update.py``,
+  which run packed by default; not yet measured on a GPU). A kept last partial batch of a
   corpus has fewer rows: it compiles one more graph for its kind, once per run (``dynamic=False``
   keeps that from becoming a shape-generic graph). So a run compiles at most two graphs per batch
   kind (the auxiliary VisualCSE/AudioCSE step: one more, as its batch is fixed).

@@ -145,6 +145,13 @@ class Trainer:
         self.model = self._wrapped_student()
         self.aux = self.method.auxiliary_task(encoder, cfg, self.device)
         self.global_batch, self.total = self.plan()
+        if cfg.packing and not cfg.dynamic_padding:  # static shapes: one packed budget per kind
+            budgets = self.data.fix_pack_budgets(self.run_batches())
+            logger.info(
+                "packing: %s rows of %d tokens per dropout view (the most any batch needs)",
+                ", ".join(f"{kind} {rows}" for kind, rows in sorted(budgets.items())),
+                cfg.max_seq_length,
+            )
         if self.aux is not None:
             self.aux.total_steps = self.total  # the auxiliary task's own lr schedule spans the run
         self.update = self._build_updates()
@@ -284,6 +291,18 @@ class Trainer:
     @property
     def save_every(self) -> int:
         return self.cfg.save_every or self.cfg.eval_steps
+
+    def run_batches(self):
+        """``(kind, rows)``: this rank's part of every batch the run's schedule draws, in order
+        (every epoch up to the run's last step)."""
+        size, rank, left = self.cfg.batch_size, dist.rank(), self.total
+        epoch = 0
+        while left > 0:
+            schedule = self.data.schedule(epoch, self.global_batch)
+            for kind, rows in schedule[:left]:
+                yield kind, rows[rank * size : (rank + 1) * size]
+            left -= len(schedule)
+            epoch += 1
 
     def batches(self, epoch: int, skip: int):
         """This rank's batches of one epoch from position ``skip``, each gathered (with the

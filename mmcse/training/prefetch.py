@@ -26,7 +26,9 @@ CPU = torch.device("cpu")
 
 
 def batch_tensors(batch: Batch) -> list[Tensor]:
-    return [batch.input_ids, batch.attention_mask, *batch.features.values(), *batch.extras.values()]
+    packed = batch.packed.tensors() if batch.packed is not None else []
+    return [batch.input_ids, batch.attention_mask, *batch.features.values(),
+            *batch.extras.values(), *packed]  # fmt: skip
 
 
 def map_tensors(batch: Batch, fn: Callable[[Tensor], Tensor]) -> Batch:
@@ -36,6 +38,7 @@ def map_tensors(batch: Batch, fn: Callable[[Tensor], Tensor]) -> Batch:
         attention_mask=fn(batch.attention_mask),
         features={role: fn(t) for role, t in batch.features.items()},
         extras={key: fn(t) for key, t in batch.extras.items()},
+        packed=batch.packed.map(fn) if batch.packed is not None else None,
     )
 
 

@@ -38,9 +38,13 @@ class Student(nn.Module):
         """Weighted total under ``"loss"`` plus every raw ``*_loss`` term of this batch
         (``extras``: the method's per-batch extras, by default the batch's own)."""
         n = batch.size
-        out = self.encoder(
-            input_ids=batch.input_ids.repeat(2, 1), attention_mask=batch.attention_mask.repeat(2, 1)
-        )
+        if batch.packed is not None:  # both views packed end to end; outputs padded-shaped
+            out = self.encoder(packed=batch.packed)
+        else:
+            out = self.encoder(
+                input_ids=batch.input_ids.repeat(2, 1),
+                attention_mask=batch.attention_mask.repeat(2, 1),
+            )
         inputs = LossInputs(
             view1=out.sentence[:n],
             view2=out.sentence[n:],

@@ -205,7 +205,7 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     assert capture["update_ops"]["adamw_fused"] < capture["update_ops"]["adamw_per_parameter"]
 
     assert data["dev_eval"]["seconds"] > 0 and data["dev_eval"]["seconds_unprepared"] > 0
-    assert data["dev_eval"]["forwards"] > 0 and data["dev_eval"]["padded_tokens"] > 0
+    assert data["dev_eval"]["forwards"] > 0 and data["dev_eval"]["computed_tokens"] > 0
     assert 0 < data["dev_eval"]["share_every_125_steps_derived"] < 1
     assert data["sts_eval"]["seconds"] > 0 and data["sts_eval"]["sentences_encoded"] > 0
 
@@ -217,8 +217,19 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     versus = data["versus_st"]  # skipped where sentence-transformers' Trainer is not installed
     assert "skipped" in versus or min(versus["mmcse_steps_per_s"], versus["st_steps_per_s"]) > 0
 
+    packing = data["packing"]  # lengths real with ../shared/data, else drawn at the measured means
+    for corpus in ("wiki", "coco", "flickr"):
+        ratios = packing["tokens"][corpus]
+        assert ratios["padded_to_32"] <= ratios["dynamic_padding"] <= 1  # Wiki: equal (full rows)
+        assert (
+            ratios["padded_to_32"] < ratios["packed_fixed_budget"] <= ratios["packed_rows_needed"]
+        )
+    for corpus in ("wiki", "coco"):
+        step = packing["step"][corpus]
+        assert "skipped" in step or step["packed_over_padded"] > 0
+
     markdown = out.with_suffix(".md").read_text()
-    for heading in ("## Image extraction", "## Objects", "### batch 8, eager step", "## Fast paths",
+    for heading in ("## Packing: real ÷ computed tokens", "## Image extraction", "## Objects", "### batch 8, eager step", "## Fast paths",
                     "## Steps as Dynamo sees them",
                     "## STS-B dev evaluation", "## STS 7-task evaluation",
                     "## Training start-up", "## SimCSE training: mmcse vs"):  # fmt: skip

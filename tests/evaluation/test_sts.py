@@ -262,6 +262,9 @@ def test_batched_sorted_encoding_equals_one_by_one(tiny_dir, pooler):
     # the pooler argument overrides the encoder's own
     other = encode_sentences(SentenceEncoder(backbone, "avg"), tokenizer, sentences, pooler=pooler)
     np.testing.assert_allclose(other, batched, atol=1e-5)
+    # one batch: its two shortest sentences share a packed row; padded encodes the same
+    padded = encode_sentences(encoder, tokenizer, sentences, batch_size=4, packing=False)
+    np.testing.assert_allclose(other, padded, atol=1e-5)
 
 
 def test_evaluate_sts_from_path_and_run_dir(tiny_dir, tmp_path):

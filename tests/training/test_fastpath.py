@@ -133,10 +133,14 @@ def test_prepared_dev_score_equals_encoding_from_scratch(tiny_model):
     encoder.train()  # the trainer calls it on its live model
     expected = encode_and_score_stsb_dev(encoder, tokenizer, batch_size=4)
     evaluator = dev_eval.DevEvaluator(encoder, tokenizer, SENTEVAL_MINI, max_tokens=64)
-    widths = {ids.shape[1] for ids, _ in evaluator.batches}
+    widths = {batch.width for batch in evaluator.batches}
     assert len(evaluator.batches) > 1 and len(widths) > 1  # several batches of different widths
+    packed_rows = sum(batch.rows for batch in evaluator.batches)
+    assert packed_rows < len(evaluator.order)  # some sentences share a row
     # other batches than encode_sentences': the same score to float rounding (masked padding)
     assert evaluator(encoder) == pytest.approx(expected, abs=1e-9)
+    padded = dev_eval.DevEvaluator(encoder, tokenizer, SENTEVAL_MINI, max_tokens=64, packing=False)
+    assert padded(encoder) == pytest.approx(expected, abs=1e-9)
     assert encoder.training  # mode restored
     # one evaluator reuses its prepared batches across calls, and follows the weights
     prepared = evaluator.batches
@@ -184,7 +188,8 @@ def test_real_dev_evaluation_is_one_forward_per_prepared_batch(
     score = evaluator(encoder)
     assert np.isfinite(score) and len(evaluator.order) == 2909
     assert len(forwards) == len(evaluator.batches) < 23 and not calls
-    assert max(ids.numel() for ids, _ in evaluator.batches) <= dev_eval.DEV_TOKENS_PER_BATCH["cpu"]
+    computed = max(batch.input_ids.numel() for batch in evaluator.batches)
+    assert computed <= dev_eval.DEV_TOKENS_PER_BATCH["cpu"]
 
 
 @pytest.mark.parametrize("device, forwards, padded", [("cuda", 4, 62_701), ("cpu", 17, 50_780)])
