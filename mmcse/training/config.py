@@ -420,7 +420,7 @@ class TrainConfig:
         self.pooler = check_pooler(self.pooler, allow_auto=True)  # before any model loads
         if self.attn_implementation == "varlen" and not self.packing:
             raise SettingError(
-                "--attn-implementation varlen runs packed batches only: drop --no-packing"
+                "--attn-implementation varlen runs packed batches only: add --packing"
             )
         unknown_roles = sorted(set(self.expect_fingerprints) - set(self.features))
         if unknown_roles:

@@ -100,6 +100,7 @@ def tiny_batch(method, kind: str) -> SimpleNamespace:
         input_ids=torch.randint(0, 30, (B, L)),
         attention_mask=torch.ones(B, L, dtype=torch.long),
         features={r: fake_feature(r, B, role_width(method, r)) for r in roles_of(method, kind)},
+        packed=None,  # padded views (packing: tests/training/test_packed_training.py)
     )
 
 

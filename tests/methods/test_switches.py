@@ -272,6 +272,7 @@ def student_total(name, kind, image_width=12, **overrides):
         input_ids=torch.zeros(B, 4, dtype=torch.long),
         attention_mask=torch.ones(B, 4, dtype=torch.long),
         features=features if kind == "caption" else {r: features[r] for r in method.text_roles},
+        packed=None,
     )
     torch.manual_seed(0)
     out = student(batch, {})

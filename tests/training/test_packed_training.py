@@ -140,7 +140,7 @@ def test_an_eager_run_packs_each_batch_into_the_rows_it_needs(tiny_model, tiny_w
     packed = trainer.data.batch(kind, rows, CPU).packed
     lengths = trainer.data.sources[kind].lengths[rows]
     assert packed.rows == 2 * rows_needed(lengths, trainer.cfg.max_seq_length)
-    off = TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path))  # the default
+    off = TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path / "padded"))
     assert not off.packing and Trainer(off).setup().data.batch(kind, rows, CPU).packed is None
 
 
@@ -148,6 +148,6 @@ def test_varlen_attention_needs_packing():
     from mmcse.settings import SettingError
     from mmcse.training.config import TrainConfig
 
-    assert TrainConfig(attn_implementation="varlen").packing
-    with pytest.raises(SettingError, match="varlen runs packed batches only"):
-        TrainConfig(attn_implementation="varlen", packing=False)
+    assert TrainConfig(attn_implementation="varlen", packing=True).packing
+    with pytest.raises(SettingError, match="varlen runs packed batches only: add --packing"):
+        TrainConfig(attn_implementation="varlen")  # packing is off by default
