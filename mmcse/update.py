@@ -106,11 +106,31 @@ def linear_factor(step: int, warmup: int, total: int) -> float:
     return max(0.0, (total - step) / max(1, total - warmup))
 
 
-def linear_factor_tensor(step: Tensor, warmup: int, total: int) -> Tensor:
-    """:func:`linear_factor` on a device step count (inside a captured update)."""
-    rising = step / max(1, warmup)
-    falling = ((total - step) / max(1, total - warmup)).clamp(min=0.0)
+def linear_factor_tensor(step: Tensor, warmup: Tensor | int, total: Tensor | int) -> Tensor:
+    """:func:`linear_factor` on a device step count (inside a captured update); ``warmup`` and
+    ``total`` may be device scalars (:class:`LinearScheduleOnDevice`). Whole numbers below 2²⁴
+    are exact in fp32, so a tensor gives the same factor as an int."""
+    warmup = torch.as_tensor(warmup, dtype=step.dtype, device=step.device)
+    total = torch.as_tensor(total, dtype=step.dtype, device=step.device)
+    rising = step / warmup.clamp(min=1)
+    falling = ((total - step) / (total - warmup).clamp(min=1)).clamp(min=0.0)
     return torch.where(step < warmup, rising, falling)
+
+
+class LinearScheduleOnDevice:
+    """:func:`linear_factor_tensor` with the warm-up and the run's length held as device
+    scalars: inputs of a captured step rather than constants traced into it, so runs that differ
+    only in length or warm-up (a recipe on another corpus) share one compiled graph and hit
+    inductor's on-disk cache (``tests/training/test_compile_cache.py``)."""
+
+    def __init__(self, warmup: int, total: int, device: torch.device) -> None:
+        self.warmup = torch.tensor(float(warmup), dtype=torch.float32, device=device)
+        self.total = torch.tensor(float(total), dtype=torch.float32, device=device)
+        for value in (self.warmup, self.total):
+            torch._dynamo.mark_static_address(value)  # CUDA graphs: read in place, not copied
+
+    def __call__(self, step: Tensor) -> Tensor:
+        return linear_factor_tensor(step, self.warmup, self.total)
 
 
 @dataclass(frozen=True)
@@ -486,13 +506,17 @@ class CapturedUpdate:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, host_factor)
         device = flat.data.device
         self.schedule_step = torch.zeros((), dtype=torch.float32, device=device)
+        #: the peak lr as an input of the captured step, not a constant traced into it (a run
+        #: with another lr reuses the compiled graph); fp32, as a Python float times an fp32
+        #: tensor is computed
+        self.peak_lr = torch.tensor(settings.lr, dtype=torch.float32, device=device)
         self.plans: dict[str, KindPlan] = {}
         #: per batch kind: (the parameters it reaches, its terms), from its probe
         self.reached: dict[str, tuple[set[int], tuple[str, ...]]] = {}
         #: ``zero_grad="zeros"``: every parameter that has had a gradient (they all step)
         self.had_gradient: set[int] = set()
         for state in (flat.data, self.adamw.exp_avg, self.adamw.exp_avg_sq, self.adamw.steps,
-                      self.schedule_step):  # fmt: skip
+                      self.schedule_step, self.peak_lr):  # fmt: skip
             torch._dynamo.mark_static_address(state)  # CUDA graphs update them in place
         if self.adamw.decay_rate is not None:  # read every step: no copy into the graph
             torch._dynamo.mark_static_address(self.adamw.decay_rate)
@@ -528,7 +552,7 @@ class CapturedUpdate:
             norm = torch.stack([g.float().square().sum() for g in flat_grads]).sum().sqrt()
             scale = (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)
             flat_grads = [g * scale for g in flat_grads]
-        lr = self.settings.lr * self.lr_factor(self.schedule_step)
+        lr = self.peak_lr * self.lr_factor(self.schedule_step)
         self.adamw.step_(flat_grads, segments, lr)
         self.schedule_step.add_(1)
         return torch.stack([terms[k].detach().float() for k in keys])

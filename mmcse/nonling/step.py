@@ -277,6 +277,12 @@ class NonLinguisticTask:
         update). Not under fp16: the loss scaler's skip is a host decision (the forward is
         captured instead, :meth:`capture`)."""
         groups = [[*self.encoder.parameters(), *self.heads.parameters()]]
+        # the run's length as an input of the captured step, not a traced constant: runs of
+        # another length reuse the compiled graph
+        self.total_on_device = torch.tensor(
+            float(self.total_steps or 0), dtype=torch.float32, device=flat.data.device
+        )
+        torch._dynamo.mark_static_address(self.total_on_device)
         self.whole = CapturedUpdate(
             flat, self.viewed, groups, self._adamw_settings(),
             loss_of=lambda terms: sum(terms.values()),
@@ -297,7 +303,7 @@ class NonLinguisticTask:
     def _cosine_tensor(self, index: Tensor) -> Tensor:
         if not self.total_steps:
             return torch.ones_like(index)
-        done = index.clamp(max=self.total_steps) / self.total_steps
+        done = torch.minimum(index, self.total_on_device) / self.total_on_device
         return 0.5 * (1.0 + torch.cos(math.pi * done))
 
     def state_dict(self) -> dict[str, Tensor]:

@@ -59,9 +59,13 @@ nothing to replay, so ``auto`` leaves CPU runs eager.
   ablation's next row, in this process or a new one) reuses inductor's on-disk caches
   (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_$USER``: keep it between runs);
   ``tests/training/test_compile_cache.py`` checks that nothing run-specific (a path, a seed)
-  keeps a second process from hitting them. Compiling one BERT layer and reusing it
-  (``torch.compiler.nested_compile_region``) would cut the cold compile, but torch 2.14 cannot
-  take a gradient inside the graph through such regions (``bench/probes/regions_toy.py``).
+  keeps a second process from hitting them, nor a recipe's hyperparameters: the peak lr, the
+  warm-up, the run's length and the term weights are device scalars read by the step
+  (:class:`mmcse.update.LinearScheduleOnDevice`, ``Student.term_weights``), not constants traced
+  into it, so recipes of one method on other corpora or with another lr share the graph.
+  Compiling one BERT layer and reusing it (``torch.compiler.nested_compile_region``) would cut
+  the cold compile, but torch 2.14 cannot take a gradient inside the graph through such
+  regions (``bench/probes/regions_toy.py``).
 * Dropout: the same Bernoulli(p) masks in distribution, but compiled code draws them from
   inductor's own Philox stream, so a captured run is not bit-equal to an eager run of the same
   seed (two captured runs of one seed are). With ``torch._inductor.config.fallback_random = True``

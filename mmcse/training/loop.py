@@ -72,10 +72,10 @@ from mmcse.update import (
     CapturedUpdate,
     EagerUpdate,
     FlatParameters,
+    LinearScheduleOnDevice,
     adamw_groups,
     decay_exempt,
     linear_factor,
-    linear_factor_tensor,
 )
 
 logger = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class Trainer:
         return CapturedUpdate(
             flat, self.student, groups, settings,
             loss_of=lambda terms: terms["loss"],
-            lr_factor=partial(linear_factor_tensor, warmup=cfg.warmup_steps, total=self.total),
+            lr_factor=LinearScheduleOnDevice(cfg.warmup_steps, self.total, self.device),
             host_factor=schedule,
             autocast=self.autocast,
             compile_fn=compile_fn,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from mmcse.losses.base import LossInputs
@@ -18,6 +19,10 @@ class Student(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.terms = method.active_terms()
+        # the weights as a buffer (not saved): inputs of a captured step rather than constants
+        # traced into it, so runs that differ only in a weight share one compiled graph
+        weights = torch.tensor([t.weight for t in self.terms], dtype=torch.float32)
+        self.register_buffer("term_weights", weights, persistent=False)
         self.heads = build_heads(method, encoder.hidden_size, feature_dims)
         self.losses = build_losses(method)
         #: term → slot → head name (saved with each checkpoint: which term trained which head)
@@ -58,10 +63,12 @@ class Student(nn.Module):
         )
         terms: dict[str, Tensor] = {}
         total = out.sentence.new_zeros(())
-        for term in self.terms:
+        for index, term in enumerate(self.terms):
             if not term.applies_to(batch.kind):
                 continue
+            weight = self.term_weights[index]
             for key, value in self.losses[term.name](inputs, self.term_modules[term.name]).items():
                 terms[key] = value
-                total = total + term.weight * value
+                # in fp32 and rounded once, as a Python float weight multiplies
+                total = total + (weight * value.float()).to(value.dtype)
         return {"loss": total, **terms}
