@@ -99,12 +99,12 @@ def write_real_corpus(root: Path, name: str, sentences: list[str]) -> Path:
     return root / name
 
 
-def step_times(root: Path, data: Path | None, size, device: str, batch: int) -> dict:
-    """SimCSE's step packed vs padded on real Wiki and COCO sentences, timed in one run."""
+def step_times(root: Path, data: Path | None, size, device: str, batch: int, make_student) -> dict:
+    """SimCSE's step packed vs padded on real Wiki and COCO sentences, timed in one run
+    (``make_student(root, size)``: the suite's random student, passed in: no import back)."""
     from mmcse.bench import train_step as bench
-    from mmcse.bench.suite import _random_student
 
-    model, _ = _random_student(root, size.student)
+    model, _ = make_student(root, size.student)
     out = {}
     for corpus in ("wiki", "coco"):
         sentences = corpus_sentences(data, corpus, batch * 16) if data is not None else []
@@ -130,7 +130,7 @@ def step_times(root: Path, data: Path | None, size, device: str, batch: int) -> 
     return out
 
 
-def packing_section(options, size, data: Path | None, tmp: Path) -> dict:
+def packing_section(options, size, data: Path | None, tmp: Path, make_student) -> dict:
     lengths = corpus_lengths(data)
     ratios = {
         corpus: {**token_ratios(values, 128, 200), "lengths": source}
@@ -143,6 +143,6 @@ def packing_section(options, size, data: Path | None, tmp: Path) -> dict:
             "method": "simcse",
             "batch": batch,
             "seq_len": SEQ_LEN,
-            **step_times(tmp, data, size, options.device, batch),
+            **step_times(tmp, data, size, options.device, batch, make_student),
         },  # fmt: skip
     }

@@ -578,7 +578,7 @@ def packing_bench_section(options: SuiteOptions, size: SuiteSize) -> dict:
     senteval = default_data_dir()  # ../shared/data/senteval: the shared data, when present
     shared = senteval.parent if senteval is not None else None
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
-        return packing_section(options, size, shared, Path(tmp))
+        return packing_section(options, size, shared, Path(tmp), _random_student)
 
 
 def _eval_data(options: SuiteOptions) -> Path | None:
