@@ -60,7 +60,7 @@ from mmcse.training.fastpath import (
     fused_adamw,
 )
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress
-from mmcse.training.plan import total_steps
+from mmcse.training.plan import plan_run
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 from mmcse.training.record import RunRecord, RunResult
@@ -205,10 +205,9 @@ class Trainer:
         )  # fmt: skip
 
     def plan(self) -> tuple[int, int]:
-        """(global batch, total optimizer steps)."""
-        global_batch = dist.global_batch(self.cfg.batch_size)
-        per_epoch = self.data.batches_per_epoch(global_batch)  # = len(schedule), summed
-        return global_batch, total_steps(per_epoch, self.cfg.epochs, self.cfg.max_steps)
+        """(global batch, total optimizer steps) of the run's plan."""
+        self.run_plan = plan_run(self.data, dist.world_size())
+        return self.run_plan.global_batch, self.run_plan.total_steps
 
     @property
     def encoder(self) -> SentenceEncoder:

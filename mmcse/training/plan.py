@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,30 @@ def _every(n: int) -> str:
     return f"every {n}{suffix}"
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """The batch plan of a run: sentences per optimizer step across every process, the batches
+    of each kind in one epoch, and the optimizer steps the run takes (:func:`plan_run`)."""
+
+    global_batch: int
+    batches_per_epoch: dict[str, int]
+    total_steps: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return sum(self.batches_per_epoch.values())
+
+
+def plan_run(data: TrainData, world_size: int | None = None) -> RunPlan:
+    """The run's batch plan from its data and config (``data.cfg``); ``world_size`` defaults to
+    the launcher's (``WORLD_SIZE``), so the plan is the same before and after the processes join."""
+    cfg = data.cfg
+    world = distributed.env_world_size() if world_size is None else world_size
+    global_batch = cfg.batch_size * world
+    per_epoch = data.batches_per_epoch(global_batch)
+    return RunPlan(global_batch, per_epoch, total_steps(per_epoch, cfg.epochs, cfg.max_steps))
+
+
 def total_steps(batches_per_epoch: dict[str, int], epochs: int, max_steps: int) -> int:
     """Optimizer steps of a run: every batch of every epoch, cut at ``max_steps`` (when > 0)."""
     total = sum(batches_per_epoch.values()) * epochs
@@ -101,9 +126,8 @@ def preview(data: TrainData) -> dict[str, Any]:
     with :func:`total_steps` too): global batch, batches per epoch, total steps, the batches of
     each kind the run takes and the mixing rule. World size from the launcher's ``WORLD_SIZE``."""
     cfg = data.cfg
-    global_batch = cfg.batch_size * (distributed.env_int("WORLD_SIZE", 1) or 1)
-    per_epoch = data.batches_per_epoch(global_batch)
-    total = total_steps(per_epoch, cfg.epochs, cfg.max_steps)
+    plan = plan_run(data)
+    global_batch, per_epoch, total = plan.global_batch, plan.batches_per_epoch, plan.total_steps
     return {
         "sentences": {kind: len(src) for kind, src in data.sources.items()},
         "mixing": cfg.mixing,
