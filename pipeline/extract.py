@@ -35,7 +35,6 @@ the rank that completes the image set writes the corpus and the caption features
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -44,7 +43,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from mmcse.cache import Corpus, FeatureSet, FeatureSetWriter, Manifest, write_corpus
 from mmcse.cache.layout import MANIFEST_NAME, os_errors, sha256_ids
@@ -68,6 +66,7 @@ from pipeline.errors_log import (
     write_sidecar,
 )
 from pipeline.images import CPU_DECODER, DEFAULT_MAX_PIXELS, DecodeDataset, collate_decoded
+from pipeline.shards import ShardPlan, run_shards
 
 logger = logging.getLogger(__name__)
 
@@ -160,29 +159,6 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
-@dataclass(frozen=True)
-class ShardPlan:
-    """Fixed shard boundaries over a sorted work list of ``num_items``."""
-
-    num_items: int
-    shard_size: int
-
-    @property
-    def num_shards(self) -> int:
-        return max(1, math.ceil(self.num_items / self.shard_size))
-
-    def rows(self, shard: int) -> range:
-        start = shard * self.shard_size
-        return range(start, min(start + self.shard_size, self.num_items))
-
-    def batches(self, shard: int, batch_size: int) -> list[range]:
-        rows = self.rows(shard)
-        return [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
-
-    def shards_for_rank(self, rank: int, world_size: int) -> list[int]:
-        return [k for k in range(self.num_shards) if k % world_size == rank]
-
-
 @dataclass
 class FeatureJob:
     """One feature set to produce: sorted unique ids, their inputs, the writer settings."""
@@ -194,8 +170,9 @@ class FeatureJob:
 
 
 @dataclass
-class ShardResult:
-    index: int
+class BatchResult:
+    """What one batch adds to its shard: the kept ids, their features, the inputs left out."""
+
     ids: list[str]
     features: torch.Tensor
     errors: list[RecordError]
@@ -403,7 +380,7 @@ def image_batches(
         yield rows[0] // plan.shard_size, rows, features, bad
 
 
-# ---- the shared sharded loop -----------------------------------------------------------------
+# ---- one feature set, shard by shard -----------------------------------------------------------------
 
 
 def run_job(out: Path, job: FeatureJob, teacher: Any, options: RunOptions) -> Manifest | None:
@@ -419,21 +396,28 @@ def run_job(out: Path, job: FeatureJob, teacher: Any, options: RunOptions) -> Ma
         return manifest
     writer = FeatureSetWriter(path, backend=options.backend, **settings)
     plan = ShardPlan(len(job.ids), options.shard_size)
-    pending = [
-        k for k in plan.shards_for_rank(options.rank, options.world_size) if not writer.has_shard(k)
-    ]
-    total = sum(len(plan.rows(k)) for k in pending)
-    unit = "img" if job.settings["kind"] == "image" else "sent"
-    bar = tqdm(total=total, desc=job.part, unit=unit, disable=not options.progress or not total)
-    batches = (
-        image_batches(job, plan, pending, teacher, options)
-        if job.settings["kind"] == "image"
-        else text_batches(job, plan, pending, teacher, options)
+    stream = image_batches if job.settings["kind"] == "image" else text_batches
+
+    def batches(pending: list[int]) -> Iterator[tuple[int, list[int], BatchResult]]:
+        for shard, rows, features, bad in stream(job, plan, pending, teacher, options):
+            yield shard, rows, _checked(job, rows, features, bad, options)
+
+    def write(shard: int, results: list[BatchResult]) -> None:
+        write_sidecar(sidecar_path(out, job.part, shard), [e for r in results for e in r.errors])
+        features = _concat([r.features for r in results], job.settings["dim"])
+        writer.write_shard(shard, [i for r in results for i in r.ids], features)
+
+    run_shards(
+        plan,
+        plan.shards_for_rank(options.rank, options.world_size),
+        batch_size=options.batch_size,
+        done=writer.has_shard,
+        batches=batches,
+        write=write,
+        desc=job.part,
+        unit="img" if job.settings["kind"] == "image" else "sent",
+        progress=options.progress,
     )
-    with bar:
-        for result in _shards(job, plan, batches, options, bar):
-            write_sidecar(sidecar_path(out, job.part, result.index), result.errors)
-            writer.write_shard(result.index, result.ids, result.features)
     if all(writer.has_shard(k) for k in range(plan.num_shards)):
         return finalize_job(out, job.part, writer, plan.num_shards)
     return None
@@ -455,25 +439,13 @@ def reuse_finished(path: Path, settings: dict[str, Any], options: RunOptions) ->
     return manifest
 
 
-def _shards(job, plan, batches, options, bar) -> Iterator[ShardResult]:
-    """Group per-batch results into whole shards (batches arrive in shard order)."""
-    current: ShardResult | None = None
-    parts: list[torch.Tensor] = []
-    for shard, rows, features, bad in batches:
-        features = features.detach().float().cpu()
-        features, bad = _drop_nonfinite(job, rows, features, bad)
-        if bad and options.strict:
-            raise strict_failure(next(iter(bad.values())))
-        if current is None:
-            current, parts = ShardResult(shard, [], torch.empty(0), []), []
-        current.ids += [job.ids[i] for i in rows if i not in bad]
-        current.errors += list(bad.values())
-        parts.append(features)
-        bar.update(len(rows))
-        if rows[-1] == plan.rows(shard)[-1]:
-            current.features = _concat(parts, job.settings["dim"])
-            yield current
-            current = None
+def _checked(job: FeatureJob, rows, features: torch.Tensor, bad: dict, options) -> BatchResult:
+    """One batch's kept ids and features and its errors (non-finite rows included); with
+    ``strict`` its first error stops the run."""
+    features, bad = _drop_nonfinite(job, rows, features.detach().float().cpu(), bad)
+    if bad and options.strict:
+        raise strict_failure(next(iter(bad.values())))
+    return BatchResult([job.ids[i] for i in rows if i not in bad], features, list(bad.values()))
 
 
 def _drop_nonfinite(job: FeatureJob, rows, features: torch.Tensor, bad: dict):

@@ -27,7 +27,7 @@ import logging
 import math
 import os
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from mmcse.cache import FeatureSetWriter, Manifest
 from mmcse.cache.kinds import AUDIO_FBANK_KIND, IMAGE_TENSOR_KIND, class_of
@@ -43,6 +42,7 @@ from mmcse.errors import MmcseError
 from pipeline.datasets.base import inside, read_text
 from pipeline.fbank import FbankConfig, read_wav, ssast_fbank
 from pipeline.images import BadImageError, open_rgb
+from pipeline.shards import ShardPlan, run_shards
 
 logger = logging.getLogger(__name__)
 
@@ -332,32 +332,39 @@ def _write(writer, examples, make_row, shard_rows, workers, what) -> Manifest:
     """Shard ``k`` holds examples ``k*shard_rows …``; finished shards are skipped on rerun."""
     if shard_rows < 1:
         raise MmcseError("--shard-rows must be positive")
-    num_shards = math.ceil(len(examples) / shard_rows)
+    plan = ShardPlan(len(examples), shard_rows)
     errors: list[str] = []
-    bar = tqdm(total=len(examples), desc=f"cache {what}", unit=what[:5])
-    for k in range(num_shards):
-        part = examples[k * shard_rows : (k + 1) * shard_rows]
-        if writer.has_shard(k):
-            bar.update(len(part))
-            continue
-        loader = torch.utils.data.DataLoader(
-            _Rows(part, make_row), batch_size=None, num_workers=workers, collate_fn=_identity
-        )
-        ids, rows = [], []
-        for i, row, error in loader:
-            bar.update(1)
-            if row is None:
-                errors.append(error)
-                continue
-            ids.append(part[i].id)
-            rows.append(row)
-        if not rows:
-            raise MmcseError(f"no readable {what} in shard {k}; first error: {errors[-1]}")
-        writer.write_shard(k, ids, np.stack(rows))
-    bar.close()
+
+    def rows_of(pending: list[int]) -> Iterator[tuple[int, list[int], tuple]]:
+        for k in pending:
+            part = examples[plan.rows(k).start : plan.rows(k).stop]
+            loader = torch.utils.data.DataLoader(
+                _Rows(part, make_row), batch_size=None, num_workers=workers, collate_fn=_identity
+            )
+            for i, row, error in loader:
+                yield k, [plan.rows(k)[i]], (part[i].id, row, error)
+
+    def write(k: int, rows: list[tuple]) -> None:
+        errors.extend(error for _, row, error in rows if row is None)
+        kept = [(id_, row) for id_, row, _ in rows if row is not None]
+        if not kept:
+            first = f"; first error: {errors[-1]}" if errors else ""
+            raise MmcseError(f"no readable {what} in shard {k}{first}")
+        writer.write_shard(k, [id_ for id_, _ in kept], np.stack([row for _, row in kept]))
+
+    run_shards(
+        plan,
+        range(plan.num_shards),
+        batch_size=1,
+        done=writer.has_shard,
+        batches=rows_of,
+        write=write,
+        desc=f"cache {what}",
+        unit=what[:5],
+    )
     if errors:
         logger.warning(f"skipped {len(errors)} unreadable {what}, e.g. {errors[0]}")
-    return writer.finalize(extra={"examples_listed": len(examples)}, num_shards=num_shards)
+    return writer.finalize(extra={"examples_listed": len(examples)}, num_shards=plan.num_shards)
 
 
 def _class_extra(examples: Sequence[Example], classes: Sequence[str] | None = None) -> dict:

@@ -16,8 +16,8 @@ dogs") becomes *one* object whose mask is the union of the boxes' masks: the pap
 one-to-one (§3.3), and two objects sharing one phrase would be each other's false negatives in
 eq. 7. Boxes, masks and spans are in the original image's pixels and the caption's characters.
 
-Sharding, resume, rank splitting, progress and bad-input handling are those of
-:mod:`pipeline.extract` (same :class:`~pipeline.extract.RunOptions`): the work list is the sorted
+Sharding, resume, rank splitting and progress are :mod:`pipeline.shards`'s, bad-input handling
+that of :mod:`pipeline.extract` (same :class:`~pipeline.extract.RunOptions`): the work list is the sorted
 caption ids cut into fixed shards; a shard counts as done when both sets hold it.
 """
 
@@ -27,7 +27,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,7 +36,6 @@ import numpy as np
 import pyarrow as pa
 import torch
 from pyarrow import ipc
-from tqdm.auto import tqdm
 
 from mmcse.cache import FeatureSetWriter, Manifest
 from mmcse.cache.kinds import OBJECT_KIND, OBJECT_ROW, OBJECT_TEXT_COLUMNS, OBJECTS_KIND
@@ -59,7 +58,6 @@ from pipeline.errors_log import error_counts, merge_errors, read_parts, sidecar_
 from pipeline.extract import (
     CAPTIONS_DIR,
     RunOptions,
-    ShardPlan,
     ensure_corpus,
     log_loader_errors,
     reuse_finished,
@@ -69,6 +67,7 @@ from pipeline.images import BadImageError, open_rgb
 from pipeline.objects.cutout import box_mask, cut_out, decode_rle, encode_rle, fill_colour
 from pipeline.objects.florence import Grounding
 from pipeline.objects.spans import match_phrases
+from pipeline.shards import ShardPlan, run_shards
 
 OBJECTS_DIR = "objects"
 STATS_DIR = ".objects-stats"
@@ -112,7 +111,7 @@ class WorkItem:
 
 @dataclass
 class ShardOutput:
-    """One shard of both sets, plus what it left out and its counts."""
+    """One batch's or shard's rows of both sets, plus what it left out and its counts."""
 
     table_ids: list[str]
     numeric: list[list[float]]
@@ -120,6 +119,24 @@ class ShardOutput:
     features: list[torch.Tensor]
     errors: list[RecordError]
     stats: Counter
+
+    @classmethod
+    def empty(cls) -> ShardOutput:
+        return cls([], [], {}, [], [], Counter())
+
+    @classmethod
+    def joined(cls, outputs: list[ShardOutput]) -> ShardOutput:
+        """One shard's output from its batches' outputs, in batch order."""
+        whole = cls.empty()
+        for part in outputs:
+            whole.table_ids += part.table_ids
+            whole.numeric += part.numeric
+            for name, values in part.text.items():
+                whole.text.setdefault(name, []).extend(values)
+            whole.features += part.features
+            whole.errors += part.errors
+            whole.stats.update(part.stats)
+        return whole
 
 
 class BoxesFile:
@@ -461,25 +478,36 @@ def _run_shards(
     def done(k: int) -> bool:
         return features.has_shard(k) and (table is None or table.has_shard(k))
 
-    mine = plan.shards_for_rank(options.rank, options.world_size)
-    pending = [k for k in mine if not done(k)]
-    total = sum(len(plan.rows(k)) for k in pending)
-    part = features.path.name if table is None else OBJECTS_DIR
-    bar = tqdm(total=total, desc=part, unit=unit, disable=not options.progress or not total)
-    with bar:
+    def batches(pending: list[int]) -> Iterator[tuple[int, range, ShardOutput]]:
         for k in pending:
-            output = ShardOutput([], [], {}, [], [], Counter())
             for rows in plan.batches(k, options.batch_size):
+                output = ShardOutput.empty()
                 compute([work[r] for r in rows], output)
                 if output.errors and options.strict:
                     raise strict_failure(output.errors[0])
-                bar.update(len(rows))
-            write_sidecar(sidecar_path(out, part, k), output.errors)
-            _write_stats(out, k, output.stats)
-            stacked = torch.cat(output.features) if output.features else torch.empty(0, dim)
-            features.write_shard(k, output.table_ids, stacked)
-            if table is not None:
-                table.write_table_shard(k, output.table_ids, output.numeric, output.text)
+                yield k, rows, output
+
+    def write(k: int, outputs: list[ShardOutput]) -> None:
+        output = ShardOutput.joined(outputs)
+        write_sidecar(sidecar_path(out, part, k), output.errors)
+        _write_stats(out, k, output.stats)
+        stacked = torch.cat(output.features) if output.features else torch.empty(0, dim)
+        features.write_shard(k, output.table_ids, stacked)
+        if table is not None:
+            table.write_table_shard(k, output.table_ids, output.numeric, output.text)
+
+    part = features.path.name if table is None else OBJECTS_DIR
+    run_shards(
+        plan,
+        plan.shards_for_rank(options.rank, options.world_size),
+        batch_size=options.batch_size,
+        done=done,
+        batches=batches,
+        write=write,
+        desc=part,
+        unit=unit,
+        progress=options.progress,
+    )
 
 
 def _write_stats(out: Path, shard: int, stats: Counter) -> None:
