@@ -41,11 +41,6 @@ def gather_across_ranks(x: Tensor) -> Tensor:
     return torch.cat(parts, dim=0)
 
 
-def local_offset(batch_size: int) -> int:
-    """Row index of this rank's first row in a gathered batch."""
-    return rank() * batch_size
-
-
 def env_int(name: str, default: int | None = None, minimum: int = 0) -> int | None:
     """An integer torchrun variable (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), checked."""
     text = os.environ.get(name)

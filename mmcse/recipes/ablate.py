@@ -37,7 +37,6 @@ from mmcse.recipes.runs import (
 )
 from mmcse.recipes.summary import Row, welch_p
 
-FULL = ""  # the drop spec of the full method
 #: the extra columns of an ablation's rows
 P_COLUMN, PUBLISHED_COLUMN = "p (Welch vs full)", "published avg"
 

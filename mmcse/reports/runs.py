@@ -48,7 +48,6 @@ logger = logging.getLogger(__name__)
 RETRIEVAL_COLUMNS = tuple(
     f"{d} R@{k}" for d in ("t2i", "i2t") for k in (1, 5, 10)
 )  # grounded space
-TRANSFER_COLUMNS = (*TRANSFER_TASKS, "transfer avg")
 #: the protocol of the papers' tables, whose columns keep their plain titles
 STANDARD_MODE = {"sts": "test", "transfer": "test", "retrieval": None}
 #: the tasks an average of the standard set covers, per (suite, mode)

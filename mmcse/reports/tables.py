@@ -84,23 +84,12 @@ def summarize_columns(label: str, scores: Sequence[dict[str, float]], columns) -
     return Row(label, mean, std, len(scores), counts=counts, values=seeds)
 
 
-def present_columns(rows: Sequence[Row], order: Sequence[str]) -> list[str]:
-    return [c for c in order if any(c in r.mean for r in rows)]
-
-
-def best_cells(
-    rows: Sequence[Row], columns: Sequence[str], measured, unranked: Collection[str] = ()
-) -> set[tuple[int, str]]:
-    """``(row index, column)`` of each column's highest mean among ``measured`` row indices
-    where the difference to every other measured row is supported (:func:`supported`; none in
-    an ``unranked`` column)."""
-    return set(best_evidence(rows, columns, measured, unranked))
-
-
 def best_evidence(
     rows: Sequence[Row], columns: Sequence[str], measured, unranked: Collection[str] = ()
 ) -> dict[tuple[int, str], Evidence]:
-    """:func:`best_cells`, each with the :class:`Evidence` its mark rests on."""
+    """Each column's best cell, ``(row index, column)``, with the :class:`Evidence` its mark
+    rests on: the highest mean among ``measured`` row indices where the difference to every other
+    measured row is supported (:func:`supported`; none in an ``unranked`` column)."""
     out = {}
     for column in columns:
         if column in unranked:
@@ -133,7 +122,7 @@ def supported(best: Row, other: Row, column: str) -> bool:
 
 
 def single_seed(row: Row) -> bool:
-    """A measured row of one run: :func:`best_cells` never compares it."""
+    """A measured row of one run: :func:`best_evidence` never compares it."""
     return row.n is not None and row.n < MIN_SEEDS
 
 
