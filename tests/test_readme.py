@@ -219,12 +219,12 @@ TINY: dict[str, Tiny] = {
             "out/mcse-flickr-st/README.md",
         ),
     ),  # fmt: skip
-    "mmcse bench all --device cuda --out bench/results-cuda.json": Tiny(
+    "mmcse bench all --device cuda --out docs/benchmarks/results-cuda.json": Tiny(
         # no GPU in CI; every section still runs (tiny shapes on CPU), the train section for one
         # method (all methods' step ratios: `bench train` below, and tests/bench/test_suite.py)
         set=(("--device", "cpu"),),
         add=("--method", "simcse"),
-        files=("bench/results-cuda.json", "bench/results-cuda.md"),
+        files=("docs/benchmarks/results-cuda.json", "docs/benchmarks/results-cuda.md"),
     ),
     "mmcse bench train": Tiny(
         # every method's step: tests/bench/test_train_step.py; here SimCSE and one ratio to it

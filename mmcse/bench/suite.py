@@ -131,7 +131,7 @@ def bench_all(
     methods: list[str] | None = None,
     **options,
 ) -> str:
-    """``mmcse bench all``: ``size`` real on CUDA else tiny, ``out`` bench/results-DEVICE.json,
+    """``mmcse bench all``: ``size`` real on CUDA else tiny, ``out`` docs/benchmarks/results-DEVICE.json,
     ``sections`` comma-separated (all); ``options`` are :class:`SuiteOptions`'. Says what it wrote."""
     chosen = SuiteOptions(
         device=device,
@@ -140,7 +140,7 @@ def bench_all(
         methods=tuple(methods or ()),
         **options,
     )
-    target = Path(out or f"bench/results-{device.split(':')[0]}.json")
+    target = Path(out or f"docs/benchmarks/results-{device.split(':')[0]}.json")
     run_suite(chosen, target)
     return f"wrote {target} and {target.with_suffix('.md')}"
 

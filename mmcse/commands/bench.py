@@ -14,7 +14,7 @@ Opt = typer.Option
 def bench_all_cmd(
     device: str = Opt("cpu", help="cpu|cuda"),
     size: str = Opt(None, help="real|base|small|tiny [default: real on CUDA, tiny on CPU]"),
-    out: str = Opt(None, help="JSON path, Markdown beside it [bench/results-DEVICE.json]"),
+    out: str = Opt(None, help="JSON path, Markdown beside it [docs/benchmarks/results-DEVICE.json]"),
     sections: str = Opt(None, help="comma-separated subset of the sections (default: all)"),
     method: list[str] = Opt(None, "--method", help="restrict the train section to these"),
     eval_data: str = Opt(None, help="SentEval dir ('' skips the eval sections)"),
