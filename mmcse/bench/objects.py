@@ -1,4 +1,5 @@
-"""``mmcse bench objects``: images/s of the three stages of object extraction.
+"""The ``objects`` section of ``mmcse bench all``: images/s of the three stages of object
+extraction.
 
 Models are built from configs with random weights (``real`` = Florence-2-large, SAM2.1 Hiera-L
 and the real-size image teacher; ``tiny`` = the test models), so no download is needed; speed
@@ -9,7 +10,6 @@ is timed over ``images`` images (:func:`mmcse.bench.timing.repeat`) in batches o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -144,9 +144,3 @@ def bench_objects(
         bench_sam2(size, dev, images, batch_size),
         bench_encoding(size, dev, images, batch_size, teacher),
     ]
-
-
-def objects_report(*args, **kwargs) -> Iterator[str]:
-    """``mmcse bench objects``: :func:`bench_objects` (same arguments), a line per stage."""
-    for result in bench_objects(*args, **kwargs):
-        yield f"{result.stage:32s} {result.images_per_s:10.2f} images/s  ({result.detail})"
