@@ -15,7 +15,6 @@ import dataclasses
 import re
 import statistics
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 import torch._dynamo
@@ -45,7 +44,6 @@ def bench_config(
     seq_len: int,
     device: str,
     precision,
-    captions: Path | None = None,
     **fast_paths,
 ) -> TrainConfig:
     """The trainer's config for ``method`` on the bench world's caption batches (every term
@@ -56,7 +54,7 @@ def bench_config(
         model=str(world.model),
         method=method,
         method_args=method_args,
-        caption_corpus=str(captions or world.captions),
+        caption_corpus=str(world.captions),
         features={role: world.features[role, dim] for role, dim in method_needs(method)},
         mixing="caption-only",
         batch_size=batch,

@@ -158,3 +158,15 @@ def test_a_bench_state_left_to_interpreter_exit_exits_quietly(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("choice", list(bench.CAPTURE_FLAGS))
+def test_each_capture_choice_is_the_trainer_s_capture_mode_of_that_name(runs, choice):
+    """``--capture forward,whole`` of the bench sets the trainer's own flag (no patching): each
+    choice resolves, on any device, to the capture mode it is named after."""
+    import dataclasses
+
+    from mmcse.training.fastpath import capture_mode
+
+    cfg = dataclasses.replace(runs["simcse"].cfg, capture=bench.CAPTURE_FLAGS[choice])
+    assert capture_mode(cfg, torch.device("cpu"), distributed=False) == choice
