@@ -219,33 +219,19 @@ TINY: dict[str, Tiny] = {
             "out/mcse-flickr-st/README.md",
         ),
     ),  # fmt: skip
-    "mmcse bench all --device cuda --out bench/results-cuda.json": Tiny(
+    "mmcse bench all --device cuda --out docs/benchmarks/results-cuda.json": Tiny(
         # no GPU in CI; every section still runs (tiny shapes on CPU), the train section for one
-        # method (all methods' step ratios: `bench train` below, and tests/bench/test_suite.py)
+        # method (every method's step ratio: tests/bench/)
         set=(("--device", "cpu"),),
         add=("--method", "simcse"),
-        files=("bench/results-cuda.json", "bench/results-cuda.md"),
+        files=("docs/benchmarks/results-cuda.json", "docs/benchmarks/results-cuda.md"),
     ),
-    "mmcse bench train": Tiny(
-        # every method's step: tests/bench/test_train_step.py; here SimCSE and one ratio to it
-        add=(
-            "--steps",
-            "1",
-            "--batch-size",
-            "8",
-            "--method",
-            "simcse",
-            "--method",
-            "mcse",
-            "--gather-rows",
-            "1000",
-        ),
-        shows=("mcse/simcse", "rows/s"),
-    ),  # fmt: skip
-    "mmcse bench precision": Tiny(
-        # the packaged all-MiniLM-L6-v2 costs more than the rest together: the tiny student
-        add=("--model", "{student}", "--steps", "1", "--batch-size", "4"),
-        shows=("bf16", "fp16"),
+    "mmcse bench all --sections train --capture forward,whole --packing off,on": Tiny(
+        # compiling takes minutes on a CPU: the eager step, padded and packed, SimCSE and MCSE
+        # (every method and option: tests/bench/)
+        set=(("--capture", "off"),),
+        add=("--method", "simcse", "--method", "mcse", "--out", "bench-out/train.json"),
+        files=("bench-out/train.json", "bench-out/train.md"),
     ),
 }
 
@@ -518,27 +504,27 @@ def test_readme_command_runs_on_the_tiny_world(command, world, monkeypatch, caps
 
 # ---- on the shared data, where it lies ------------------------------------------------------
 
-#: README commands that read the shared data by default (``shared/data`` beside the project),
-#: with what this test adds: the tiny student for the packaged one, and fewer, smaller batches
+#: a README command that reads the shared data by default (``shared/data`` beside the project),
+#: with what this test gives it: the CPU, and the one section that reads it quickest
 ON_SHARED_DATA = {
-    "mmcse bench precision": ("--model", "{student}", "--steps", "1", "--batch-size", "4"),
+    "mmcse bench all --device cuda --out docs/benchmarks/results-cuda.json": (
+        ("--device", "cpu", "--sections", "dev_eval", "--out", "out.json")
+    ),
 }
 
 
-def test_readme_commands_find_the_shared_data_beside_the_project(
-    tiny_model, tmp_path, monkeypatch, capsys
-):
+def test_readme_commands_find_the_shared_data_beside_the_project(tmp_path, monkeypatch, capsys):
     """No ``MMCSE_SHARED_DATA``, run from another folder: the default is ``../shared/data``
-    beside the project (not ``./shared``), and a bench section says how far it is."""
+    beside the project (not ``./shared``): the bench's dev evaluation finds SentEval there."""
     shared = ROOT.parent / "shared" / "data"
-    if not (shared / "text" / "wiki1m_sample").is_dir():
+    if not (shared / "senteval" / "downstream" / "STS" / "STSBenchmark").is_dir():
         pytest.skip(f"no shared data at {shared}")
     monkeypatch.delenv("MMCSE_SHARED_DATA", raising=False)
     monkeypatch.chdir(tmp_path)
     for line, added in ON_SHARED_DATA.items():
         assert shlex.split(line) in readme_commands(), f"{line} is no README command any more"
-        args = [*shlex.split(line)[1:], *(w.format(student=tiny_model) for w in added)]
+        args = [*shlex.split(line)[1:], *added]
         code, out, err = run_main_output(args, monkeypatch, capsys)
         assert code == 0, err[-3000:]
-        assert str(shared / "text" / "wiki1m_sample") in out
-        assert "bench precision: simcse batch 1/1" in err
+        section = json.loads((tmp_path / "out.json").read_text())["dev_eval"]
+        assert "skipped" not in section and section["forwards"] > 0

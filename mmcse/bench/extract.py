@@ -1,4 +1,5 @@
-"""``mmcse bench extract``: where Stage-1 time goes — JPEG decoding, the teacher, or both.
+"""The ``extract`` and ``text`` sections of ``mmcse bench all``: where Stage-1 time goes — JPEG
+decoding, the teacher, or both.
 
 Three image rates from one run, so the bottleneck is visible:
 
@@ -25,7 +26,6 @@ import numpy as np
 import torch
 
 from mmcse.bench.timing import steady_rate, timed
-from mmcse.errors import MmcseError
 from pipeline.teachers import build_teacher
 
 logger = logging.getLogger(__name__)
@@ -118,8 +118,6 @@ def run_extract_bench(
     sentences: int = 512,
 ) -> dict[str, float]:
     """Measure the rates; returns them by name (images/s, sentences/s)."""
-    if images < 1 or sentences < 1 or batch_size < 1:
-        raise MmcseError("--images, --sentences and --batch-size must be at least 1")
     teacher = build_teacher(teacher_name, weights="random", device=device, size=size)
     logger.info(
         f"teacher {teacher_name} (random weights, {size} size, dim {teacher.dim}) on "
@@ -132,32 +130,6 @@ def run_extract_bench(
     if hasattr(teacher, "encode_texts"):
         rates["text"] = text_rate(teacher, synthetic_captions(sentences))
     return rates
-
-
-def extract_report(
-    teacher_name: str = "resnet50",
-    device: str = "cpu",
-    images: int = 64,
-    batch_size: int = 16,
-    num_workers: int = 2,
-    size: str = "real",
-    sentences: int = 512,
-) -> str:
-    """``mmcse bench extract``: :func:`run_extract_bench`, its rates as lines."""
-    rates = run_extract_bench(
-        teacher_name, device, images, batch_size, num_workers, size, sentences
-    )
-    return format_rates(rates, sentences)
-
-
-def format_rates(rates: dict[str, float], sentences: int) -> str:
-    """One line per rate, and which of decoding and the teacher is the bottleneck."""
-    lines = [f"{name}: {rate:.1f} images/s" for name, rate in rates.items() if name != "text"]
-    if "decode" in rates:
-        lines.append(f"bottleneck: {'decode' if rates['decode'] < rates['teacher'] else 'teacher'}")
-    if "text" in rates:
-        lines.append(f"text: {rates['text']:.1f} sentences/s ({sentences} captions of 8-24 words)")
-    return "\n".join(lines)
 
 
 def image_rates(teacher, images: int, batch_size: int, num_workers: int) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""``mmcse bench objects``: images/s of the three stages of object extraction.
+"""The ``objects`` section of ``mmcse bench all``: images/s of the three stages of object
+extraction.
 
 Models are built from configs with random weights (``real`` = Florence-2-large, SAM2.1 Hiera-L
 and the real-size image teacher; ``tiny`` = the test models), so no download is needed; speed
@@ -9,13 +10,11 @@ is timed over ``images`` images (:func:`mmcse.bench.timing.repeat`) in batches o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from mmcse.bench.timing import repeat
-from mmcse.errors import BadValueError
 
 PROMPT_TOKENS = 24  # "Locate the phrases in the caption: " + a typical Flickr30k caption
 BOXES_PER_IMAGE = 4  # MCSEO reports 4.2 object–phrase pairs per image
@@ -133,10 +132,6 @@ def bench_objects(
     teacher: str = "resnet50",
 ) -> list[BenchResult]:
     """Images/s of grounding, segmentation and object encoding, each timed on its own."""
-    if size not in ("real", "tiny"):
-        raise BadValueError(f"--size must be real or tiny, not {size!r}")
-    if images < 1 or batch_size < 1:
-        raise BadValueError("--images and --batch-size must be positive")
     torch.manual_seed(0)
     dev = torch.device(device)
     return [
@@ -144,9 +139,3 @@ def bench_objects(
         bench_sam2(size, dev, images, batch_size),
         bench_encoding(size, dev, images, batch_size, teacher),
     ]
-
-
-def objects_report(*args, **kwargs) -> Iterator[str]:
-    """``mmcse bench objects``: :func:`bench_objects` (same arguments), a line per stage."""
-    for result in bench_objects(*args, **kwargs):
-        yield f"{result.stage:32s} {result.images_per_s:10.2f} images/s  ({result.detail})"

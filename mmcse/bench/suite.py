@@ -1,38 +1,28 @@
-"""``mmcse bench all``: every speed figure of the toolkit from one command, into JSON + Markdown.
+"""``mmcse bench all``: the toolkit's speed figures from one command, into JSON + Markdown.
 
-Sections (each can be picked with ``--sections``; all run by default):
+Sections (``--sections``; all by default):
 
-==============  ===========================================================================
-``extract``     image teachers incl. JPEG decode — ResNet-50, CLIP ViT-B/32, ViT-L/14
-                (images/s: decode, teacher, end to end; CLIP's text tower in sentences/s)
-                (:mod:`mmcse.bench.extract`)
-``text``        BERT-base text teacher (SimCSE/DiffCSE/RankCSE architecture), sentences/s
-``objects``     MCSEO's objects: Florence-2 grounding, SAM2 masks, cut-out + ResNet-50
-                (images/s per stage and serially combined) (:mod:`mmcse.bench.objects`)
-``train``       step of every registered method at each batch size: ms, ratio to SimCSE,
-                tokens/s, counted FLOPs and MFU, data-wait share, peak GPU memory
-                (:mod:`mmcse.bench.train_step`, :mod:`mmcse.bench.flops`)
-``fast_paths``  SimCSE step with each fast path on vs off (:mod:`mmcse.training.fastpath`)
-``capture``     every method's steps as Dynamo sees them: graphs/breaks per batch kind, eager
-                ops per step, an eager update's ops (:mod:`mmcse.bench.capture`); nothing
-                timed or compiled (``train`` times every step eager and captured)
-``dev_eval``    one STS-B dev evaluation and its share of a run evaluating every 125 steps
-``sts_eval``    the 7-task STS evaluation (STS12-16, STS-B, SICK-R test), wall seconds
-``startup``     training start-up by corpus size with the token cache cold, warm and off
-                (:mod:`mmcse.bench.startup`)
-``versus_st``   SimCSE training steps/s of mmcse's trainer vs sentence-transformers' Trainer
-                (same student, texts, batch, length, precision; :mod:`mmcse.bench.versus_st`)
-``packing``     real ÷ computed tokens per step on Wiki, COCO and Flickr batches (padded,
-                dynamic, packed), and SimCSE's step packed ÷ padded on real sentences
-                (:mod:`mmcse.bench.packing`)
-==============  ===========================================================================
+=============  ============================================================================
+``extract``    image teachers incl. JPEG decode: ResNet-50, CLIP ViT-B/32, ViT-L/14 (images/s;
+               CLIP's text tower in sentences/s) (:mod:`mmcse.bench.extract`)
+``text``       the BERT-base text teacher (SimCSE/DiffCSE/RankCSE architecture), sentences/s
+``objects``    MCSEO's objects: Florence-2 grounding, SAM2 masks, cut-out + ResNet-50
+               (images/s per stage and serially combined) (:mod:`mmcse.bench.objects`)
+``train``      every registered method's step ÷ SimCSE's: ms, tokens/s, counted FLOPs and MFU,
+               data-wait share, peak GPU memory, operators (outside graphs), host reads
+               (:mod:`mmcse.bench.train_step`), for each ``--capture`` × ``--packing`` choice
+``dev_eval``   one STS-B dev evaluation and its share of a run evaluating every 125 steps
+``sts_eval``   the 7-task STS evaluation (STS12-16, STS-B, SICK-R test), wall seconds
+``versus_st``  SimCSE training steps/s of mmcse's trainer vs sentence-transformers' Trainer
+               (same student, texts, batch, length, precision; :mod:`mmcse.bench.versus_st`)
+=============  ============================================================================
 
 Sizes: ``real`` (BERT-base student, real-size teachers: what the goals are stated for),
-``base`` (BERT-base student at batch 16, tiny teachers, few steps: BERT-base step figures a CPU
-can still measure), ``small`` (a 2-layer 128-d student, tiny teachers: CPU figures in minutes),
-``tiny`` (tests).
-All models have random weights: speed does not depend on the weights. Every figure is measured
-by :mod:`mmcse.bench.timing` (device synchronised, warm-up dropped, median of repeats); figures
+``base`` (BERT-base student at batch 16, tiny teachers: BERT-base step figures a CPU can still
+measure), ``small`` (a 2-layer 128-d student), ``tiny`` (tests). The training data is the
+synthetic cache (:mod:`mmcse.demo.synthetic`) with captions as long as COCO's (``--lengths``).
+All models have random weights: speed does not depend on them. Every figure is measured by
+:mod:`mmcse.bench.timing` (device synchronised, warm-up dropped, median of repeats); figures
 derived from measured ones (combined object rate, dev-eval share) say so in their name.
 """
 
@@ -51,13 +41,12 @@ from pathlib import Path
 import torch
 
 from mmcse.bench.timing import repeat, timed, timed_result
+from mmcse.bench.train_step import CAPTURE_FLAGS
+from mmcse.demo.synthetic import LENGTHS
 from mmcse.errors import MmcseError
 from mmcse.registry import METHODS
 
-SECTIONS = (
-    "extract", "text", "objects", "train", "fast_paths", "capture", "dev_eval", "sts_eval",
-    "startup", "versus_st", "packing",
-)  # fmt: skip
+SECTIONS = ("extract", "text", "objects", "train", "dev_eval", "sts_eval", "versus_st")
 IMAGE_TEACHERS = ("resnet50", "clip-vit-b32", "clip-vit-l14")
 TEXT_TEACHER = "simcse"  # BERT-base, like DiffCSE's and RankCSE's
 EVAL_EVERY = 125  # the papers' STS-B dev evaluation interval
@@ -80,19 +69,14 @@ class SuiteSize:
     object_images: int
     object_batch: int
     new_tokens: int
-    startup_sentences: tuple[int, ...]  # corpus sizes of the start-up section
 
 
 SUITE_SIZES = {
-    "real": SuiteSize(
-        "base", "real", (128,), 32, 20, 3, 4, 1024, 128, 8192, 16, 8, 64, (10_000, 1_000_000)
-    ),
-    "small": SuiteSize(
-        "small", "tiny", (64,), 32, 12, 2, 3, 64, 16, 1024, 2, 2, 16, (1_000, 100_000)
-    ),
+    "real": SuiteSize("base", "real", (128,), 32, 20, 3, 4, 1024, 128, 8192, 16, 8, 64),
+    "small": SuiteSize("small", "tiny", (64,), 32, 12, 2, 3, 64, 16, 1024, 2, 2, 16),
     # BERT-base student at batch 16, few steps: its step's shapes, measurable on a CPU
-    "base": SuiteSize("base", "tiny", (16,), 32, 2, 1, 1, 64, 16, 1024, 2, 2, 16, (1_000, 10_000)),
-    "tiny": SuiteSize("tiny", "tiny", (8, 16), 16, 2, 1, 1, 4, 2, 32, 1, 1, 4, (100, 1_000)),
+    "base": SuiteSize("base", "tiny", (16,), 32, 2, 1, 1, 64, 16, 1024, 2, 2, 16),
+    "tiny": SuiteSize("tiny", "tiny", (8, 16), 16, 2, 1, 1, 4, 2, 32, 1, 1, 4),
 }
 
 
@@ -104,7 +88,11 @@ class SuiteOptions:
     methods: tuple[str, ...] = ()  # empty: every registered method
     eval_data: str | None = None  # SentEval dir; None: the shared copy if present
     peak_tflops: float | None = None
-    compile_on_cpu: bool = False
+    #: the train section's steps: ``off``, ``forward``, ``whole`` (:data:`CAPTURE_FLAGS`);
+    #: empty: ``whole`` on CUDA (the trainer's default there), ``off`` on CPU
+    capture: tuple[str, ...] = ()
+    packing: tuple[bool, ...] = (False,)
+    lengths: str = "coco"  # caption lengths of the synthetic cache (mmcse.demo.synthetic.LENGTHS)
     decode_workers: int | None = None  # None: min(8, CPU count) on CUDA, 0 on CPU
 
     def __post_init__(self) -> None:
@@ -113,6 +101,12 @@ class SuiteOptions:
         unknown = sorted(set(self.sections) - set(SECTIONS))
         if unknown:
             raise MmcseError(f"unknown section(s) {', '.join(unknown)}; choose from {SECTIONS}")
+        if not self.capture:
+            self.capture = ("whole",) if self.device.startswith("cuda") else ("off",)
+        for value, known in ((self.capture, CAPTURE_FLAGS), (self.lengths, LENGTHS)):
+            unknown = sorted(set([value] if isinstance(value, str) else value) - set(known))
+            if unknown:
+                raise MmcseError(f"unknown {unknown[0]!r}; choose from {', '.join(known)}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise MmcseError("--device cuda was asked for but no CUDA device is available")
 
@@ -131,8 +125,9 @@ def bench_all(
     methods: list[str] | None = None,
     **options,
 ) -> str:
-    """``mmcse bench all``: ``size`` real on CUDA else tiny, ``out`` bench/results-DEVICE.json,
-    ``sections`` comma-separated (all); ``options`` are :class:`SuiteOptions`'. Says what it wrote."""
+    """``mmcse bench all``: ``size`` real on CUDA else tiny, ``out``
+    docs/benchmarks/results-DEVICE.json, ``sections`` comma-separated (all); ``options`` are
+    :class:`SuiteOptions`'. Says what it wrote."""
     chosen = SuiteOptions(
         device=device,
         size=size or ("real" if device.startswith("cuda") else "tiny"),
@@ -140,7 +135,7 @@ def bench_all(
         methods=tuple(methods or ()),
         **options,
     )
-    target = Path(out or f"bench/results-{device.split(':')[0]}.json")
+    target = Path(out or f"docs/benchmarks/results-{device.split(':')[0]}.json")
     run_suite(chosen, target)
     return f"wrote {target} and {target.with_suffix('.md')}"
 
@@ -163,13 +158,9 @@ def run_suite(options: SuiteOptions, out: Path) -> dict:
         "text": lambda: text_section(options, size),
         "objects": lambda: objects_section(options, size),
         "train": lambda: train_section(options, size, save=partial_save("train")),
-        "fast_paths": lambda: fast_path_section(options, size),
-        "capture": lambda: capture_section(options, size),
         "dev_eval": lambda: dev_eval_section(options, size, results.get("train")),
         "sts_eval": lambda: sts_eval_section(options, size),
-        "startup": lambda: startup_section(options, size),
         "versus_st": lambda: versus_st_section(options, size),
-        "packing": lambda: packing_bench_section(options, size),
     }
     for name in SECTIONS:
         if name not in options.sections:
@@ -298,160 +289,46 @@ def _method_names(options: SuiteOptions) -> list[str]:
 
 
 def train_section(options: SuiteOptions, size: SuiteSize, save=None) -> dict:
-    """Every method's step at each batch, eager and (on CUDA, or on CPU with
-    ``--compile-on-cpu``) captured, each ÷ SimCSE's of the same kind; ``save(partial)`` after
-    every method, so an interrupted run keeps what it measured."""
+    """Every method's step at each batch for each capture × packing choice, each ÷ SimCSE's of
+    the same choice; ``save(partial)`` after every method, so an interrupted run keeps what it
+    measured."""
     from mmcse.bench import train_step as bench
     from mmcse.bench.flops import peak_flops
+    from mmcse.demo.synthetic import method_needs, synthetic_world
 
     names = _method_names(options)
     peak, source = peak_flops(options.device, options.peak_tflops)
     out: dict = {"peak_flops": peak, "peak_source": source, "student": size.student}
-    captured = options.device.startswith("cuda") or options.compile_on_cpu
-    steps = {"eager": "off", "captured": "on"} if captured else {"eager": "off"}
-    if not captured:
-        out["captured_skipped"] = "not measured on CPU: compiling takes minutes (--compile-on-cpu)"
     out["settings"] = {
         "seq_len": size.seq_len,
+        "lengths": options.lengths,
         "precision": "bf16 autocast" if options.device.startswith("cuda") else "fp32",
         "batches": "caption batches (every term active)",
         "steps": size.steps,
         "warmup": size.warmup,
         "rounds": size.rounds,
-        "captured": "whole update (forward, backward, clipping, AdamW, schedule) compiled, "
-        "replayed as a CUDA graph on CUDA; first_step_s is its compile",
+        "capture": "off: eager, dynamic padding; forward: forward/backward compiled, update "
+        "eager; whole: the whole update compiled (a CUDA graph on CUDA); first_step_s: compile",
     }
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
-        needs = set().union(*(bench.method_needs(n) for n in names))
+        needs = set().union(*(method_needs(n) for n in names))
         rows = max(size.batches) * 8
-        world = bench.synthetic_world(Path(tmp), size.student, size.seq_len, rows, needs)
+        world = synthetic_world(Path(tmp), size.student, size.seq_len, rows, needs, options.lengths)
         for batch in size.batches:
-            for side, capture in steps.items():
-                found = out.setdefault(f"batch_{batch}", {}).setdefault(side, {})
+            for capture in options.capture:
+                for packing in options.packing:
+                    side = capture + ("+packed" if packing else "")
+                    found = out.setdefault(f"batch_{batch}", {}).setdefault(side, {})
 
-                def keep(name: str, report: dict, found=found) -> None:
-                    found[name] = report
-                    if save is not None:
-                        save(out)
+                    def keep(name: str, report: dict, found=found) -> None:
+                        found[name] = report
+                        if save is not None:
+                            save(out)
 
-                bench.bench_methods(
-                    world, names, batch, size.seq_len, options.device, "auto",
-                    size.steps, size.warmup, size.rounds, peak, capture=capture, on_method=keep,
-                )  # fmt: skip
-        if captured:
-            out["warm_compile"] = warm_compile(world, size, options)
-            if save is not None:
-                save(out)
-    return out
-
-
-def warm_compile(world, size: SuiteSize, options: SuiteOptions) -> dict:
-    """SimCSE's captured step compiled a second time in this process, Dynamo's cache reset as a
-    new run resets it (a recipe's next seed): what inductor's on-disk caches save."""
-    from mmcse.bench import train_step as bench
-
-    torch._dynamo.reset()
-    batch = size.batches[0]
-    state = bench.BenchState.of(
-        world, "simcse", batch, size.seq_len, options.device, "auto", capture="on",
-        dynamic_padding=False,
-    )  # fmt: skip
-    return {"method": "simcse", "batch": batch, "first_step_s": timed(state.step, options.device)}
-
-
-def fast_path_variants(options: SuiteOptions) -> dict[str, tuple[dict, dict] | str]:
-    """name → (on settings, off settings) for a SimCSE run, or the reason it is not measured.
-
-    On CUDA the trainer captures the whole update by default, which makes three switches moot
-    (a captured step pads to max length, is compiled whole, and steps its own AdamW): those are
-    measured on the eager step (``capture`` off), where they act; the others on the default,
-    captured, step."""
-    cuda = options.device.startswith("cuda")
-    static = {"dynamic_padding": False}
-    eager = {"capture": "off"} if cuda else {}  # where the switch acts on CUDA
-    variants: dict[str, tuple[dict, dict] | str] = {
-        "sdpa": ({"attn_implementation": "sdpa"}, {"attn_implementation": "eager"}),
-        "dynamic_padding": (
-            {**eager, "dynamic_padding": True, "varied": True},
-            {**eager, "dynamic_padding": False, "varied": True},
-        ),
-    }
-    if cuda or options.compile_on_cpu:
-        variants["compile"] = ({**eager, **static, "compile_encoder": True}, {**eager, **static})
-    else:
-        variants["compile"] = (
-            "not measured on CPU: compiling takes minutes on a shared CPU (--compile-on-cpu)"
-        )
-    if cuda:
-        variants["fused_adamw"] = ({**eager, "fused_adamw": True}, {**eager, "fused_adamw": False})
-        variants["tf32"] = (
-            {"tf32": True, "precision": "fp32"},
-            {"tf32": False, "precision": "fp32"},
-        )
-        variants["bf16_autocast"] = ({"precision": "bf16"}, {"precision": "fp32"})
-    else:
-        for name in ("fused_adamw", "tf32", "bf16_autocast"):
-            variants[name] = "CUDA only (the CPU run is fp32 with PyTorch's default AdamW)"
-    return variants
-
-
-def fast_path_section(options: SuiteOptions, size: SuiteSize) -> dict:
-    from mmcse.bench import train_step as bench
-
-    batch = size.batches[0]
-    device = torch.device(options.device)
-    out: dict = {"method": "simcse", "batch": batch, "seq_len": size.seq_len}
-    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
-        world = bench.synthetic_world(
-            Path(tmp), size.student, size.seq_len, batch * 8, set(), varied=True
-        )
-        for name, variant in fast_path_variants(options).items():
-            if isinstance(variant, str):
-                out[name] = {"skipped": variant}
-                continue
-            states = {}
-            for side, settings in zip(("on", "off"), variant, strict=True):
-                settings = dict(settings)
-                captions = world.root / "captions-varied" if settings.pop("varied", 0) else None
-                precision = settings.pop("precision", "auto")
-                states[side] = bench.BenchState.of(
-                    world, "simcse", batch, size.seq_len, options.device, precision,
-                    captions=captions, **settings,
-                )  # fmt: skip
-            stats = bench.time_variants(states, device, size.steps, size.warmup, size.rounds)
-            on, off = stats["on"].step_s, stats["off"].step_s
-            out[name] = {
-                "on_ms": 1000 * on,
-                "off_ms": 1000 * off,
-                "speedup": off / on,
-                "on_mean_width": stats["on"].mean_width,
-                "off_mean_width": stats["off"].mean_width,
-                "capture": states["on"].trainer.capture,
-            }
-    return out
-
-
-def capture_section(options: SuiteOptions, size: SuiteSize) -> dict:
-    """Every method's steps as Dynamo sees them (graphs and breaks per batch kind: one graph and
-    no break is what whole-update capture needs), its eager step's operators, and the operator
-    calls of an update left outside a graph (clipping, AdamW: what ``--capture off`` and the
-    forward-only capture of DDP/fp16 runs dispatch). No step is timed or compiled here: the
-    ``train`` section times every method eager and captured, with its compile seconds."""
-    from mmcse.bench import train_step as bench
-    from mmcse.bench.capture import describe_steps, update_ops
-
-    names, batch = _method_names(options), size.batches[0]
-    out: dict = {"student": size.student, "batch": batch, "seq_len": size.seq_len}
-    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
-        needs = set().union(*(bench.method_needs(n) for n in names))
-        world = bench.synthetic_world(Path(tmp), size.student, size.seq_len, batch * 8, needs)
-        out["methods"] = describe_steps(world, names, batch, size.seq_len, options.device)
-        state = bench.BenchState.of(world, "simcse", batch, size.seq_len, options.device, "auto")
-        out["update_ops"] = update_ops(state.trainer.student)
-    out["settings"] = {
-        "batches": "caption batches (every term active), padded to seq_len",
-        "step_times": "the train section's (eager and captured, with compile seconds)",
-    }
+                    bench.bench_methods(
+                        world, names, batch, size.seq_len, options.device, "auto", size.steps,
+                        size.warmup, size.rounds, peak, capture, packing, on_method=keep,
+                    )  # fmt: skip
     return out
 
 
@@ -493,7 +370,7 @@ def dev_eval_section(options: SuiteOptions, size: SuiteSize, train: dict | None)
     }
     if train:
         batch = min((k for k in train if k.startswith("batch_")), key=lambda k: int(k[6:]))
-        side = "captured" if "captured" in train[batch] else "eager"
+        side = next(iter(train[batch]))  # the first capture choice, unpacked
         step_s = train[batch][side]["simcse"]["step_ms"] / 1000
         for key, seconds in (("", out["seconds"]), ("_unprepared", out["seconds_unprepared"])):
             out[f"share_every_125_steps_derived{key}"] = seconds / (EVAL_EVERY * step_s + seconds)
@@ -527,58 +404,25 @@ def sts_eval_section(options: SuiteOptions, size: SuiteSize) -> dict:
     }
 
 
-def startup_section(options: SuiteOptions, size: SuiteSize) -> dict:
-    """Training start-up by corpus size, token cache cold / warm / off (:mod:`mmcse.bench.startup`)."""
-    from mmcse.bench.startup import bench_startup
-
-    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
-        model, vocab = _random_student(Path(tmp), size.student)
-        sizes = bench_startup(model, size.startup_sentences, Path(tmp), echo=lambda _: None)
-    return {
-        **sizes,
-        "settings": {
-            "student": size.student,
-            "tokenizer": vocab,
-            "method": "simcse",
-            "max_seq_length": 32,
-            "sentences": "synthetic, 8-24 words, one per line",
-            "device": "cpu (start-up is host work)",
-        },
-    }
-
-
 def versus_st_section(options: SuiteOptions, size: SuiteSize) -> dict:
     """mmcse's SimCSE steps/s vs sentence-transformers' Trainer's at the first batch size
-    (:mod:`mmcse.bench.versus_st`); the mmcse step captured where the ``train`` section
-    captures it (then with at least 3 warm-up steps). Enough caption rows that neither side
+    (:mod:`mmcse.bench.versus_st`), the mmcse step as the first ``--capture`` choice. Enough caption rows that neither side
     starts a new epoch while timed."""
-    from mmcse.bench import train_step as bench
     from mmcse.bench import versus_st
+    from mmcse.demo.synthetic import synthetic_world
 
     reason = versus_st.unavailable()
     if reason is not None:
         return {"skipped": reason}
     batch = size.batches[0]
-    captured = options.device.startswith("cuda") or options.compile_on_cpu
     rows = batch * (size.warmup + size.steps + 1)
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
-        world = bench.synthetic_world(Path(tmp), size.student, size.seq_len, rows, set())
+        world = synthetic_world(Path(tmp), size.student, size.seq_len, rows, set(), "full")
         out = versus_st.bench_versus_st(
             world, batch, size.seq_len, options.device, size.steps, size.warmup,
-            "on" if captured else "off",
+            CAPTURE_FLAGS[options.capture[0]],
         )  # fmt: skip
     return {"student": size.student, **out}
-
-
-def packing_bench_section(options: SuiteOptions, size: SuiteSize) -> dict:
-    """Real ÷ computed tokens and the packed ÷ padded step (:mod:`mmcse.bench.packing`)."""
-    from mmcse.bench.packing import packing_section
-    from mmcse.evaluation.sts import default_data_dir
-
-    senteval = default_data_dir()  # ../shared/data/senteval: the shared data, when present
-    shared = senteval.parent if senteval is not None else None
-    with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
-        return packing_section(options, size, shared, Path(tmp), _random_student)
 
 
 def _eval_data(options: SuiteOptions) -> Path | None:
@@ -594,7 +438,7 @@ def _eval_data(options: SuiteOptions) -> Path | None:
 def _random_student(root: Path, size: str) -> tuple[Path, str]:
     """A random student and which tokenizer it has: BERT's uncased WordPiece vocabulary when
     a copy is installed (real token counts on real English), else a whole-word one."""
-    from mmcse.bench.train_step import synthetic_vocab
+    from mmcse.demo.synthetic import synthetic_vocab
     from mmcse.tiny import build_tiny_bert
 
     vocab, tokenizer = synthetic_vocab(), "whole-word (speed only: ~1 token per word)"
@@ -631,10 +475,6 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
-def _mib(value) -> str:
-    return "n/a" if value is None else f"{value / 2**20:,.0f}"
-
-
 def to_markdown(results: dict) -> str:
     meta = results["meta"]
     lines = [
@@ -652,13 +492,9 @@ def to_markdown(results: dict) -> str:
         ("text", _md_text),
         ("objects", _md_objects),
         ("train", _md_train),
-        ("fast_paths", _md_fast_paths),
-        ("capture", _md_capture),
         ("dev_eval", _md_dev_eval),
         ("sts_eval", _md_sts_eval),
-        ("startup", _md_startup),
         ("versus_st", _md_versus_st),
-        ("packing", _md_packing),
     ):
         if name in results:
             lines += render(results[name]) + [""]
@@ -728,57 +564,6 @@ def _md_train(section: dict) -> list[str]:
                     f"{r['host_reads_per_step']} | {_pct(r['data_wait_share'])} |"
                 )
             lines.append("")
-    if "warm_compile" in section:
-        warm = section["warm_compile"]
-        lines.append(
-            f"Warm compile ({warm['method']}, batch {warm['batch']}, Dynamo reset, inductor's "
-            f"disk cache kept): first step {_fmt(warm['first_step_s'], 1)} s."
-        )
-    if "captured_skipped" in section:
-        lines.append(f"Captured: {section['captured_skipped']}.")
-    return lines + ["", f"Settings: {section['settings']}"]
-
-
-def _md_fast_paths(section: dict) -> list[str]:
-    lines = [
-        f"## Fast paths (SimCSE, batch {section['batch']}, length ≤ {section['seq_len']})",
-        "",
-        "| fast path | step | on ms | off ms | speed-up (off ÷ on) |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for name, r in section.items():
-        if not isinstance(r, dict):
-            continue
-        if "skipped" in r:
-            lines.append(f"| {name} | – | – | – | {r['skipped']} |")
-        else:
-            step = "captured" if r.get("capture", "off") != "off" else "eager"
-            lines.append(
-                f"| {name} | {step} | {_fmt(r['on_ms'], 2)} | {_fmt(r['off_ms'], 2)} | "
-                f"{r['speedup']:.3f} |"
-            )
-    return lines
-
-
-def _md_capture(section: dict) -> list[str]:
-    lines = [
-        f"## Steps as Dynamo sees them (student {section['student']}, batch {section['batch']}, "
-        f"length {section['seq_len']})",
-        "",
-        "| method | ops/step eager | graphs/breaks |",
-        "|---|---:|---|",
-    ]
-    for name, r in section["methods"].items():
-        graphs = ", ".join(f"{k} {e['graphs']}/{e['breaks']}" for k, e in r["explain"].items())
-        lines.append(f"| {name} | {r['eager_ops']:,} | {graphs} |")
-    update = section["update_ops"]
-    lines += [
-        "",
-        f"An update outside a graph, over {update['parameters']} parameter tensors (outermost "
-        f"operator calls): clipping {update['clip_per_parameter']:,} per parameter / "
-        f"{update['clip_foreach']:,} foreach; AdamW {update['adamw_per_parameter']:,} per "
-        f"parameter / {update['adamw_foreach']:,} foreach / {update['adamw_fused']:,} fused.",
-    ]
     return lines + ["", f"Settings: {section['settings']}"]
 
 
@@ -808,57 +593,6 @@ def _md_sts_eval(section: dict) -> list[str]:
         f"{_fmt(section['seconds'], 2)} s wall for {section['sentences_encoded']:,} distinct "
         f"sentences (student {section['student']}, files read and tokenised included)",
     ]
-
-
-def _md_startup(section: dict) -> list[str]:
-    lines = [
-        "## Training start-up by corpus size (token cache cold / warm / off)",
-        "",
-        "| sentences | cold s | warm s | off s | build s (derived) | warm ÷ smallest |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key, r in section.items():
-        if key.startswith("sentences_"):
-            lines.append(
-                f"| {int(key[10:]):,} | {_fmt(r['cold_s'], 2)} | {_fmt(r['warm_s'], 2)} | "
-                f"{_fmt(r['off_s'], 2)} | {_fmt(r['build_s_derived'], 2)} | "
-                f"{r['warm_ratio_to_smallest']:.2f} |"
-            )
-    return lines + ["", f"Settings: {section['settings']}"]
-
-
-def _md_packing(section: dict) -> list[str]:
-    lines = [
-        "## Packing: real ÷ computed tokens per step (batches of 128, length ≤ 32)",
-        "",
-        "| corpus | mean tokens | padded to 32 | dynamic padding | packed (rows needed) "
-        "| packed (fixed budget, rows) | lengths |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for corpus, r in section["tokens"].items():
-        lines.append(
-            f"| {corpus} | {r['mean_tokens']:.1f} | {r['padded_to_32']:.2f} | "
-            f"{r['dynamic_padding']:.2f} | {r['packed_rows_needed']:.2f} | "
-            f"{r['packed_fixed_budget']:.2f} ({r['budget_rows']}) | {r['lengths']} |"
-        )
-    step = section["step"]
-    lines += [
-        "",
-        f"SimCSE step, batch {step['batch']}, real sentences, timed alternately in one run:",
-        "",
-        "| corpus | packed ms | padded ms | packed ÷ padded |",
-        "|---|---:|---:|---:|",
-    ]
-    for corpus in ("wiki", "coco"):
-        r = step.get(corpus, {})
-        if "skipped" in r:
-            lines.append(f"| {corpus} | skipped: {r['skipped']} | | |")
-        elif r:
-            lines.append(
-                f"| {corpus} | {_fmt(r['packed_ms'])} | {_fmt(r['padded_ms'])} | "
-                f"{r['packed_over_padded']:.2f} |"
-            )
-    return lines
 
 
 def _md_versus_st(section: dict) -> list[str]:

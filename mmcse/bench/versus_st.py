@@ -73,7 +73,7 @@ def bench_versus_st(
     world, batch: int, seq_len: int, device: str, steps: int, warmup: int, capture: str
 ) -> dict:
     """Steps/s of mmcse's SimCSE step and of sentence-transformers' Trainer on the bench world
-    ``world`` (:func:`mmcse.bench.train_step.synthetic_world`), their ratio (derived), and what
+    ``world`` (:func:`mmcse.demo.synthetic.synthetic_world`), their ratio (derived), and what
     is the same and what differs. ``capture``: the mmcse trainer's flag (``on`` | ``off``); a
     captured step warms up for at least :data:`CAPTURED_WARMUP` steps, and so does the other side."""
     if min(steps, warmup, batch, seq_len) < 1:

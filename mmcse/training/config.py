@@ -37,7 +37,7 @@ ADAM_EPS_STYLES = EPS_STYLES  # where AdamW adds ε (mmcse.optim)
 
 REPORT_TO = ("none", "tensorboard")
 #: whole-step capture (:mod:`mmcse.training.fastpath`): ``auto`` = on CUDA, off on CPU
-CAPTURES = ("auto", "on", "off")
+CAPTURES = ("auto", "on", "off", "forward")
 #: ``token_cache`` values besides a folder: the default place (:func:`mmcse.cache.tokens.entry_path`), or no cache
 TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF = "auto", "off"
 #: encoder attention (:mod:`mmcse.packing`): ``flex_attention`` and ``varlen`` need a GPU for
@@ -346,7 +346,8 @@ class TrainConfig:
             "panel": PANEL_SPEED,
             "choices": CAPTURES,
             "help": "compile the whole step (encoder, every loss term, backward) into one graph, "
-            "replayed as CUDA graphs on CUDA; pads batches to --max-seq-length; auto: on CUDA",
+            "replayed as CUDA graphs on CUDA; pads batches to --max-seq-length; auto: on CUDA; "
+            "forward: the forward/backward only, the update eager (what DDP and fp16 runs get)",
         },
     )
     fused_adamw: bool = field(

@@ -130,7 +130,7 @@ def apply_fast_paths(
 def capture_enabled(cfg: TrainConfig, device: torch.device) -> bool:
     """``cfg.capture`` resolved: ``auto`` captures on CUDA only (on CPU it would only fuse
     kernels, after minutes of compiling)."""
-    return cfg.capture == "on" or (cfg.capture == "auto" and device.type == "cuda")
+    return cfg.capture in ("on", "forward") or (cfg.capture == "auto" and device.type == "cuda")
 
 
 #: what ``capture_mode`` resolves to: no capture; the student's forward/backward compiled with
@@ -141,10 +141,15 @@ CAPTURE_MODES = ("off", "forward", "whole")
 def capture_mode(cfg: TrainConfig, device: torch.device, distributed: bool) -> str:
     """One of :data:`CAPTURE_MODES`. The whole update is captured unless DDP (its gradient
     all-reduce runs in autograd hooks) or fp16 on CUDA (the GradScaler's skip of an overflowing
-    step is a host decision) needs the eager update."""
+    step is a host decision) needs the eager update, or ``--capture forward`` asks for it (what
+    ``mmcse bench all --capture forward,whole`` compares)."""
     if not capture_enabled(cfg, device):
         return "off"
-    if distributed or (cfg.precision == "fp16" and device.type == "cuda"):
+    if (
+        cfg.capture == "forward"
+        or distributed
+        or (cfg.precision == "fp16" and device.type == "cuda")
+    ):
         return "forward"
     return "whole"
 

@@ -108,37 +108,12 @@ def test_suite_options_reject_bad_values_in_one_line():
             bench_suite.SuiteOptions(device="cuda")
 
 
-def test_startup_bench_measures_each_size_cold_warm_and_off(tiny_model, tmp_path):
-    from mmcse.bench.startup import bench_startup
-
-    lines = []
-    result = bench_startup(tiny_model, (40, 20), tmp_path, seq_len=16, echo=lines.append)
-    assert list(result) == ["sentences_20", "sentences_40"]  # smallest first
-    for count, row in ((20, result["sentences_20"]), (40, result["sentences_40"])):
-        assert all(row[f"{mode}_s"] > 0 for mode in ("cold", "warm", "off"))
-        assert row["build_s_derived"] == row["cold_s"] - row["warm_s"]
-        written = [p.name for p in (tmp_path / f"tokens-{count}").iterdir() if p.name[0] != "."]
-        assert len(written) == 1 and written[0].startswith(f"sentences-{count}-")  # cold wrote it
-    assert result["sentences_20"]["warm_ratio_to_smallest"] == 1.0
-    assert len(lines) == 2 and "warm" in lines[0]
-
-
-def test_cpu_fast_path_variants_say_why_cuda_ones_are_not_measured():
-    variants = bench_suite.fast_path_variants(bench_suite.SuiteOptions())
-    assert isinstance(variants["sdpa"], tuple) and isinstance(variants["dynamic_padding"], tuple)
-    for name in ("compile", "fused_adamw", "tf32", "bf16_autocast"):
-        assert isinstance(variants[name], str), name
-
-
-def test_cuda_fast_paths_that_capture_makes_moot_are_measured_on_the_eager_step(monkeypatch):
-    """A captured step pads statically, is compiled whole and steps its own AdamW: on CUDA
-    (capture on by default) those three switches are timed with capture off, where they act."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only the table is built
-    variants = bench_suite.fast_path_variants(bench_suite.SuiteOptions(device="cuda"))
-    for name in ("dynamic_padding", "compile", "fused_adamw"):
-        assert all(side.get("capture") == "off" for side in variants[name]), name
-    for name in ("sdpa", "tf32", "bf16_autocast"):  # these act on the default, captured step
-        assert all("capture" not in side for side in variants[name]), name
+def test_train_choices_are_checked_and_default_to_the_device_s_step():
+    assert bench_suite.SuiteOptions().capture == ("off",)
+    with pytest.raises(MmcseError, match="'compiled'"):
+        bench_suite.SuiteOptions(capture=("off", "compiled"))
+    with pytest.raises(MmcseError, match="'imdb'"):
+        bench_suite.SuiteOptions(lengths="imdb")
 
 
 @pytest.mark.slow
@@ -148,6 +123,7 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
     out = tmp_path / "bench" / "results-cpu.json"
     args = ["bench", "all", "--size", "tiny", "--device", "cpu", "--out", str(out)]
     args += ["--method", "simcse", "--method", "mcse", "--eval-data", str(SENTEVAL_MINI)]
+    args += ["--lengths", "full", "--packing", "off,on"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
@@ -167,72 +143,38 @@ def test_bench_all_tiny_writes_json_and_markdown(tmp_path):
 
     train = data["train"]
     assert train["peak_flops"] is None and "n/a" in train["peak_source"]
-    assert "captured_skipped" in train  # on CPU without --compile-on-cpu: the eager step only
     for batch in (8, 16):
-        assert list(train[f"batch_{batch}"]) == ["eager"]
-        methods = train[f"batch_{batch}"]["eager"]
-        assert list(methods) == ["simcse", "mcse"]
-        assert methods["simcse"]["ratio"] == 1.0
-        for r in methods.values():
-            assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["mfu"] is None
-            assert 0 <= r["data_wait_share"] < 1 and r["peak_memory_bytes"] is None
-            assert r["mean_width"] == 16  # the bench captions fill max length exactly
+        assert list(train[f"batch_{batch}"]) == ["off", "off+packed"]
+        for side, methods in train[f"batch_{batch}"].items():
+            assert list(methods) == ["simcse", "mcse"]
+            assert methods["simcse"]["ratio"] == 1.0
+            for r in methods.values():
+                assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["mfu"] is None
+                assert 0 <= r["data_wait_share"] < 1 and r["peak_memory_bytes"] is None
+                assert r["ops_per_step"] > 0 and r["step"] == "off"
+                assert r["ops_outside_graphs"] == r["ops_per_step"]  # eager: no graph
+                low, high = r["ratio_range"]
+                assert low <= r["ratio"] <= high
+            # MCSE adds a term to SimCSE's: strictly more operators per step (deterministic)
+            assert methods["mcse"]["ops_per_step"] > methods["simcse"]["ops_per_step"], side
+        for r in train[f"batch_{batch}"]["off"].values():
+            assert r["mean_width"] == 16  # --lengths full: the captions fill max length exactly
             assert r["flops_per_step"] == flops.train_step_flops(
                 flops.EncoderShape(32, 2, 64), batch, 16
             )
-            assert r["ops_per_step"] > 0 and r["step"] == "off"
-            assert r["ops_outside_graphs"] == r["ops_per_step"]  # eager: no graph
-            low, high = r["ratio_range"]
-            assert low <= r["ratio"] <= high
-        # MCSE adds a term to SimCSE's: strictly more operators per step (deterministic)
-        assert methods["mcse"]["ops_per_step"] > methods["simcse"]["ops_per_step"]
-
-    fast = data["fast_paths"]
-    assert fast["sdpa"]["on_ms"] > 0 and fast["sdpa"]["off_ms"] > 0
-    # varied captions: dynamic padding pads to less than max length, static pads to it
-    assert fast["dynamic_padding"]["on_mean_width"] < fast["dynamic_padding"]["off_mean_width"]
-    assert fast["dynamic_padding"]["off_mean_width"] == 16
-    assert "skipped" in fast["fused_adamw"] and "skipped" in fast["compile"]
-    assert fast["sdpa"]["capture"] == "off"  # the CPU default
-
-    capture = data["capture"]  # graphs and operators; the train section times the steps
-    assert list(capture["methods"]) == ["simcse", "mcse"]
-    for r in capture["methods"].values():
-        assert r["eager_ops"] > 0 and "captured_ms" not in r and "eager_ms" not in r
-        assert {k: (e["graphs"], e["breaks"]) for k, e in r["explain"].items()} == {
-            "caption": (1, 0), "text": (1, 0)
-        }  # fmt: skip
-    assert capture["update_ops"]["adamw_fused"] < capture["update_ops"]["adamw_per_parameter"]
 
     assert data["dev_eval"]["seconds"] > 0 and data["dev_eval"]["seconds_unprepared"] > 0
     assert data["dev_eval"]["forwards"] > 0 and data["dev_eval"]["computed_tokens"] > 0
     assert 0 < data["dev_eval"]["share_every_125_steps_derived"] < 1
     assert data["sts_eval"]["seconds"] > 0 and data["sts_eval"]["sentences_encoded"] > 0
 
-    startup = data["startup"]
-    assert [k for k in startup if k.startswith("sentences_")] == ["sentences_100", "sentences_1000"]
-    assert startup["sentences_100"]["warm_ratio_to_smallest"] == 1.0
-    assert all(startup["sentences_1000"][f"{mode}_s"] > 0 for mode in ("cold", "warm", "off"))
-
     versus = data["versus_st"]  # skipped where sentence-transformers' Trainer is not installed
     assert "skipped" in versus or min(versus["mmcse_steps_per_s"], versus["st_steps_per_s"]) > 0
 
-    packing = data["packing"]  # lengths real with ../shared/data, else drawn at the measured means
-    for corpus in ("wiki", "coco", "flickr"):
-        ratios = packing["tokens"][corpus]
-        assert ratios["padded_to_32"] <= ratios["dynamic_padding"] <= 1  # Wiki: equal (full rows)
-        assert (
-            ratios["padded_to_32"] < ratios["packed_fixed_budget"] <= ratios["packed_rows_needed"]
-        )
-    for corpus in ("wiki", "coco"):
-        step = packing["step"][corpus]
-        assert "skipped" in step or step["packed_over_padded"] > 0
-
     markdown = out.with_suffix(".md").read_text()
-    for heading in ("## Packing: real ÷ computed tokens", "## Image extraction", "## Objects", "### batch 8, eager step", "## Fast paths",
-                    "## Steps as Dynamo sees them",
+    for heading in ("## Image extraction", "## Objects", "### batch 8, off+packed step",
                     "## STS-B dev evaluation", "## STS 7-task evaluation",
-                    "## Training start-up", "## SimCSE training: mmcse vs"):  # fmt: skip
+                    "## SimCSE training: mmcse vs"):  # fmt: skip
         assert heading in markdown
     assert "| mcse |" in markdown and "n/a" in markdown
-    assert math.isfinite(data["train"]["batch_8"]["eager"]["mcse"]["ratio"])
+    assert math.isfinite(data["train"]["batch_8"]["off+packed"]["mcse"]["ratio"])

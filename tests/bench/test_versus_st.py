@@ -69,7 +69,7 @@ def test_both_sides_report_positive_rates_and_the_ratio_is_their_quotient(measur
     assert mmcse["first_step_s"] > 0  # the first warm-up step, timed apart (the compile)
     assert (section["batch"], section["seq_len"]) == (TINY.batches[0], TINY.seq_len)
     assert section["student"] == "tiny" and section["precision"] == "fp32"
-    assert section["capture"] == "off"  # CPU without --compile-on-cpu: the eager step
+    assert section["capture"] == "off"  # the CPU default --capture off: the eager step
     assert set(section["versions"]) == {"sentence_transformers", "transformers", "torch"}
     assert set(section["settings"]) == {"same", "mmcse", "sentence_transformers", "timing"}
     assert "versus_st" in data["meta"]["section_seconds"]

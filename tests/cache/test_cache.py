@@ -17,7 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 import cli
-from mmcse.bench.gather import gather_throughput
 from mmcse.cache import (
     Corpus,
     FeatureSet,
@@ -392,11 +391,3 @@ def test_feature_set_pickles_by_path(tmp_path):
     write(tmp_path / "set", ids, values)
     clone = pickle.loads(pickle.dumps(FeatureSet.open(tmp_path / "set")))
     np.testing.assert_array_equal(clone.gather(["item-0008"]), values[8:])
-
-
-def test_gather_throughput_reports_rates(tmp_path):
-    result = gather_throughput(
-        num_rows=10_000, dim=64, num_shards=4, num_batches=5, directory=tmp_path
-    )
-    assert result["rows_per_s"] > 0 and result["rows_per_s_by_rows"] > 0
-    assert list(tmp_path.iterdir()) == []  # the synthetic set is removed

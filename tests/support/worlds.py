@@ -105,13 +105,13 @@ def make_image_folder(root: Path, per_class: int = 4) -> Path:
 
 def write_tiny_cache(recipe, root: Path) -> None:
     """Random features for every set the recipe reads, at the paths the convention gives."""
-    from mmcse.cache import write_corpus, write_feature_set
+    from mmcse.cache import write_corpus
+    from mmcse.demo.synthetic import write_random_set
 
     rng = np.random.default_rng(0)
     captions = sentences(48, seed=2)
     image_ids = [f"img{i // 2}" for i in range(len(captions))]
     caption_ids = [f"{im}#{i % 2}" for i, im in enumerate(image_ids)]
-    common = {"split": "train", "producer": {"teacher": "random"}}
     wiki_ids = [f"wiki1m-{i:07d}" for i in range(64)]
     for need in recipe.needs(root):
         if need.key == "text_corpus":
@@ -133,10 +133,9 @@ def write_tiny_cache(recipe, root: Path) -> None:
             else:
                 write_unpaired(feature.kind, need.path)
                 continue
-            width = feature_width(feature)
-            values = rng.standard_normal((len(ids), width)).astype(np.float32)
-            write_feature_set(need.path, ids, values, kind=feature.kind, dim=width,
-                              dtype="float32", dataset=str(recipe.caption_dataset), **common)  # fmt: skip
+            values = rng.standard_normal((len(ids), feature_width(feature))).astype(np.float32)
+            write_random_set(need.path, ids, values, feature.kind, str(recipe.caption_dataset),
+                             "float32")  # fmt: skip
 
 
 def feature_width(feature) -> int:

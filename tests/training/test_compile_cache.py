@@ -35,7 +35,8 @@ RUN_ONE_STEP = """
 import json, sys, time
 from pathlib import Path
 from torch._dynamo.utils import counters
-from mmcse.bench.train_step import BenchState, method_needs, synthetic_world
+from mmcse.bench.train_step import BenchState
+from mmcse.demo.synthetic import method_needs, synthetic_world
 
 root, seed, run = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 world = synthetic_world(root, "tiny", 12, 16, method_needs("simcse"))  # 4 batches of 4

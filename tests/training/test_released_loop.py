@@ -362,25 +362,3 @@ def test_dalr_recipes_name_their_variant_and_the_released_teacher_mix():
     for name in RECIPES.names():
         if name.startswith("dalr-paper/"):
             assert "eq. 14" in get_recipe(name).variant
-
-
-# ---- the precision benchmark runs (its figures are measured, not asserted) -------------------
-
-
-@pytest.mark.slow
-def test_bench_precision_reports_every_comparison(tiny_model):
-    from support.worlds import sentences
-
-    from mmcse.bench.precision import bench_precision, format_rows
-
-    rows = bench_precision(str(tiny_model), sentences(8, seed=4), methods=("mcse",), batch_size=4)
-    assert [r.compared for r in rows] == [
-        "bf16 vs fp32",
-        "fp16 vs fp32",
-        "fp32, other dropout mask, vs fp32",
-    ]
-    for row in rows:
-        assert len(row.loss_rel) == 2
-        assert all(math.isfinite(v) and v >= 0 for v in row.loss_rel + row.grad_rel)
-        assert all(-1 - 1e-9 <= c <= 1 + 1e-9 for c in row.grad_cos)
-    assert format_rows(rows).count("\n") == len(rows) + 1

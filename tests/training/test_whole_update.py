@@ -25,7 +25,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.profiler import ProfilerActivity, profile
 
 import mmcse.methods  # noqa: F401  (registers every method)
-from mmcse.bench.train_step import BenchState, method_needs, synthetic_world
+from mmcse.bench.train_step import BenchState
+from mmcse.demo.synthetic import method_needs, synthetic_world
 from mmcse.registry import METHODS
 from mmcse.training import fastpath
 
