@@ -64,7 +64,7 @@ from mmcse.training.plan import plan_run
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 from mmcse.training.record import RunRecord, RunResult
-from mmcse.training.schedule import is_eval_step
+from mmcse.training.evaluation_steps import is_eval_step
 from mmcse.training.stop import EvaluationStopped, StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
 from mmcse.update import (

@@ -34,7 +34,7 @@ from mmcse.training.dev_eval import resolve_eval_dir
 from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics
 from mmcse.training.plan import TOKENIZER_FILES, checkpoint_sizes, mixing_plan
 from mmcse.training.preflight import input_fingerprints
-from mmcse.training.schedule import eval_steps
+from mmcse.training.evaluation_steps import eval_steps
 
 logger = logging.getLogger(__name__)
 
