@@ -50,6 +50,7 @@ from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch
 from mmcse.training.dev_eval import DevEvaluator
+from mmcse.training.evaluation_steps import is_eval_step
 from mmcse.training.fastpath import (
     apply_fast_paths,
     begin_captured_step,
@@ -64,7 +65,6 @@ from mmcse.training.plan import plan_run
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 from mmcse.training.record import RunRecord, RunResult
-from mmcse.training.evaluation_steps import is_eval_step
 from mmcse.training.stop import EvaluationStopped, StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
 from mmcse.update import (

@@ -27,14 +27,14 @@ from mmcse import distributed as dist
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation import evaluate_sts, format_rows
+from mmcse.evaluation.sts import eval_data_dir
 from mmcse.files import atomic_dir, write_json
 from mmcse.rundir import FINAL, Checkpoint, RunDir
 from mmcse.training import checkpoint as ckpt
-from mmcse.training.dev_eval import resolve_eval_dir
+from mmcse.training.evaluation_steps import eval_steps
 from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics
 from mmcse.training.plan import TOKENIZER_FILES, checkpoint_sizes, mixing_plan
 from mmcse.training.preflight import input_fingerprints
-from mmcse.training.evaluation_steps import eval_steps
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class RunRecord:
         cfg = trainer.cfg
         self.run_dir = RunDir(cfg.output_dir)
         self.out = self.run_dir.path
-        self.eval_dir = resolve_eval_dir(cfg)
+        self.eval_dir = eval_data_dir(cfg.eval_data)
         self.auxiliary_sets = auxiliary_sets  # VisualCSE's images by role, as preflight opened
         #: a finished run given a larger --max-steps/--epochs: where it had ended
         self.extended_from = ckpt.extension_of(cfg.to_dict()) if trainer.resuming else None
