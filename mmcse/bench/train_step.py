@@ -358,8 +358,8 @@ class BenchState:
         """What the training loop does per step: the trainer's step, then the loss window."""
         _, batch, waited = next(self.batches)
         parts, host = self.trainer.step(batch)
-        self.trainer.step_count += 1
-        self.trainer.window.add_step(self.trainer.step_count, batch.kind, parts, host, waited)
+        self.trainer.state.step += 1
+        self.trainer.window.add_step(self.trainer.state.step, batch.kind, parts, host, waited)
         self.data_wait_s += waited
         self.widths.append(int(batch.input_ids.shape[1]))
 
