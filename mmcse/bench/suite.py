@@ -426,13 +426,9 @@ def versus_st_section(options: SuiteOptions, size: SuiteSize) -> dict:
 
 
 def _eval_data(options: SuiteOptions) -> Path | None:
-    if options.eval_data == "":
-        return None
-    if options.eval_data:
-        return Path(options.eval_data)
-    from mmcse.evaluation.sts import default_data_dir
+    from mmcse.evaluation.sts import eval_data_dir
 
-    return default_data_dir()
+    return eval_data_dir(options.eval_data)
 
 
 def _random_student(root: Path, size: str) -> tuple[Path, str]:

@@ -95,8 +95,8 @@ class BenchState:
         host reads are part of a step's cost)."""
         _, batch, waited = next(self.batches)
         parts, host = self.trainer.step(batch)
-        self.trainer.step_count += 1
-        self.trainer.window.add_step(self.trainer.step_count, batch.kind, parts, host, waited)
+        self.trainer.state.step += 1
+        self.trainer.window.add_step(self.trainer.state.step, batch.kind, parts, host, waited)
         self.data_wait_s += waited
         self.widths.append(int(batch.input_ids.shape[1]))
 

@@ -104,6 +104,17 @@ def default_data_dir() -> Path | None:
     return candidate if candidate.is_dir() else None
 
 
+def eval_data_dir(setting: str | None) -> Path | None:
+    """The SentEval folder an ``--eval-data`` setting names (training and the bench): ``''``
+    none (no evaluation), unset the shared copy (:func:`default_data_dir`; None when absent),
+    else the folder given."""
+    if setting == "":
+        return None
+    if setting:
+        return Path(setting)
+    return default_data_dir()
+
+
 def resolve_downstream(data_dir: str | Path | None, needs: str | None = "STS") -> Path:
     """The ``downstream`` folder of a SentEval data folder (or of the default one): the first of
     ``DIR/downstream`` and ``DIR`` that holds the folder ``needs`` (STS scoring: ``STS``); with

@@ -10,8 +10,8 @@ the device's: on a GPU a forward costs its host dispatch until it is large, so S
 forwards of ≤ 16,384 tokens (62,701 padded); on a CPU a forward costs its arithmetic, so
 batches of ≤ 3,072 tokens pad least (17 forwards, 50,780 padded). Batching changes no number
 beyond float rounding: padded positions are masked out (tested against encoding and scoring
-from scratch). The run (:class:`mmcse.training.loop.Run`) owns one; nothing is cached between
-runs.
+from scratch). The trainer (:class:`mmcse.training.loop.Trainer`) owns one; nothing is cached
+between runs.
 
 An evaluation takes 40-110 s on a CPU (the whole dev set through the encoder), so it says when
 it starts, how far it is every :data:`PROGRESS_INTERVAL` seconds, and its score and time.
@@ -35,8 +35,7 @@ from mmcse.evaluation.encode import (
     to_device,
     token_budget_batches,
 )
-from mmcse.evaluation.sts import default_data_dir, load_stsb_dev, resolve_downstream, score_task
-from mmcse.training.config import TrainConfig
+from mmcse.evaluation.sts import load_stsb_dev, resolve_downstream, score_task
 from mmcse.training.stop import EvaluationStopped
 
 logger = logging.getLogger(__name__)
@@ -120,12 +119,3 @@ class DevEvaluator:
         score = score_task(self.task, vectors, self.rows)["all"]
         logger.info("dev eval: STS-B dev %.2f in %.1f s", score, time.monotonic() - started)
         return score
-
-
-def resolve_eval_dir(cfg: TrainConfig) -> Path | None:
-    """The SentEval dir for dev/test scoring; '' disables it, None finds the shared copy."""
-    if cfg.eval_data == "":
-        return None
-    if cfg.eval_data:
-        return Path(cfg.eval_data)
-    return default_data_dir()

@@ -50,6 +50,7 @@ from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch
 from mmcse.training.dev_eval import DevEvaluator
+from mmcse.training.evaluation_steps import is_eval_step
 from mmcse.training.fastpath import (
     apply_fast_paths,
     begin_captured_step,
@@ -63,8 +64,8 @@ from mmcse.training.metrics import LossWindow, MetricsLog, Progress
 from mmcse.training.plan import plan_run
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
-from mmcse.training.record import RunRecord, RunResult
-from mmcse.training.schedule import is_eval_step
+from mmcse.training.record import RunRecord, RunResult, student_source
+from mmcse.training.run_state import RunState
 from mmcse.training.stop import EvaluationStopped, StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
 from mmcse.update import (
@@ -107,9 +108,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
         self.cfg, self.resuming = cfg, resume
-        self.best_dev: float | None = None
-        self.best_step: int | None = None
-        self.step_count = 0
+        #: the run's progress: steps taken, the next batch's place, the best dev (fit advances it)
+        self.state = RunState()
         self.window = LossWindow()
         self.dev_evaluator: DevEvaluator | None = None
 
@@ -122,7 +122,6 @@ class Trainer:
         self.device = pick_device(self.cfg.device)
         seed_everything(self.cfg.seed)
         self.method = checked.method
-        self.record = RunRecord(self, checked.auxiliary)
         # 'auto' becomes the student's own pooling (or the method's); the run's config records it
         pooler, self.pooler_source = resolve_training_pooler(self.cfg, self.method)
         self.cfg = cfg = dataclasses.replace(self.cfg, pooler=pooler)
@@ -132,10 +131,10 @@ class Trainer:
         if self.capture != "off" and cfg.dynamic_padding:  # one shape per batch kind: one graph
             logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
             self.cfg = cfg = dataclasses.replace(cfg, dynamic_padding=False)
-        self.resume_state = self.record.resume_state() if self.resuming else None
+        saved = ckpt.load_trainer_state(Path(cfg.output_dir)) if self.resuming else None
         self.tokenizer = load_tokenizer(cfg.model)
         encoder = SentenceEncoder.from_pretrained(
-            self.record.student_source(), cfg.pooler, cfg.dropout,
+            student_source(cfg, self.resuming), cfg.pooler, cfg.dropout,
             attn_implementation=cfg.attn_implementation,
         )  # fmt: skip
         self.data = checked.data.tokenise(self.tokenizer, cfg)  # preflight's join, kept
@@ -155,8 +154,20 @@ class Trainer:
         if self.aux is not None:
             self.aux.total_steps = self.total  # the auxiliary task's own lr schedule spans the run
         self.update = self._build_updates()
-        self.start = self.record.restore(self.resume_state)
+        self.updates = TodaysUpdates(self.update, self.aux)  # replaced by issue-30a
+        self.record = self._run_record(checked.auxiliary)
+        self.state = self.record.restore(saved)
         return self
+
+    def _run_record(self, auxiliary_sets: dict) -> RunRecord:
+        """The run's bookkeeping, given what it records and saves."""
+        return RunRecord(
+            self.cfg, self.run_plan, resuming=self.resuming, device=self.device,
+            precision=self.precision, capture=self.capture, method=self.method,
+            pooler_source=self.pooler_source, student=self.student, tokenizer=self.tokenizer,
+            aux=self.aux, data=self.data, auxiliary_sets=auxiliary_sets, updates=self.updates,
+            window=self.window,
+        )  # fmt: skip
 
     def _wrapped_student(self) -> nn.Module:
         """The student as the eager text step calls it: compiled (forward capture), inside DDP."""
@@ -247,34 +258,35 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> RunResult:
-        cfg = self.cfg
-        epoch0, index0 = self.start
+        """From the run's state (a resumed run's next batch) to its last step."""
+        cfg, state = self.cfg, self.state
         log = self.record.open_log()
-        progress = Progress(self.total, self.step_count, f"train {cfg.method}", dist.is_main())
+        progress = Progress(self.total, state.step, f"train {cfg.method}", dist.is_main())
         with self.record.writing(), StopRequest() as stop, log, progress:
-            for epoch in range(epoch0, cfg.epochs):
-                skip = index0 if epoch == epoch0 else 0
+            first = state.epoch
+            for epoch in range(first, cfg.epochs):
+                skip = state.next_index if epoch == first else 0
                 for index, batch, waited in self.batches(epoch, skip):
-                    if self.step_count >= self.total:
+                    if state.step >= self.total:
                         break
                     parts, host = self.step(batch)
-                    self.step_count += 1
-                    self.window.add_step(self.step_count, batch.kind, parts, host, waited)
-                    self._after_step(log, progress, epoch, index, stop)
-        return self.record.finish()
+                    state.advance(epoch, index)
+                    self.window.add_step(state.step, batch.kind, parts, host, waited)
+                    self._after_step(log, progress, stop)
+        return self.record.finish(state)
 
-    def _after_step(self, log: MetricsLog, progress: Progress, epoch: int, index: int, stop):
+    def _after_step(self, log: MetricsLog, progress: Progress, stop: StopRequest) -> None:
         """Logging, evaluation and checkpoints due after this step; stops on a SIGINT."""
-        step, cfg = self.step_count, self.cfg
+        step, cfg = self.state.step, self.cfg
         if step % cfg.log_every == 0 or step == self.total:
-            self._log(log, progress, epoch)
+            self._log(log, progress)
         paused = time.perf_counter()  # evaluation and checkpoints: not in steps/s and eta
         dev_data = self.record.eval_dir is not None
         if is_eval_step(step, cfg.eval_steps, self.total, cfg.eval_last_step, dev_data=dev_data):
-            self._evaluate(log, progress, epoch, stop)
+            self._evaluate(log, progress, stop)
         stopping = stop.agreed(step % cfg.log_every == 0)
-        if step % self.save_every == 0 or step == self.total or stopping:
-            self.record.save_last(epoch, index + 1)
+        if step % self.record.save_every == 0 or step == self.total or stopping:
+            self.record.save_last(self.state)
         progress.exclude(time.perf_counter() - paused)
         progress.update(step)
         if stopping:
@@ -282,14 +294,10 @@ class Trainer:
 
     def _interrupted(self) -> None:
         self.record.writer.wait()  # last/ on disk before the message says so
-        message = self.record.interrupted_message()
+        message = self.record.interrupted_message(self.state)
         if dist.is_main():
             logger.warning(message)
         raise TrainingInterrupted(message)
-
-    @property
-    def save_every(self) -> int:
-        return self.cfg.save_every or self.cfg.eval_steps
 
     def run_batches(self):
         """``(kind, rows)``: this rank's part of every batch the run's schedule draws, in order
@@ -324,7 +332,7 @@ class Trainer:
         return batch
 
     # -- logging and evaluation ----------------------------------------------------------------
-    def _log(self, log: MetricsLog, progress: Progress, epoch: int) -> None:
+    def _log(self, log: MetricsLog, progress: Progress) -> None:
         try:
             window, error = self.window.flush(), None  # the window's one host sync
         except MmcseError as exc:  # a non-finite loss, named by its step
@@ -333,8 +341,8 @@ class Trainer:
             raise error or MmcseError("the loss became non-finite on another rank")
         if not dist.is_main():
             return
-        record = {"step": self.step_count, "epoch": epoch, "time": time.time()}
-        record.update(lr=self.update.lr(), **window)
+        record = {"step": self.state.step, "epoch": self.state.epoch, "time": time.time()}
+        record.update(lr=self.updates.lr(), **window)
         log.write(record)
         progress.set(loss=record["loss"], dev=self._dev_text())
 
@@ -345,12 +353,15 @@ class Trainer:
         return self.dev_evaluator
 
     def _dev_text(self) -> str:
-        return "-" if self.best_dev is None else f"{self.best_dev:.2f}"
+        best = self.state.best_dev
+        return "-" if best is None else f"{best:.2f}"
 
-    def _evaluate(self, log: MetricsLog, progress: Progress, epoch: int, stop=None) -> None:
+    def _evaluate(
+        self, log: MetricsLog, progress: Progress, stop: StopRequest | None = None
+    ) -> None:
         """Score STS-B dev on rank 0; keep the best checkpoint. No eval data → keep the last.
         A stop signal ends the evaluation between its batches: no score, no best/ (``stop``)."""
-        started = time.perf_counter()
+        started, state = time.perf_counter(), self.state
         score, stopped = None, False
         if dist.is_main():
             if self.record.eval_dir is not None:
@@ -359,16 +370,16 @@ class Trainer:
                     score = self._dev_evaluator()(self.encoder, stop=asked)
                 except EvaluationStopped:
                     stopped = True
-                    logger.warning("dev eval at step %d stopped unfinished", self.step_count)
-            if not stopped and (score is None or self.best_dev is None or score > self.best_dev):
-                self.best_dev, self.best_step = score, self.step_count
-                self.record.save_best(score)
+                    logger.warning("dev eval at step %d stopped unfinished", state.step)
+            if not stopped and state.improves(score):
+                state.keep_best(score)
+                self.record.save_best(state)
             if score is not None:
                 seconds = time.perf_counter() - started
                 log.write(
                     {
-                        "step": self.step_count,
-                        "epoch": epoch,
+                        "step": state.step,
+                        "epoch": state.epoch,
                         "time": time.time(),
                         "stsb_dev": score,
                         "eval_s": seconds,
@@ -376,7 +387,7 @@ class Trainer:
                 )
                 progress.set(dev=self._dev_text())
                 progress.write(
-                    f"STS-B dev at step {self.step_count}: {score:.2f} (best {self._dev_text()}); "
+                    f"STS-B dev at step {state.step}: {score:.2f} (best {self._dev_text()}); "
                     f"evaluated in {seconds:.1f} s, not counted in steps/s or eta"
                 )
         if dist.is_distributed():
@@ -398,7 +409,37 @@ def train(cfg: TrainConfig, resume: bool = False) -> RunResult:
     except TrainingInterrupted:
         raise
     except KeyboardInterrupt:  # a second Ctrl-C, or one in the final evaluation: still a hint
-        message = trainer.record.aborted_message()
+        message = trainer.record.aborted_message(trainer.state)
         if dist.is_main():
             logger.warning(message)
         raise TrainingInterrupted(message) from None
+
+
+class TodaysUpdates:  # replaced by issue-30a
+    """The text update and the auxiliary task's as the record saves them (contract 2 of issue
+    30): today's ``Trainer.update`` and ``Trainer.aux`` behind one interface."""
+
+    def __init__(self, update: CapturedUpdate | EagerUpdate, aux) -> None:
+        self.update, self.aux = update, aux
+
+    def state_dict(self) -> dict:
+        """``optimizer``, ``scheduler``, ``grad_scaler`` and ``aux`` of trainer_state.pt."""
+        aux = None if self.aux is None else self.aux.trainer_state()
+        return {**self.update.state_dict(), "aux": aux}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.update.load_state_dict(state)
+        if self.aux is not None and state["aux"] is not None:
+            self.aux.load_trainer_state(state["aux"])
+
+    def extend_schedule(self, total: int) -> float:
+        """The linear decay recomputed for ``total`` steps from the current step: the schedule
+        was built for ``total`` already; each group's lr is set to its factor now."""
+        optimizer, scheduler = self.update.optimizer, self.update.scheduler
+        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+        for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * factor
+        return optimizer.param_groups[0]["lr"]
+
+    def lr(self) -> float:
+        return self.update.lr()

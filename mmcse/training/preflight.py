@@ -367,10 +367,9 @@ def _teachers_hint(method: Method) -> str:
 
 def check_eval_data(cfg: TrainConfig) -> None:
     """The SentEval folder has STS-B dev (and every test file for the final evaluation)."""
-    from mmcse.evaluation.sts import load_task, load_tasks, resolve_downstream
-    from mmcse.training.dev_eval import resolve_eval_dir
+    from mmcse.evaluation.sts import eval_data_dir, load_task, load_tasks, resolve_downstream
 
-    eval_dir = resolve_eval_dir(cfg)
+    eval_dir = eval_data_dir(cfg.eval_data)
     if eval_dir is None:
         return
     try:

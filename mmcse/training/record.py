@@ -1,8 +1,10 @@
 """A trainer's bookkeeping: the run directory, the plan record, run info, checkpoints, resuming.
 
 Kept apart from :mod:`mmcse.training.loop` so that the trainer reads as setup + step + loop:
-nothing here changes what a step computes. What the run directory holds, and under which names,
-is :mod:`mmcse.rundir`'s; the integrity record of ``last/`` :mod:`mmcse.training.checkpoint`'s.
+nothing here changes what a step computes. The run's progress is a
+:class:`~mmcse.training.run_state.RunState` that the trainer advances and passes in; resuming
+returns one. What the run directory holds, and under which names, is :mod:`mmcse.rundir`'s; the
+integrity record of ``last/`` :mod:`mmcse.training.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from safetensors.torch import load_file
@@ -27,14 +29,23 @@ from mmcse import distributed as dist
 from mmcse.environment import environment
 from mmcse.errors import MmcseError
 from mmcse.evaluation import evaluate_sts, format_rows
+from mmcse.evaluation.sts import eval_data_dir
 from mmcse.files import atomic_dir, write_json
 from mmcse.rundir import FINAL, Checkpoint, RunDir
 from mmcse.training import checkpoint as ckpt
-from mmcse.training.dev_eval import resolve_eval_dir
+from mmcse.training.evaluation_steps import eval_steps
 from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics
 from mmcse.training.plan import TOKENIZER_FILES, checkpoint_sizes, mixing_plan
 from mmcse.training.preflight import input_fingerprints
-from mmcse.training.schedule import eval_steps
+from mmcse.training.run_state import RunState
+
+if TYPE_CHECKING:
+    from mmcse.methods import Method
+    from mmcse.training.config import TrainConfig
+    from mmcse.training.data import TrainData
+    from mmcse.training.metrics import LossWindow
+    from mmcse.training.plan import RunPlan
+    from mmcse.training.student import Student
 
 logger = logging.getLogger(__name__)
 
@@ -138,135 +149,185 @@ class RunResult:
         return format_rows({f"{self.method} (best step {self.best_step}, dev {dev})": self.test})
 
 
+class Updates(Protocol):
+    """What the record saves and restores of a run's updates (the text one and the auxiliary
+    task's): their state under ``trainer_state.pt``'s keys ``optimizer``, ``scheduler``,
+    ``grad_scaler`` and ``aux`` (None without an auxiliary task)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from a whole trainer state (it reads its own keys)."""
+
+    def extend_schedule(self, total: int) -> float:
+        """A finished run extended to ``total`` steps: the lr schedule recomputed from the
+        current step; the lr it continues at."""
+
+    def lr(self) -> float: ...
+
+
+def student_source(cfg: TrainConfig, resuming: bool) -> str:
+    """Where the student's weights load from: the run's last/ when resuming, else the model."""
+    return str(RunDir(cfg.output_dir).last.path) if resuming else cfg.model
+
+
 class RunRecord:
     """The run directory of a :class:`~mmcse.training.loop.Trainer` and everything written to
-    it; reads the trainer's state, never changes a step."""
+    it: the plan record, run info, best/ and last/, resuming, the final evaluation. It reads
+    what it is given — the settings, the plan, the student and the heads it writes, the updates
+    and the loss window it saves — and the :class:`RunState` each call passes; it changes no
+    step and sets nothing on the trainer (:meth:`restore` returns the run's state)."""
 
-    def __init__(self, trainer: Any, auxiliary_sets: dict) -> None:
-        self.trainer = trainer
-        cfg = trainer.cfg
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        plan: RunPlan,
+        *,
+        resuming: bool,
+        device: torch.device,
+        precision: str,
+        capture: str,
+        method: Method,
+        pooler_source: str,
+        student: Student,
+        tokenizer: Any,
+        aux: Any,
+        data: TrainData,
+        auxiliary_sets: dict,
+        updates: Updates,
+        window: LossWindow,
+    ) -> None:
+        """``capture``: the resolved capture mode (``off``, ``forward``, ``whole``); ``aux``:
+        the method's auxiliary task (VisualCSE's images: its heads and examples) or None;
+        ``auxiliary_sets``: its feature sets by role, as preflight opened them."""
+        self.cfg, self.plan, self.resuming = cfg, plan, resuming
+        self.device, self.precision, self.capture = device, precision, capture
+        self.method, self.pooler_source = method, pooler_source
+        self.student, self.tokenizer, self.aux = student, tokenizer, aux
+        self.data, self.auxiliary_sets = data, auxiliary_sets
+        self.updates, self.window = updates, window
+        self.heads = nn.ModuleDict({"heads": student.heads})
+        if aux is not None:  # e.g. VisualCSE's patch embedding and image head
+            self.heads["aux"] = aux.heads
         self.run_dir = RunDir(cfg.output_dir)
         self.out = self.run_dir.path
-        self.eval_dir = resolve_eval_dir(cfg)
-        self.auxiliary_sets = auxiliary_sets  # VisualCSE's images by role, as preflight opened
+        self.eval_dir = eval_data_dir(cfg.eval_data)
         #: a finished run given a larger --max-steps/--epochs: where it had ended
-        self.extended_from = ckpt.extension_of(cfg.to_dict()) if trainer.resuming else None
+        self.extended_from = ckpt.extension_of(cfg.to_dict()) if resuming else None
+        #: the step a resumed run continues after (None: a new run), set by :meth:`restore`
+        self.resumed_from: int | None = None
         self.environment: dict | None = None
         self.writer = BackgroundWriter()
         self.snapshots = HostSnapshots()
 
+    @property
+    def total(self) -> int:
+        return self.plan.total_steps
+
     # -- resuming ------------------------------------------------------------------------------
-    def resume_state(self) -> dict:
-        return ckpt.load_trainer_state(self.out)
-
-    def student_source(self) -> str:
-        """Where the student's weights load from: last/ when resuming, else the model."""
-        return str(self.run_dir.last.path) if self.trainer.resuming else self.trainer.cfg.model
-
-    def restore(self, state: dict | None) -> tuple[int, int]:
-        """Load a resumed run's state; (epoch, index in its schedule) to start from."""
-        t = self.trainer
-        self.environment = environment(t.device, t.precision)
-        if self.extended_from and t.total <= self.extended_from["step"]:
+    def restore(self, saved: dict | None) -> RunState:
+        """The run's state to start from: a new run's, or the one last/ saved (``saved``, its
+        ``trainer_state.pt``), whose heads, updates, loss window and random states are loaded
+        into the objects this record was given."""
+        self.environment = environment(self.device, self.precision)
+        if self.extended_from and self.total <= self.extended_from["step"]:
             raise MmcseError(
-                f"--resume {self.out}: max_steps {t.cfg.max_steps} and epochs {t.cfg.epochs} "
-                f"still end the run at step {t.total}, where it finished; nothing to extend"
+                f"--resume {self.out}: max_steps {self.cfg.max_steps} and epochs "
+                f"{self.cfg.epochs} still end the run at step {self.total}, where it finished; "
+                "nothing to extend"
             )
-        if state is None:
-            return 0, 0
-        self.heads().load_state_dict(load_file(str(self.run_dir.last.heads)))
-        t.update.load_state_dict(state)
-        if t.aux is not None and state["aux"] is not None:
-            t.aux.load_trainer_state(state["aux"])
-        t.window.load_state_dict(state["window"], t.device)
-        t.best_dev, t.best_step = state["best_dev"], state["best_step"]
-        t.step_count = state["step"]
-        ckpt.set_rng_states(state["rng"])
+        if saved is None:
+            return RunState()
+        self.heads.load_state_dict(load_file(str(self.run_dir.last.heads)))
+        self.updates.load_state_dict(saved)
+        self.window.load_state_dict(saved["window"], self.device)
+        ckpt.set_rng_states(saved["rng"])
+        state = RunState(
+            step=saved["step"], epoch=saved["epoch"], next_index=saved["next_index"],
+            best_dev=saved["best_dev"], best_step=saved["best_step"],
+        )  # fmt: skip
+        self.resumed_from = state.step
         if self.extended_from:
-            self._extend_schedule()
-        return state["epoch"], state["next_index"]
+            self._extend_schedule(state.step)
+        return state
 
-    def _extend_schedule(self) -> None:
-        """A finished run extended: the linear decay recomputed for the new total, from now."""
-        t = self.trainer
-        optimizer, scheduler = t.update.optimizer, t.update.scheduler
-        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
-        for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
-            group["lr"] = base * factor
-        old = self.extended_from
+    def _extend_schedule(self, step: int) -> None:
+        """A finished run extended: the lr schedule recomputed for the new total, from now."""
+        lr, old, cfg = self.updates.extend_schedule(self.total), self.extended_from, self.cfg
         logger.warning(
             "extending the finished run %s from step %s to %s (max_steps %s -> %s, epochs %s -> "
             "%s): its lr had decayed to 0 and the linear schedule is recomputed for %s steps, so "
             "training continues at lr %.3g; the result is not what an uninterrupted %s-step run "
             "trains",
-            self.out, t.step_count, t.total, old["max_steps"], t.cfg.max_steps,
-            old["epochs"], t.cfg.epochs, t.total, optimizer.param_groups[0]["lr"], t.total,
+            self.out, step, self.total, old["max_steps"], cfg.max_steps,
+            old["epochs"], cfg.epochs, self.total, lr, self.total,
         )  # fmt: skip
 
     # -- the plan and the log ------------------------------------------------------------------
     def open_log(self) -> MetricsLog:
         """Prepare the run dir, log and save the plan, open metrics.jsonl."""
-        t = self.trainer
-        resumed = t.resume_state is not None
-        run = self.run_dir
+        cfg, run, resumed = self.cfg, self.run_dir, self.resumed_from
         if dist.is_main():
             run.path.mkdir(parents=True, exist_ok=True)
-            if resumed:
-                truncate_metrics(run.metrics, t.step_count)
+            if resumed is not None:
+                truncate_metrics(run.metrics, resumed)
                 if self.extended_from:  # the run's settings now: a later resume compares them
-                    write_json(run.config, t.cfg.to_dict())
+                    write_json(run.config, cfg.to_dict())
             else:
-                if t.cfg.overwrite:
+                if cfg.overwrite:
                     run.clear()  # no stale best/, last/ or results beside the new run
                 run.metrics.write_text("")
-                write_json(run.config, t.cfg.to_dict())
+                write_json(run.config, cfg.to_dict())
             plan = self.plan_record()
             write_json(run.plan, plan, default=str)
             logger.info(describe_plan(plan))
-        purge = t.step_count + 1 if resumed else None
-        return MetricsLog(self.out, t.cfg.report_to if dist.is_main() else "none", purge)
+        purge = resumed + 1 if resumed is not None else None
+        return MetricsLog(self.out, cfg.report_to if dist.is_main() else "none", purge)
 
     def plan_record(self) -> dict:
-        t = self.trainer
-        cfg = t.cfg
-        per_epoch = t.data.batches_per_epoch(t.global_batch)
+        cfg, plan = self.cfg, self.plan
         return {
             "method": cfg.method,
-            "device": str(t.device),
-            "precision": t.precision,
+            "device": str(self.device),
+            "precision": self.precision,
             "world_size": dist.world_size(),
-            "sentences": {kind: len(src) for kind, src in t.data.sources.items()},
+            "sentences": {kind: len(src) for kind, src in self.data.sources.items()},
             "mixing": cfg.mixing,
-            "global_batch": t.global_batch,
-            "batches_per_epoch": per_epoch,
-            "steps_per_epoch": sum(per_epoch.values()),
+            "global_batch": plan.global_batch,
+            "batches_per_epoch": plan.batches_per_epoch,
+            "steps_per_epoch": plan.steps_per_epoch,
             "epochs": cfg.epochs,
             "max_steps": cfg.max_steps,
-            "total_steps": t.total,
+            "total_steps": self.total,
             "eval_data": str(self.eval_dir) if self.eval_dir is not None else None,
             "eval_steps": cfg.eval_steps,
             "evals": len(self.eval_steps()),
             "final_eval": bool(cfg.final_eval and self.eval_dir is not None),
-            "save_every": t.save_every,
-            "resumed_from_step": t.step_count if t.resume_state is not None else None,
+            "save_every": self.save_every,
+            "resumed_from_step": self.resumed_from,
             "capture": self.capture_note(),
             "extended_from": self.extended_from,
             "checkpoint_bytes": self.checkpoint_bytes(),
             "keep_last_checkpoint": cfg.keep_last_checkpoint,
-            **mixing_plan(t.data, t.global_batch, t.total),
+            **mixing_plan(self.data, plan.global_batch, self.total),
         }
+
+    @property
+    def save_every(self) -> int:
+        """Steps between last/ saves: ``save_every``, else ``eval_steps``."""
+        return self.cfg.save_every or self.cfg.eval_steps
 
     def checkpoint_bytes(self) -> dict[str, int]:
         """What best/ and last/ will take (:func:`mmcse.training.plan.checkpoint_sizes`): the
         weights and heads as saved, AdamW's moments of every trained parameter (the auxiliary
         task's too), the student's tokenizer files."""
-        t = self.trainer
-        tensors = [*t.encoder.backbone.state_dict().values(), *self.heads().state_dict().values()]
+        tensors = [*self.student.encoder.backbone.state_dict().values(),
+                   *self.heads.state_dict().values()]  # fmt: skip
         weights = sum(v.numel() * v.element_size() for v in tensors)
-        trained = {id(p): p for m in t.student.trained_modules() for p in m.parameters()}
-        trained.update({id(p): p for p in self.heads().parameters()})
+        trained = {id(p): p for m in self.student.trained_modules() for p in m.parameters()}
+        trained.update({id(p): p for p in self.heads.parameters()})
         parameters = sum(p.numel() for p in trained.values() if p.requires_grad)
-        folder = Path(self.student_source())
+        folder = Path(student_source(self.cfg, self.resuming))
         tokenizer = sum(
             (folder / name).stat().st_size for name in TOKENIZER_FILES if (folder / name).is_file()
         )
@@ -274,80 +335,68 @@ class RunRecord:
 
     def capture_note(self) -> str:
         """What the plan says about capture (:mod:`mmcse.training.fastpath`)."""
-        t = self.trainer
-        if t.capture == "off":
-            return f"off (--capture {t.cfg.capture} on {t.device.type}): eager step"
-        replay = "replayed as CUDA graphs" if t.device.type == "cuda" else "no CUDA graphs"
+        if self.capture == "off":
+            return f"off (--capture {self.cfg.capture} on {self.device.type}): eager step"
+        replay = "replayed as CUDA graphs" if self.device.type == "cuda" else "no CUDA graphs"
         what = (
             "the whole update (forward, backward, clipping, AdamW, schedule)"
-            if t.capture == "whole"
+            if self.capture == "whole"
             else "forward and backward (the update eager: DDP or fp16)"
         )
         return (
             f"on: {what} as one compiled graph per batch kind and batch size, {replay}; "
-            f"batches padded to {t.cfg.max_seq_length} tokens"
+            f"batches padded to {self.cfg.max_seq_length} tokens"
         )
 
     def eval_steps(self) -> list[int]:
-        cfg = self.trainer.cfg
-        return eval_steps(cfg.eval_steps, self.trainer.total, cfg.eval_last_step)
+        return eval_steps(self.cfg.eval_steps, self.total, self.cfg.eval_last_step)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def run_info(self, step: int, dev: float | None) -> dict:
-        t = self.trainer
+        cfg = self.cfg
         return {
-            "config": t.cfg.to_dict(),
-            "method": t.method.to_dict(),
+            "config": cfg.to_dict(),
+            "method": self.method.to_dict(),
             "step": step,
-            "total_steps": t.total,
+            "total_steps": self.total,
             "finished": False,  # set true when the run completes (Checkpoint.mark_finished)
             "stsb_dev": dev,
-            "pooler": t.cfg.pooler,
-            "pooler_source": t.pooler_source,
+            "pooler": cfg.pooler,
+            "pooler_source": self.pooler_source,
             # built as the resume check builds what it compares (one helper, no drift)
-            "fingerprints": input_fingerprints(t.data, self.auxiliary_sets),
-            "term_heads": t.student.term_heads,  # which heads of mmcse_heads each term used
+            "fingerprints": input_fingerprints(self.data, self.auxiliary_sets),
+            "term_heads": self.student.term_heads,  # which heads of mmcse_heads each term used
             "teachers": self.teachers(),
             "environment": self.environment,
         }
 
     def teachers(self) -> dict[str, dict]:
         """Provenance of every feature set the run reads (run info ``teachers``)."""
-        t = self.trainer
-        teachers = t.data.teachers()
-        if t.aux is not None:
-            examples = t.aux.examples.manifest.provenance()
-            teachers.update({f"feature:{k}": examples for k in t.aux.fingerprint})
+        teachers = self.data.teachers()
+        if self.aux is not None:
+            examples = self.aux.examples.manifest.provenance()
+            teachers.update({f"feature:{k}": examples for k in self.aux.fingerprint})
         return teachers
 
-    def heads(self) -> nn.ModuleDict:
-        t = self.trainer
-        heads = nn.ModuleDict({"heads": t.student.heads})
-        if t.aux is not None:  # e.g. VisualCSE's patch embedding and image head
-            heads["aux"] = t.aux.heads
-        return heads
-
-    def save(self, checkpoint: Checkpoint, step: int, dev: float | None, state=None) -> None:
+    def save(self, checkpoint: Checkpoint, step: int, dev: float | None, saved=None) -> None:
         """Snapshot a checkpoint now and write it in the background (:class:`BackgroundWriter`):
-        host copies of the weights, heads and trainer state as they are after this step, so the
-        steps that follow change nothing in it; written beside ``checkpoint`` and renamed into
-        place (never half a save)."""
-        t = self.trainer
+        host copies of the weights, heads and trainer state (``saved``, last/ only) as they are
+        after this step, so the steps that follow change nothing in it; written beside
+        ``checkpoint`` and renamed into place (never half a save)."""
         info, name = self.run_info(step, dev), checkpoint.path.name
         self.writer.wait_for(name)  # the buffers of its last snapshot are reused
-        live = {"weights": t.encoder.backbone.state_dict(), "heads": self.heads().state_dict(),
-                "state": state}  # fmt: skip
+        live = {"weights": self.student.encoder.backbone.state_dict(),
+                "heads": self.heads.state_dict(), "state": saved}  # fmt: skip
         snapshot, ready = self.snapshots.copy(name, live)
         self.writer.submit(name, lambda: self._write(checkpoint, step, info, snapshot, ready))
 
     def _write(self, checkpoint: Checkpoint, step: int, info: dict, snapshot, ready) -> None:
-        t = self.trainer
         ready()
-        weights, heads, state = snapshot["weights"], snapshot["heads"], snapshot["state"]
+        weights, heads, saved = snapshot["weights"], snapshot["heads"], snapshot["state"]
         with atomic_dir(checkpoint.path) as tmp:
-            t.encoder.save_checkpoint(tmp, t.tokenizer, heads, info, weights=weights)
-            if state is not None:
-                ckpt.save_trainer_state(tmp, state)
+            self.student.encoder.save_checkpoint(tmp, self.tokenizer, heads, info, weights=weights)
+            if saved is not None:
+                ckpt.save_trainer_state(tmp, saved)
                 ckpt.write_integrity(  # last: it records every file above
                     tmp, step=step, settings=info["config"], fingerprints=info["fingerprints"]
                 )
@@ -366,68 +415,72 @@ class RunRecord:
                 logger.error("writing a checkpoint failed too: %s", exc)
             raise
 
-    def save_best(self, score: float | None) -> None:
-        self.save(self.run_dir.best, self.trainer.step_count, score)
+    def save_best(self, state: RunState) -> None:
+        """best/: the weights at ``state``'s step, with its best dev score."""
+        self.save(self.run_dir.best, state.step, state.best_dev)
 
-    def save_last(self, epoch: int, next_index: int) -> None:
-        """The resumable checkpoint: everything needed to continue after this step."""
-        t = self.trainer
+    def save_last(self, state: RunState) -> None:
+        """The resumable checkpoint: everything needed to continue after ``state``'s step."""
         started = time.perf_counter()
         if dist.is_main():
-            state = {
-                "step": t.step_count,
-                "epoch": epoch,
-                "next_index": next_index,  # position in the epoch's schedule
-                **t.update.state_dict(),  # optimizer, scheduler, grad_scaler
+            updates = self.updates.state_dict()
+            saved = {
+                "step": state.step,
+                "epoch": state.epoch,
+                "next_index": state.next_index,  # position in the epoch's batch order
+                **{key: updates[key] for key in ("optimizer", "scheduler", "grad_scaler")},
                 "rng": ckpt.rng_states(),
-                "window": t.window.state_dict(),
-                "best_dev": t.best_dev,
-                "best_step": t.best_step,
-                "aux": None if t.aux is None else t.aux.trainer_state(),
+                "window": self.window.state_dict(),
+                "best_dev": state.best_dev,
+                "best_step": state.best_step,
+                "aux": updates["aux"],
             }
-            self.save(self.run_dir.last, t.step_count, t.best_dev, state)
+            self.save(self.run_dir.last, state.step, state.best_dev, saved)
         if dist.is_distributed():
             torch.distributed.barrier()
-        t.window.exclude(time.perf_counter() - started)
+        self.window.exclude(time.perf_counter() - started)
 
-    def finish(self) -> RunResult:
-        t = self.trainer
+    def finish(self, state: RunState) -> RunResult:
         try:
             self.writer.close()  # best/ and last/ written (or a write's error raised) first
         finally:
             if dist.is_distributed():  # every rank leaves training once rank 0's writes end
                 torch.distributed.barrier()
         test = None
-        if dist.is_main() and t.cfg.final_eval and self.eval_dir is not None:
+        cfg = self.cfg
+        if dist.is_main() and cfg.final_eval and self.eval_dir is not None:
             best = str(self.run_dir.best.path)
-            logger.info("final test: scoring best/ (step %s) on the 7 STS test sets", t.best_step)
-            test = evaluate_sts(best, data_dir=self.eval_dir, device=str(t.device), progress=True)
+            logger.info(
+                "final test: scoring best/ (step %s) on the 7 STS test sets", state.best_step
+            )
+            test = evaluate_sts(
+                best, data_dir=self.eval_dir, device=str(self.device), progress=True
+            )
             self.run_dir.write_results("sts", test, source=FINAL)
         if dist.is_main():
             self.run_dir.best.mark_finished()
             ckpt.mark_finished(self.run_dir.last)  # saved anew: its integrity record stays true
-            if not t.cfg.keep_last_checkpoint:  # best/ says the run finished; last/ only resumed
+            if not cfg.keep_last_checkpoint:  # best/ says the run finished; last/ only resumed
                 shutil.rmtree(self.run_dir.last.path)
                 logger.info("removed %s (--drop-last-dir)", self.run_dir.last.path)
-        return RunResult(self.out, t.best_dev, t.best_step, test, t.step_count, t.cfg.method)
+        return RunResult(self.out, state.best_dev, state.best_step, test, state.step, cfg.method)
 
-    def aborted_message(self) -> str:
+    def aborted_message(self, state: RunState) -> str:
         """What an interrupted exit that did not stop at a step boundary leaves to resume
         from: the step last/ holds (none: say so)."""
-        t, info = self.trainer, self.run_dir.last.read_info()
+        info = self.run_dir.last.read_info()
         if not info:
-            return (f"interrupted at step {t.step_count}; no last/ was saved, nothing to resume: "
+            return (f"interrupted at step {state.step}; no last/ was saved, nothing to resume: "
                     "start the run again (--overwrite)")  # fmt: skip
         saved = info.get("step", "?")
-        left = " (the final evaluation is left)" if saved == t.total else ""
+        left = " (the final evaluation is left)" if saved == self.total else ""
         return (
-            f"interrupted at step {t.step_count} of {t.total}; last/ holds step {saved}{left}. "
+            f"interrupted at step {state.step} of {self.total}; last/ holds step {saved}{left}. "
             f"Continue with: mmcse train --resume {self.out}"
         )
 
-    def interrupted_message(self) -> str:
-        t = self.trainer
+    def interrupted_message(self, state: RunState) -> str:
         return (
-            f"interrupted after step {t.step_count} of {t.total}; last/ saved. "
+            f"interrupted after step {state.step} of {self.total}; last/ saved. "
             f"Continue with: mmcse train --resume {self.out}"
         )

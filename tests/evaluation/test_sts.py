@@ -31,7 +31,7 @@ from mmcse.evaluation import (
     write_report,
 )
 from mmcse.evaluation.align_uniform import align_uniform
-from mmcse.evaluation.sts import embed_unique, score_task
+from mmcse.evaluation.sts import embed_unique, eval_data_dir, score_task
 from mmcse.model import SentenceEncoder
 from mmcse.pooling import POOLERS
 from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
@@ -44,6 +44,17 @@ SHARED_DATA = Path(
     or Path(__file__).resolve().parents[2].parent / "shared" / "data"
 )
 TEST_TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+
+
+def test_an_eval_data_setting_names_one_folder(tmp_path, monkeypatch):
+    """The rule training, preflight and the bench share: '' turns evaluation off, a folder is
+    taken as given, unset finds the shared copy when there is one."""
+    monkeypatch.setenv("MMCSE_SHARED_DATA", str(tmp_path / "shared"))
+    assert eval_data_dir("") is None
+    assert eval_data_dir(None) is None  # no shared copy
+    (tmp_path / "shared" / "senteval").mkdir(parents=True)
+    assert eval_data_dir(None) == tmp_path / "shared" / "senteval"
+    assert eval_data_dir(str(tmp_path / "mine")) == tmp_path / "mine"
 
 
 # ---- independent reference ---------------------------------------------------------------------

@@ -43,7 +43,8 @@ def test_a_checkpoint_holds_its_steps_weights_not_those_of_the_steps_after(
     trainer = Trainer(TrainConfig(**settings(tiny_model, tiny_world, tmp_path / "run"))).setup()
     trainer.record.writer = HeldWriter()
     saved = {k: v.clone() for k, v in trainer.encoder.backbone.state_dict().items()}
-    trainer.record.save_best(0.5)
+    trainer.state.keep_best(0.5)
+    trainer.record.save_best(trainer.state)
     with torch.no_grad():  # the steps after the save change the live weights in place
         for p in trainer.encoder.backbone.parameters():
             p.add_(1.0)

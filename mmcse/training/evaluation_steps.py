@@ -1,4 +1,4 @@
-"""When a run scores STS-B dev: the released trainers' two schedules.
+"""When a run scores STS-B dev: the released trainers' two rules.
 
 * MCSE's ``train_mix.py`` (and KDMCSE's, DALR's copies): ``completed_steps % eval_steps == 0 or
   completed_steps >= max_train_steps`` — every ``eval_steps`` steps **and the last step**.
@@ -30,7 +30,7 @@ def eval_steps(eval_every: int, total: int, last: bool) -> list[int]:
 def is_eval_step(step: int, eval_every: int, total: int, last: bool, *, dev_data: bool) -> bool:
     """Whether the loop evaluates (scores dev when there is dev data, and keeps ``best/``) after
     ``step``: a step of :func:`eval_steps`; also the last step when there is no dev data (keep the
-    last) or when no step of the schedule comes before it (``total < eval_every``: nothing kept
+    last) or when no step of :func:`eval_steps` comes before it (``total < eval_every``: nothing kept
     yet). Depends on the arguments only, so every rank of a distributed run agrees."""
     if step % eval_every == 0:
         return True

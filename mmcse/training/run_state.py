@@ -1,0 +1,34 @@
+"""Where a run is: the progress :class:`~mmcse.training.loop.Trainer` advances step by step,
+last/ saves (``trainer_state.pt``) and a resume restores (:class:`mmcse.training.record.RunRecord`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RunState:
+    """A run's progress: optimizer steps taken, the position of the next batch (its epoch and
+    its index in that epoch's batch order) and the best dev score with the step that had it."""
+
+    step: int = 0
+    epoch: int = 0
+    #: the index of the next batch in the epoch's batch order (a resume skips the ones before)
+    next_index: int = 0
+    best_dev: float | None = None
+    best_step: int | None = None
+
+    def advance(self, epoch: int, index: int) -> None:
+        """One optimizer step taken on the batch at ``index`` of ``epoch``'s batch order."""
+        self.step += 1
+        self.epoch, self.next_index = epoch, index + 1
+
+    def improves(self, score: float | None) -> bool:
+        """Whether an evaluation scoring ``score`` keeps its step as best/: a higher score, or
+        the first evaluation, or none (no dev data: each evaluation keeps the last step)."""
+        return score is None or self.best_dev is None or score > self.best_dev
+
+    def keep_best(self, score: float | None) -> None:
+        """This step is the best so far, scoring ``score``."""
+        self.best_dev, self.best_step = score, self.step
