@@ -229,7 +229,7 @@ class RunRecord:
     def plan_record(self) -> dict:
         t = self.trainer
         cfg = t.cfg
-        per_epoch = t.data.batches_per_epoch(t.global_batch)
+        plan = t.run_plan
         return {
             "method": cfg.method,
             "device": str(t.device),
@@ -237,12 +237,12 @@ class RunRecord:
             "world_size": dist.world_size(),
             "sentences": {kind: len(src) for kind, src in t.data.sources.items()},
             "mixing": cfg.mixing,
-            "global_batch": t.global_batch,
-            "batches_per_epoch": per_epoch,
-            "steps_per_epoch": sum(per_epoch.values()),
+            "global_batch": plan.global_batch,
+            "batches_per_epoch": plan.batches_per_epoch,
+            "steps_per_epoch": plan.steps_per_epoch,
             "epochs": cfg.epochs,
             "max_steps": cfg.max_steps,
-            "total_steps": t.total,
+            "total_steps": plan.total_steps,
             "eval_data": str(self.eval_dir) if self.eval_dir is not None else None,
             "eval_steps": cfg.eval_steps,
             "evals": len(self.eval_steps()),
@@ -253,7 +253,7 @@ class RunRecord:
             "extended_from": self.extended_from,
             "checkpoint_bytes": self.checkpoint_bytes(),
             "keep_last_checkpoint": cfg.keep_last_checkpoint,
-            **mixing_plan(t.data, t.global_batch, t.total),
+            **mixing_plan(t.data, plan),
         }
 
     def checkpoint_bytes(self) -> dict[str, int]:
