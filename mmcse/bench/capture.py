@@ -51,7 +51,9 @@ def explain_steps(run) -> dict[str, dict]:
             text_roles = set(run.data.roles_for("text"))
             features = {r: v for r, v in batch.features.items() if r in text_roles}
             batch = dataclasses.replace(batch, kind="text", features=features)
-        out[as_kind] = explain(run.student, batch, run.method.batch_extras(run.data, batch))
+        out[as_kind] = explain(
+            run.student, batch, run.method.batch_inputs(run.data, batch).apply_to(batch)
+        )
     if run.aux is not None:
         views, labels = run.aux.batch(0)
         run.aux.step_forward.train()

@@ -300,7 +300,7 @@ class Trainer:
         """A batch on the host: token ids, cached features and the method's extras."""
         _, kind, rows = item
         batch = self.data.batch(kind, rows, CPU)
-        batch.extras = self.method.batch_extras(self.data, batch)
+        self.method.batch_inputs(self.data, batch).apply_to(batch)
         return batch
 
     # -- logging and evaluation ----------------------------------------------------------------
