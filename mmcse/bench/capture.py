@@ -42,7 +42,7 @@ def explain(fn, *args) -> dict:
 def explain_steps(run) -> dict[str, dict]:
     """:func:`explain` of the student's step on a caption and a text batch (the same rows,
     text roles only), and of the auxiliary step if the method has one."""
-    kind, rows = run.data.batch_order(0, run.cfg.batch_size)[0]
+    kind, rows = run.data.batch_order(0, run.run_plan.global_batch)[0]
     run.student.train()
     out = {}
     for as_kind in ("caption", "text"):
