@@ -69,11 +69,6 @@ def env_world_size() -> int:
     return world_size() if is_distributed() else env_int("WORLD_SIZE", 1, minimum=1) or 1
 
 
-def global_batch(batch_size: int) -> int:
-    """Sentences per optimizer step across every process (in-batch negatives are gathered)."""
-    return batch_size * env_world_size()
-
-
 def check_env() -> None:
     """Refuse malformed torchrun variables with one line naming the variable."""
     world = env_int("WORLD_SIZE", 1, minimum=1)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-from torch import nn
+import numpy as np
+from torch import Tensor, nn
 
 from mmcse.errors import MmcseError
 from mmcse.losses.base import build_loss, check_slots
@@ -65,6 +66,46 @@ class Term:
         return {slot: head.name or f"{self.name}_{slot}" for slot, head in self.heads.items()}
 
 
+class RunData(Protocol):
+    """What a method's per-batch hook reads of the run's data
+    (:class:`mmcse.training.data.TrainData` is one): the config (``max_seq_length``,
+    ``dynamic_padding``), the corpora by batch kind (their ``ids`` and ``texts``), the feature
+    sets by role, and the student's tokenizer."""
+
+    cfg: Any
+    sources: Mapping[str, Any]
+    feature_sets: Mapping[str, Any]
+    tokenizer: Any
+
+
+class HostBatch(Protocol):
+    """What a method's per-batch hook reads of a batch: its kind, its corpus rows, and its
+    token ids (the device the hook's tensors go to)."""
+
+    kind: str
+    rows: np.ndarray
+    input_ids: Tensor
+
+
+@dataclass(frozen=True)
+class BatchInputs:
+    """A method's per-batch inputs beyond token ids and the features joined by id, returned by
+    :meth:`Method.batch_inputs`; the trainer's gather puts them on the batch
+    (:meth:`apply_to`): ``extras`` go to ``LossInputs.extras`` (MCSEO's phrase spans),
+    ``features`` are teacher features by role that no id join gives (MCSEO's per-phrase
+    objects), where the loss reads its teacher roles."""
+
+    extras: dict[str, Tensor] = field(default_factory=dict)
+    features: dict[str, Tensor] = field(default_factory=dict)
+
+    def apply_to(self, batch: Any) -> dict[str, Tensor]:
+        """Set them on ``batch`` (its ``features`` updated, its ``extras`` replaced); returns
+        the extras."""
+        batch.features.update(self.features)
+        batch.extras = dict(self.extras)
+        return batch.extras
+
+
 @dataclass
 class Method:
     """Base of every method dataclass."""
@@ -100,9 +141,10 @@ class Method:
         return "\n".join([f"{self.name}:", *lines, *shared])
 
     # -- optional hooks the trainer calls; the defaults do nothing ---------------------------
-    def batch_extras(self, data: Any, batch: Any) -> dict[str, Any]:
-        """Extra per-batch inputs for ``LossInputs.extras`` (e.g. MCSEO's phrase spans)."""
-        return {}
+    def batch_inputs(self, data: RunData, batch: HostBatch) -> BatchInputs:
+        """Per-batch inputs beyond token ids and joined features (e.g. MCSEO's phrase spans);
+        computed on the prefetch thread, so it reads ``data`` and ``batch`` and writes neither."""
+        return BatchInputs()
 
     def auxiliary_task(self, encoder: Any, cfg: Any, device: Any) -> Any:
         """A second task stepped before each text step (VisualCSE's image step), or None."""

@@ -7,10 +7,10 @@ search, §4.1), batch 64, max length 32, τ = 0.05 everywhere, longest caption p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from mmcse.losses.heads import HIDDEN, Head
-from mmcse.methods.base import Term
+from mmcse.methods.base import BatchInputs, HostBatch, RunData, Term
 from mmcse.methods.phrases import PhraseIndex, table_of
 from mmcse.methods.simcse import MCSE
 from mmcse.registry import register_method
@@ -46,23 +46,25 @@ class MCSEO(MCSE):
         )
         return [*super().terms(), alignment]
 
-    def batch_extras(self, data: Any, batch: Any) -> dict[str, Any]:
+    def batch_inputs(self, data: RunData, batch: HostBatch) -> BatchInputs:
         """Phrase token spans and paired object features of a caption batch.
 
         Spans come from the student tokenizer's offsets (same ``max_length`` as the cached
         ``input_ids``, so tokens line up), computed once per corpus (:class:`PhraseIndex`). The
-        ``[B, P, D]`` object features go into ``batch.features['object']``, where the loss reads
-        its teacher roles. Without dynamic padding (static shapes, e.g. a captured step) the
-        pairs are padded to the corpus's most pairs per caption, as the tokens to max length.
+        ``[B, P, D]`` object features are the batch's ``object`` feature role, where the loss
+        reads its teacher roles. Without dynamic padding (static shapes, e.g. a captured step)
+        the pairs are padded to the corpus's most pairs per caption, as the tokens to max length.
         """
         if batch.kind != "caption" or self.object_phrase_weight == 0:
-            return {}
+            return BatchInputs()
         static = not data.cfg.dynamic_padding
         phrases = self._phrase_index(data).batch(batch.rows, static).to(batch.input_ids.device)
-        batch.features["object"] = phrases.objects
-        return {"phrase_spans": phrases.spans, "phrase_mask": phrases.mask}
+        return BatchInputs(
+            extras={"phrase_spans": phrases.spans, "phrase_mask": phrases.mask},
+            features={"object": phrases.objects},
+        )
 
-    def _phrase_index(self, data: Any) -> PhraseIndex:
+    def _phrase_index(self, data: RunData) -> PhraseIndex:
         source = data.sources["caption"]
         cached = self.__dict__.get("_phrases")
         if cached is None or cached[0] is not source:

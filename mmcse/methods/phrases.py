@@ -1,5 +1,5 @@
 """MCSEO's object–phrase pairs at training time: the objects table, and the per-batch collate
-that :meth:`mmcse.methods.mcseo.MCSEO.batch_extras` runs for every caption batch.
+that :meth:`mmcse.methods.mcseo.MCSEO.batch_inputs` runs for every caption batch.
 
 Stage 1 (``mmcse extract-objects``) writes two cache sets:
 

@@ -36,12 +36,12 @@ def launch(
         from mmcse.training.preflight import preflight
 
         checked = preflight(cfg, resuming=bool(resume))  # the checks a run makes first
-        method, plan = checked.method, checked.plan
+        method, figures = checked.method, checked.preview
         from mmcse.training.plan import describe_preview  # loads torch: after the cheap checks
 
         yield json.dumps(cfg.to_dict(), indent=2)
         yield method.describe()
-        yield describe_preview(plan)
+        yield describe_preview(figures)
         yield "preflight: every input checked"
         return
 

@@ -26,7 +26,6 @@ Bookkeeping — the run directory, the plan record, run info, checkpoints, resum
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
@@ -41,11 +40,8 @@ from mmcse import distributed as dist
 from mmcse.devices import pick_device
 from mmcse.errors import MmcseError, naming_os_errors
 from mmcse.hub import load_tokenizer
-from mmcse.methods import Method
-from mmcse.model import SentenceEncoder, resolve_pooler
-from mmcse.pooling import DEFAULT_POOLER
-from mmcse.precision import autocast_context, evaluating_in, grad_scaler_for, precision_name
-from mmcse.rundir import resolve_model_dir
+from mmcse.model import SentenceEncoder
+from mmcse.precision import autocast_context, evaluating_in, grad_scaler_for
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch
@@ -56,15 +52,14 @@ from mmcse.training.fastpath import (
     begin_captured_step,
     capture,
     capture_fn,
-    capture_mode,
     fresh_capture_cache,
     fused_adamw,
 )
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress
-from mmcse.training.plan import plan_run
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
 from mmcse.training.record import RunRecord, RunResult, student_source
+from mmcse.training.resolved import resolve_run_config
 from mmcse.training.run_state import RunState
 from mmcse.training.stop import EvaluationStopped, StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
@@ -91,17 +86,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:
-    """``cfg.pooler`` with ``auto`` resolved: the student's own pooling, else the method's."""
-
-    try:
-        student_dir = resolve_model_dir(cfg.model)
-    except MmcseError:
-        student_dir = None  # the loader reports the bad path
-    fallback = getattr(method, "pooler", DEFAULT_POOLER)
-    return resolve_pooler(cfg.pooler, student_dir, fallback)
-
-
 class Trainer:
     """One training run. ``Trainer(cfg).setup()`` checks every input and builds everything once;
     :meth:`step` is one training step; :meth:`fit` the loop (evaluation, logging, checkpoints)."""
@@ -122,15 +106,14 @@ class Trainer:
         self.device = pick_device(self.cfg.device)
         seed_everything(self.cfg.seed)
         self.method = checked.method
-        # 'auto' becomes the student's own pooling (or the method's); the run's config records it
-        pooler, self.pooler_source = resolve_training_pooler(self.cfg, self.method)
-        self.cfg = cfg = dataclasses.replace(self.cfg, pooler=pooler)
-        self.capture = capture_mode(cfg, self.device, dist.is_distributed())
-        self.precision = precision_name(self.device, cfg.precision)
+        # pooler, capture, padding and precision decided once; the run's config records them
+        self.cfg, self.resolved = resolve_run_config(
+            self.cfg, self.method, self.device, dist.is_distributed()
+        )
+        cfg = self.cfg
+        self.pooler_source = self.resolved.pooler_source
+        self.capture, self.precision = self.resolved.capture, self.resolved.precision
         self.autocast = autocast_context(self.device, cfg.precision)  # resolved once
-        if self.capture != "off" and cfg.dynamic_padding:  # one shape per batch kind: one graph
-            logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
-            self.cfg = cfg = dataclasses.replace(cfg, dynamic_padding=False)
         saved = ckpt.load_trainer_state(Path(cfg.output_dir)) if self.resuming else None
         self.tokenizer = load_tokenizer(cfg.model)
         encoder = SentenceEncoder.from_pretrained(
@@ -143,7 +126,9 @@ class Trainer:
         apply_fast_paths(cfg, encoder, self.device, self.capture != "off")
         self.model = self._wrapped_student()
         self.aux = self.method.auxiliary_task(encoder, cfg, self.device)
-        self.global_batch, self.total = self.plan()
+        # preflight's plan: the same corpora (tokenising them changes no count), the same world
+        self.run_plan = checked.run_plan
+        self.global_batch, self.total = self.run_plan.global_batch, self.run_plan.total_steps
         if cfg.packing and not cfg.dynamic_padding:  # static shapes: one packed budget per kind
             budgets = self.data.fix_pack_budgets(self.run_batches())
             logger.info(
@@ -214,11 +199,6 @@ class Trainer:
             autocast=self.autocast,
             compile_fn=compile_fn,
         )  # fmt: skip
-
-    def plan(self) -> tuple[int, int]:
-        """(global batch, total optimizer steps) of the run's plan."""
-        self.run_plan = plan_run(self.data, dist.world_size())
-        return self.run_plan.global_batch, self.run_plan.total_steps
 
     @property
     def encoder(self) -> SentenceEncoder:
@@ -300,25 +280,25 @@ class Trainer:
         raise TrainingInterrupted(message)
 
     def run_batches(self):
-        """``(kind, rows)``: this rank's part of every batch the run's schedule draws, in order
-        (every epoch up to the run's last step)."""
+        """``(kind, rows)``: this rank's part of every batch the run draws, in order (every
+        epoch up to the run's last step)."""
         size, rank, left = self.cfg.batch_size, dist.rank(), self.total
         epoch = 0
         while left > 0:
-            schedule = self.data.schedule(epoch, self.global_batch)
-            for kind, rows in schedule[:left]:
+            order = self.data.batch_order(epoch, self.global_batch)
+            for kind, rows in order[:left]:
                 yield kind, rows[rank * size : (rank + 1) * size]
-            left -= len(schedule)
+            left -= len(order)
             epoch += 1
 
     def batches(self, epoch: int, skip: int):
         """This rank's batches of one epoch from position ``skip``, each gathered (with the
         method's extras) and copied to the device while the step before it runs."""
         size, rank = self.cfg.batch_size, dist.rank()
-        schedule = self.data.schedule(epoch, self.global_batch)
+        order = self.data.batch_order(epoch, self.global_batch)
         items = [
             (index, kind, rows[rank * size : (rank + 1) * size])
-            for index, (kind, rows) in enumerate(schedule)
+            for index, (kind, rows) in enumerate(order)
             if index >= skip
         ]
         for (index, _, _), batch, waited in prefetched(items, self.gather, self.device):
@@ -328,7 +308,7 @@ class Trainer:
         """A batch on the host: token ids, cached features and the method's extras."""
         _, kind, rows = item
         batch = self.data.batch(kind, rows, CPU)
-        batch.extras = self.method.batch_extras(self.data, batch)
+        self.method.batch_inputs(self.data, batch).apply_to(batch)
         return batch
 
     # -- logging and evaluation ----------------------------------------------------------------

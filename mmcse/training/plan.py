@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,15 @@ from typing import Any
 from mmcse import distributed
 from mmcse.errors import MmcseError
 from mmcse.methods import Method
-from mmcse.training.data import CAPTION, TEXT, TrainData, train_mix_counts
+from mmcse.training.batch_order import (
+    CAPTION,
+    RECIPES_MIXING,
+    TEXT,
+    batches_in_run,
+    mixing_rule,
+    train_mix_counts,
+)
+from mmcse.training.data import TrainData
 
 #: a multimodal run with a smaller share of caption batches, and fewer of them than
 #: MIN_CAPTION_BATCHES, is warned to be nearly text-only. Both, because MCSE's published
@@ -31,64 +38,24 @@ from mmcse.training.data import CAPTION, TEXT, TrainData, train_mix_counts
 MIN_CAPTION_SHARE = 0.05
 MIN_CAPTION_BATCHES = 100
 
-#: the mixing of every two-corpus recipe (:mod:`mmcse.recipes.recipe`)
-RECIPES_MIXING = "mcse-train-mix"
 
-
-def mixing_plan(data: TrainData, global_batch: int, total: int) -> dict[str, Any]:
+def mixing_plan(data: TrainData, plan: RunPlan) -> dict[str, Any]:
     """``mixing_rule``, ``batches_in_run`` and, when it differs, ``recipes_mixing`` (the
     recipes' mixing and its batches per epoch here; None where it cannot run). The mixing and
     epochs are the data's run's (``data.cfg``), so the rule and the counts cannot disagree."""
     mixing, epochs = data.cfg.mixing, data.cfg.epochs
-    passes = data.batches_per_pass(global_batch)
-    plan: dict[str, Any] = {
+    passes = data.batches_per_pass(plan.global_batch)
+    out: dict[str, Any] = {
         "mixing_rule": mixing_rule(mixing, passes),
-        "batches_in_run": batches_in_run(data, global_batch, total, epochs),
+        "batches_in_run": batches_in_run(data, plan.global_batch, plan.total_steps, epochs),
     }
     if len(passes) == 2 and mixing != RECIPES_MIXING:
         try:
             counts = train_mix_counts(passes[TEXT], passes[CAPTION])
-        except MmcseError:  # fewer text than caption batches: the released schedule divides by 0
+        except MmcseError:  # fewer text than caption batches: the released order divides by 0
             counts = None
-        plan["recipes_mixing"] = {"mixing": RECIPES_MIXING, "batches_per_epoch": counts}
-    return plan
-
-
-def mixing_rule(mixing: str, passes: dict[str, int]) -> str:
-    """How the batch kinds take turns, in words, with this run's numbers."""
-    if len(passes) == 1:
-        return f"{next(iter(passes))} batches only"
-    text, caption = passes[TEXT], passes[CAPTION]
-    if mixing == "mcse-train-mix":
-        every = max(1, text // caption)
-        return (
-            f"MCSE's released train_mix.py: a caption batch at every step s with s % {every} == 0,"
-            " captions revisited and part of the text skipped each epoch"
-        )
-    if mixing == "proportional-random":
-        return "each corpus once per epoch, batch kinds in a random order"
-    every = max(1, text // caption)
-    return f"each corpus once per epoch, a caption batch before {_every(every)} text batch"
-
-
-def batches_in_run(data: TrainData, global_batch: int, total: int, epochs: int) -> dict[str, int]:
-    """Batches of each kind among the run's ``total`` steps (a ``max_steps`` cut included)."""
-    counts: Counter[str] = Counter({kind: 0 for kind in data.sources})
-    left = total
-    for epoch in range(epochs):
-        if left <= 0:
-            break
-        kinds = [kind for kind, _ in data.schedule(epoch, global_batch)][:left]
-        counts.update(kinds)
-        left -= len(kinds)
-    return dict(counts)
-
-
-def _every(n: int) -> str:
-    if n == 1:
-        return "each"
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"every {n}{suffix}"
+        out["recipes_mixing"] = {"mixing": RECIPES_MIXING, "batches_per_epoch": counts}
+    return out
 
 
 @dataclass(frozen=True)
@@ -106,12 +73,14 @@ class RunPlan:
 
 
 def plan_run(data: TrainData, world_size: int | None = None) -> RunPlan:
-    """The run's batch plan from its data and config (``data.cfg``); ``world_size`` defaults to
-    the launcher's (``WORLD_SIZE``), so the plan is the same before and after the processes join."""
+    """The run's batch plan from its data and config (``data.cfg``): the one place the global
+    batch and the step count are computed. ``world_size`` defaults to the launcher's
+    (``WORLD_SIZE``), so the plan is the same before and after the processes join: preflight
+    makes it, the trainer keeps it, and ``--dry-run`` and plan.json show it."""
     cfg = data.cfg
     world = distributed.env_world_size() if world_size is None else world_size
     global_batch = cfg.batch_size * world
-    per_epoch = data.batches_per_epoch(global_batch)
+    per_epoch = data.batches_per_epoch(global_batch, world)
     return RunPlan(global_batch, per_epoch, total_steps(per_epoch, cfg.epochs, cfg.max_steps))
 
 
@@ -121,22 +90,20 @@ def total_steps(batches_per_epoch: dict[str, int], epochs: int, max_steps: int) 
     return min(total, max_steps) if max_steps > 0 else total
 
 
-def preview(data: TrainData) -> dict[str, Any]:
-    """The plan's batch figures before the run starts (the loop's ``plan()`` counts its steps
-    with :func:`total_steps` too): global batch, batches per epoch, total steps, the batches of
-    each kind the run takes and the mixing rule. World size from the launcher's ``WORLD_SIZE``."""
+def preview(data: TrainData, plan: RunPlan) -> dict[str, Any]:
+    """The plan's batch figures before the run starts (what ``--dry-run`` prints and preflight
+    warns about): ``plan`` (:func:`plan_run`) with the corpora's sizes, the batches of each kind
+    the run takes and the mixing rule."""
     cfg = data.cfg
-    plan = plan_run(data)
-    global_batch, per_epoch, total = plan.global_batch, plan.batches_per_epoch, plan.total_steps
     return {
         "sentences": {kind: len(src) for kind, src in data.sources.items()},
         "mixing": cfg.mixing,
-        "global_batch": global_batch,
-        "batches_per_epoch": per_epoch,
+        "global_batch": plan.global_batch,
+        "batches_per_epoch": plan.batches_per_epoch,
         "epochs": cfg.epochs,
         "max_steps": cfg.max_steps,
-        "total_steps": total,
-        **mixing_plan(data, global_batch, total),
+        "total_steps": plan.total_steps,
+        **mixing_plan(data, plan),
     }
 
 

@@ -50,6 +50,7 @@ from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, SettingErro
 if TYPE_CHECKING:
     from mmcse.methods import Method
     from mmcse.training.data import TrainData
+    from mmcse.training.plan import RunPlan
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ class Checked:
     method: Method
     data: TrainData  # every corpus opened and joined to its feature sets, not yet tokenised
     auxiliary: dict  # the auxiliary task's example sets by role (VisualCSE's images)
-    plan: dict  # the batch figures (:func:`mmcse.training.plan.preview`, what --dry-run shows)
+    run_plan: RunPlan  # the run's batch plan (:func:`mmcse.training.plan.plan_run`), kept by it
+    preview: dict  # the plan's figures (:func:`mmcse.training.plan.preview`, --dry-run's)
 
 
 def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
@@ -88,10 +90,11 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
     check_model(cfg.model, cfg.max_seq_length)
     check_output_dir(cfg, resuming=resuming)
     data = check_join(cfg, method)
-    from mmcse.training.plan import plan_warnings, preview  # torch is loaded by now
+    from mmcse.training.plan import plan_run, plan_warnings, preview  # torch is loaded by now
 
-    plan = preview(data)
-    for warning in plan_warnings(plan, method):
+    run_plan = plan_run(data)  # a corpus smaller than one global batch is refused here
+    figures = preview(data, run_plan)
+    for warning in plan_warnings(figures, method):
         logger.warning(warning)
     auxiliary = auxiliary_sets(cfg, method)
     warn_random_teachers(data.role_sets | {role: [fs] for role, fs in auxiliary.items()})
@@ -99,7 +102,7 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
         from mmcse.training.checkpoint import check_resumable
 
         check_resumable(cfg.to_dict(), input_fingerprints(data, auxiliary))
-    return Checked(method, data, auxiliary, plan)
+    return Checked(method, data, auxiliary, run_plan, figures)
 
 
 def check_inputs(cfg: TrainConfig) -> None:
@@ -495,16 +498,13 @@ def check_join(cfg: TrainConfig, method: Method):
     """Open the corpora and sets and match every role's ids, exactly as training will, without
     tokenising (and reading only the id columns of a corpus table the join needs); returns the
     (untokenised) :class:`~mmcse.training.data.TrainData`."""
-    from mmcse import distributed
     from mmcse.training.data import TrainData
 
     try:
-        data = TrainData(cfg, None, method)
+        return TrainData(cfg, None, method)
     except MmcseError as exc:  # same class (e.g. CacheError), the hint appended
         exc.args = (f"{exc}{_join_hint(cfg, method)}",)
         raise
-    data.batches_per_epoch(distributed.global_batch(cfg.batch_size))
-    return data
 
 
 def auxiliary_sets(cfg: TrainConfig, method: Method) -> dict:

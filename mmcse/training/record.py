@@ -298,7 +298,7 @@ class RunRecord:
             "steps_per_epoch": plan.steps_per_epoch,
             "epochs": cfg.epochs,
             "max_steps": cfg.max_steps,
-            "total_steps": self.total,
+            "total_steps": self.plan.total_steps,
             "eval_data": str(self.eval_dir) if self.eval_dir is not None else None,
             "eval_steps": cfg.eval_steps,
             "evals": len(self.eval_steps()),
@@ -309,7 +309,7 @@ class RunRecord:
             "extended_from": self.extended_from,
             "checkpoint_bytes": self.checkpoint_bytes(),
             "keep_last_checkpoint": cfg.keep_last_checkpoint,
-            **mixing_plan(self.data, plan.global_batch, self.total),
+            **mixing_plan(self.data, plan),
         }
 
     @property

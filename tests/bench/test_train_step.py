@@ -76,9 +76,9 @@ def test_vector_roles_join_on_image_or_sentence_id(runs, name):
 
 def test_mcseo_caption_batch_pairs_four_phrases_with_2048d_objects(runs):
     run = runs["mcseo"]
-    kind, rows = run.data.schedule(0, BATCH)[0]
+    kind, rows = run.data.batch_order(0, BATCH)[0]
     batch = run.data.batch(kind, rows, torch.device("cpu"))
-    extras = run.method.batch_extras(run.data, batch)
+    extras = run.method.batch_inputs(run.data, batch).apply_to(batch)
     assert batch.features["object"].shape == (BATCH, 4, 2048)
     assert extras["phrase_mask"].all()
     words = SEQ_LEN - 2

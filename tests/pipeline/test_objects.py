@@ -373,7 +373,7 @@ def test_bench_objects_reports_three_stages():
     assert all(r.images_per_s > 0 for r in results)
 
 
-def test_mcseo_batch_extras_join_objects_to_a_caption_batch(boxes_run, tiny_model):
+def test_mcseo_batch_inputs_join_objects_to_a_caption_batch(boxes_run, tiny_model):
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
@@ -393,10 +393,13 @@ def test_mcseo_batch_extras_join_objects_to_a_caption_batch(boxes_run, tiny_mode
     batch = SimpleNamespace(
         kind="caption", rows=np.arange(4), input_ids=torch.zeros(4, 3), features={}
     )
-    extras = build_method("mcseo").batch_extras(data, batch)
+    inputs = build_method("mcseo").batch_inputs(data, batch)
+    assert not batch.features  # the hook writes nothing; the trainer's gather applies it
+    extras = inputs.apply_to(batch)
     assert extras["phrase_mask"].sum() == 8  # all 8 pairs fit in 32 tokens
     assert batch.features["object"].shape == (4, 2, 512)
-    assert build_method("mcseo").batch_extras(data, SimpleNamespace(kind="text")) == {}
+    text_inputs = build_method("mcseo").batch_inputs(data, SimpleNamespace(kind="text"))
+    assert text_inputs.extras == {} and text_inputs.features == {}
 
 
 def test_train_mcseo_from_extracted_objects(boxes_run, coco_records, teacher, tiny_model, tmp_path):

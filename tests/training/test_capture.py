@@ -11,6 +11,7 @@ eager keeps dropout on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -223,3 +224,24 @@ def test_capture_pads_batches_to_max_length_and_auto_stays_eager_on_cpu(tiny_mod
     assert run.update.captured
     assert run.data.batch("text", np.arange(4), torch.device("cpu")).input_ids.shape == (4, 16)
     assert Trainer(TrainConfig(**settings)).setup().capture == "off"
+
+
+def test_the_run_config_is_resolved_once_before_anything_is_built(tiny_model, tiny_world):
+    """Pooler, capture, padding and precision are decided by one function, from the config,
+    the method and the device: the trainer, its record and the bench read what it returns."""
+    from mmcse.methods import build_method
+    from mmcse.training.resolved import resolve_run_config
+
+    settings = tiny_mcse_settings(tiny_model, tiny_world, "unused", max_seq_length=16)
+    cfg = TrainConfig(**{**settings, "pooler": "auto", "dynamic_padding": True})
+    cpu, mcse = torch.device("cpu"), build_method("mcse")
+    captured, resolved = resolve_run_config(
+        dataclasses.replace(cfg, capture="on"), mcse, cpu, False
+    )
+    assert resolved.capture == "whole" and not captured.dynamic_padding  # one shape per kind
+    assert captured.pooler != "auto" and resolved.pooler_source and resolved.precision == "fp32"
+    eager, resolved = resolve_run_config(cfg, mcse, cpu, False)  # capture auto: eager on CPU
+    assert resolved.capture == "off" and eager.dynamic_padding
+    assert eager == dataclasses.replace(cfg, pooler=captured.pooler)  # nothing else changed
+    _, under_ddp = resolve_run_config(dataclasses.replace(cfg, capture="on"), mcse, cpu, True)
+    assert under_ddp.capture == "forward"

@@ -14,8 +14,8 @@ from mmcse.errors import MmcseError
 from mmcse.evaluation.retrieval import load_heads
 from mmcse.rundir import BEST_DIR, HEADS_FILE, PLAN_FILE, RUN_INFO_FILE
 from mmcse.training import fastpath
+from mmcse.training.batch_order import mix_batches
 from mmcse.training.config import TrainConfig
-from mmcse.training.data import mix_batches
 from mmcse.training.loop import train
 
 
@@ -151,7 +151,7 @@ def test_a_role_can_join_one_set_per_corpus(tiny_model, tiny_world, tmp_path):
     """DALR's text teachers on every batch: Stage 1 caches them per corpus; each corpus joins
     the set holding its ids, and a sentence id found in neither is refused."""
     from mmcse.cache import Corpus, write_feature_set
-    from mmcse.training.data import read_corpus
+    from mmcse.training.corpora import read_corpus
 
     text_ids = list(read_corpus(tiny_world["text"])[0])
     caption_ids = list(Corpus.open(tiny_world["captions"]).ids)

@@ -161,15 +161,19 @@ def test_plan_counts_every_batch_of_an_epoch_and_names_the_caption_rate():
 
 def test_plan_of_a_run_that_mixes_as_the_recipes_has_no_note(tiny_model, tiny_world, tmp_path):
     from mmcse.methods import build_method
-    from mmcse.training.plan import mixing_plan
+    from mmcse.training.plan import RunPlan, mixing_plan
     from mmcse.training.preflight import check_join
+
+    def run_plan(data, total):
+        return RunPlan(8, data.batches_per_epoch(8), total)
 
     cfg = config(tiny_model, tiny_world, tmp_path / "r", max_steps=0, mixing="mcse-train-mix")
     data = check_join(cfg, build_method("mcse"))  # the corpora joined, nothing tokenised
-    plan = mixing_plan(data, 8, 20)
+    plan = mixing_plan(data, run_plan(data, 20))
     assert "recipes_mixing" not in plan and plan["batches_in_run"] == {"text": 0, "caption": 20}
     cfg = dataclasses.replace(cfg, mixing="interleave", epochs=2)
-    plan = mixing_plan(check_join(cfg, build_method("mcse")), 8, 40)  # every batch twice
+    data = check_join(cfg, build_method("mcse"))
+    plan = mixing_plan(data, run_plan(data, 40))  # every batch twice
     assert plan["batches_in_run"] == {"text": 24, "caption": 16}
 
 

@@ -106,3 +106,29 @@ def test_the_published_mcse_mix_is_not_warned_a_barely_multimodal_one_is():
 def test_a_runs_steps_are_every_epochs_batches_cut_at_max_steps(epochs, max_steps, want):
     """The one count of the loop's plan and of ``--dry-run``'s preview."""
     assert total_steps({"text": 12, "caption": 8}, epochs, max_steps) == want
+
+
+def test_the_trainer_keeps_preflights_plan(tiny_model, tiny_world, tmp_path, monkeypatch):
+    """The plan is computed once, by preflight; the trainer keeps that object, and tokenising
+    the corpora changes none of its counts."""
+    from support.runs import tiny_mcse_settings
+
+    from mmcse.training import loop
+    from mmcse.training.config import TrainConfig
+    from mmcse.training.plan import plan_run
+
+    checked = []
+    real_preflight = loop.preflight
+
+    def kept_preflight(*args, **kwargs):
+        checked.append(real_preflight(*args, **kwargs))
+        return checked[-1]
+
+    monkeypatch.setattr(loop, "preflight", kept_preflight)
+    settings = tiny_mcse_settings(tiny_model, tiny_world, tmp_path)
+    trainer = loop.Trainer(TrainConfig(**settings)).setup()
+    (preflight,) = checked
+    assert trainer.run_plan is preflight.run_plan
+    assert trainer.run_plan == plan_run(trainer.data)  # the tokenised data plan the same
+    assert (trainer.global_batch, trainer.total) == (8, trainer.run_plan.total_steps)
+    assert preflight.preview["total_steps"] == trainer.total

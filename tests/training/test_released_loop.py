@@ -16,15 +16,10 @@ from mmcse.optim import set_transformers_eps
 from mmcse.precision import autocast_for, grad_scaler_for
 from mmcse.recipes import RECIPES, get_recipe
 from mmcse.recipes.recipe import RecipeRunSpec
+from mmcse.training.batch_order import CAPTION, TEXT, train_mix_counts
 from mmcse.training.config import TrainConfig
-from mmcse.training.data import (
-    CAPTION,
-    TEXT,
-    InMemoryCorpus,
-    Source,
-    TrainData,
-    train_mix_counts,
-)
+from mmcse.training.corpora import InMemoryCorpus
+from mmcse.training.data import Source, TrainData
 from mmcse.update import (
     AdamWSettings,
     EagerUpdate,
@@ -90,7 +85,7 @@ def test_flickr_one_caption_numbers_written_out():
 def test_train_mix_schedule_rows_revisit_captions_and_continue_across_epochs():
     n_text, n_caption, batch = 1000, 130, 16  # 63 text batches (last 8), 9 caption (last 2)
     data = fake_data(n_text, n_caption, mixing="mcse-train-mix", seed=3)
-    epoch0, epoch1 = data.schedule(0, batch), data.schedule(1, batch)
+    epoch0, epoch1 = data.batch_order(0, batch), data.batch_order(1, batch)
     kinds = [k for k, _ in epoch0]
     assert kinds == released_train_mix_kinds(n_text, n_caption, batch)  # s % 7 == 0 → caption
     assert len(epoch0) == sum(data.batches_per_epoch(batch).values()) == 63 + 9
@@ -107,7 +102,7 @@ def test_train_mix_schedule_rows_revisit_captions_and_continue_across_epochs():
     seen = np.concatenate(text0 + text1[:2])
     assert sorted(seen) == list(range(n_text)) and len(text1[1]) == 8
     # every rank computes the same schedule
-    again = data.schedule(1, batch)
+    again = data.batch_order(1, batch)
     assert all(np.array_equal(a[1], b[1]) for a, b in zip(epoch1, again, strict=True))
 
 
@@ -117,7 +112,7 @@ def test_batches_per_epoch_is_the_schedule_length(mixing, drop_last):
     data = fake_data(500, 70, mixing=mixing, drop_last=drop_last)
     sizes = set()
     for epoch in range(3):
-        schedule = data.schedule(epoch, 16)
+        schedule = data.batch_order(epoch, 16)
         counts = data.batches_per_epoch(16)
         assert len(schedule) == sum(counts.values())
         assert sum(k == CAPTION for k, _ in schedule) == counts[CAPTION]
@@ -127,7 +122,7 @@ def test_batches_per_epoch_is_the_schedule_length(mixing, drop_last):
 
 def test_interleave_uses_every_row_once_with_the_partial_batch_kept():
     data = fake_data(500, 70, mixing="interleave")
-    schedule = data.schedule(0, 16)
+    schedule = data.batch_order(0, 16)
     for kind, n in ((TEXT, 500), (CAPTION, 70)):
         rows = np.concatenate([r for k, r in schedule if k == kind])
         assert sorted(rows) == list(range(n))
@@ -362,3 +357,21 @@ def test_dalr_recipes_name_their_variant_and_the_released_teacher_mix():
     for name in RECIPES.names():
         if name.startswith("dalr-paper/"):
             assert "eq. 14" in get_recipe(name).variant
+
+
+def test_the_plan_under_a_launcher_is_the_one_the_joined_processes_train(monkeypatch):
+    """One rule for the global batch and the partial batch: preflight (before the processes
+    join, ``WORLD_SIZE`` from torchrun) plans what the run takes once they have joined — the
+    batch is ``batch_size × world``, and the last partial batch is dropped under DDP."""
+    from mmcse.training.plan import plan_run
+
+    data = fake_data(500, 70, mixing="interleave", batch_size=8)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    before_join = plan_run(data)
+    assert before_join == plan_run(data, world_size=2)
+    assert before_join.global_batch == 16
+    assert before_join.batches_per_epoch == {TEXT: 500 // 16, CAPTION: 70 // 16}  # no partial
+    assert len(data.batch_order(0, 16)) == before_join.steps_per_epoch
+    monkeypatch.delenv("WORLD_SIZE")
+    alone = plan_run(data)
+    assert alone.global_batch == 8 and alone.batches_per_epoch == {TEXT: 63, CAPTION: 9}

@@ -18,9 +18,10 @@ from mmcse.hub import load_tokenizer
 from mmcse.methods import build_method
 from mmcse.rundir import METRICS_FILE
 from mmcse.tiny import build_tiny_bert
-from mmcse.training import data as data_module
+from mmcse.training import corpora
+from mmcse.training.batch_order import CAPTION, TEXT
 from mmcse.training.config import TrainConfig
-from mmcse.training.data import CAPTION, TEXT, TrainData
+from mmcse.training.data import TrainData
 from mmcse.training.loop import train
 from mmcse.training.preflight import preflight
 
@@ -78,7 +79,7 @@ def test_first_run_writes_entries_in_the_cache_and_the_next_maps_them(
         manifest = FeatureSet.open(folder / entries(folder)[0]).manifest
         assert manifest.kind == "tokens" and manifest.producer["max_length"] == 32
 
-    monkeypatch.setattr(data_module, "encode_rows", no_encoding)
+    monkeypatch.setattr(corpora, "encode_rows", no_encoding)
     warm = load(cfg, tiny_model)
     for kind in (TEXT, CAPTION):
         np.testing.assert_array_equal(token_rows(warm, kind), token_rows(cold, kind))
@@ -159,7 +160,7 @@ def test_preflight_refuses_a_token_cache_folder_the_run_could_not_write(
             ["train", "--config", str(config), "--dry-run"], monkeypatch, capsys
         )
         assert_one_error(code, stderr, f"token_cache {folder}")
-        monkeypatch.setattr(data_module, "encode_rows", no_encoding)  # refused before tokenising
+        monkeypatch.setattr(corpora, "encode_rows", no_encoding)  # refused before tokenising
         with pytest.raises(MmcseError, match="cannot create the folder"):
             load(cfg, tiny_model)
     finally:
@@ -176,8 +177,8 @@ def test_preflight_reads_neither_tokens_nor_texts(tiny_model, world, tmp_path, m
     def refuse(*_args, **_kwargs):
         raise AssertionError("preflight tokenised or read the texts")
 
-    monkeypatch.setattr(data_module, "encode_rows", refuse)
-    monkeypatch.setattr(data_module, "read_corpus", refuse)  # the sentence file's lines
+    monkeypatch.setattr(corpora, "encode_rows", refuse)
+    monkeypatch.setattr(corpora, "read_corpus", refuse)  # the sentence file's lines
     monkeypatch.setattr(Corpus, "texts", property(refuse))
     monkeypatch.setattr(Corpus, "ids", property(refuse))  # captions join by image id only
     cfg = mcse_config(tiny_model, world, tmp_path / "run")
