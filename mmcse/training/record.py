@@ -175,9 +175,7 @@ class RunRecord:
         if state is None:
             return 0, 0
         self.heads().load_state_dict(load_file(str(self.run_dir.last.heads)))
-        t.update.load_state_dict(state)
-        if t.aux is not None and state["aux"] is not None:
-            t.aux.load_trainer_state(state["aux"])
+        t.updates.load_state_dict(state)  # optimizer, scheduler, grad_scaler, aux
         t.window.load_state_dict(state["window"], t.device)
         t.best_dev, t.best_step = state["best_dev"], state["best_step"]
         t.step_count = state["step"]
@@ -189,10 +187,7 @@ class RunRecord:
     def _extend_schedule(self) -> None:
         """A finished run extended: the linear decay recomputed for the new total, from now."""
         t = self.trainer
-        optimizer, scheduler = t.update.optimizer, t.update.scheduler
-        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
-        for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
-            group["lr"] = base * factor
+        lr = t.updates.extend_schedule(t.total)
         old = self.extended_from
         logger.warning(
             "extending the finished run %s from step %s to %s (max_steps %s -> %s, epochs %s -> "
@@ -200,7 +195,7 @@ class RunRecord:
             "training continues at lr %.3g; the result is not what an uninterrupted %s-step run "
             "trains",
             self.out, t.step_count, t.total, old["max_steps"], t.cfg.max_steps,
-            old["epochs"], t.cfg.epochs, t.total, optimizer.param_groups[0]["lr"], t.total,
+            old["epochs"], t.cfg.epochs, t.total, lr, t.total,
         )  # fmt: skip
 
     # -- the plan and the log ------------------------------------------------------------------
@@ -378,12 +373,11 @@ class RunRecord:
                 "step": t.step_count,
                 "epoch": epoch,
                 "next_index": next_index,  # position in the epoch's schedule
-                **t.update.state_dict(),  # optimizer, scheduler, grad_scaler
+                **t.updates.state_dict(),  # optimizer, scheduler, grad_scaler, aux
                 "rng": ckpt.rng_states(),
                 "window": t.window.state_dict(),
                 "best_dev": t.best_dev,
                 "best_step": t.best_step,
-                "aux": None if t.aux is None else t.aux.trainer_state(),
             }
             self.save(self.run_dir.last, t.step_count, t.best_dev, state)
         if dist.is_distributed():

@@ -220,6 +220,6 @@ def test_capture_pads_batches_to_max_length_and_auto_stays_eager_on_cpu(tiny_mod
     )
     run = Trainer(TrainConfig(**settings, capture="on")).setup()
     assert run.capture == "whole" and not run.cfg.dynamic_padding  # recorded so in config.json
-    assert run.update.captured
+    assert run.updates.captured
     assert run.data.batch("text", np.arange(4), torch.device("cpu")).input_ids.shape == (4, 16)
     assert Trainer(TrainConfig(**settings)).setup().capture == "off"

@@ -16,6 +16,7 @@ from mmcse.optim import set_transformers_eps
 from mmcse.precision import autocast_for, grad_scaler_for
 from mmcse.recipes import RECIPES, get_recipe
 from mmcse.recipes.recipe import RecipeRunSpec
+from mmcse.training.adamw import AdamWSettings, FlatAdamW, FlatParameters, adamw_groups
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import (
     CAPTION,
@@ -25,14 +26,8 @@ from mmcse.training.data import (
     TrainData,
     train_mix_counts,
 )
-from mmcse.update import (
-    AdamWSettings,
-    EagerUpdate,
-    FlatAdamW,
-    FlatParameters,
-    adamw_groups,
-    linear_factor,
-)
+from mmcse.training.lr import linear_factor
+from mmcse.training.update import EagerUpdate
 
 # ---- a TrainData over fake corpora of given sizes (the schedule only needs their lengths) ----
 
