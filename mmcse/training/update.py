@@ -297,7 +297,7 @@ class CapturedUpdate:
     def _gradients(self, params: dict, inputs: tuple) -> tuple[dict, dict]:
         """(each parameter view's gradient of the loss, the step's terms), by ``torch.func``.
         (``torch.autograd.grad`` traced with Dynamo's ``trace_autograd_ops`` gives the same
-        update: BENCHMARKS.md, the capture probes at commit 932ce33.)"""
+        update: BENCHMARKS.md, "Compile: what else was tried".)"""
         # the buffers go in as arguments: a grad transform may mutate (BatchNorm's statistics)
         # only what it is given
         loss_and_grad = grad_and_value(self._loss, has_aux=True)

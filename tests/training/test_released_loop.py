@@ -197,14 +197,14 @@ def adamw_run(update: str, style: str, start, grads, lr: float, eps: float):
     """The parameter after ``grads`` through one of the AdamW implementations mmcse steps."""
     param = torch.nn.Parameter(start.clone())
     settings = AdamWSettings(lr=lr, weight_decay=0.0, eps=eps, eps_style=style, max_grad_norm=0)
-    if update == "torch + set_transformers_eps":  # the auxiliary step's eager optimizer
+    if update == "torch + set_transformers_eps":  # mmcse.optim's helper on a torch AdamW
         optimizer = torch.optim.AdamW([param], lr=lr, eps=eps, weight_decay=0.0)
         for g in grads:
             param.grad = g.clone()
             if style == "transformers":
                 set_transformers_eps(optimizer, eps)
             optimizer.step()
-    elif update == "eager":  # the text step's EagerUpdate (host-side step counts)
+    elif update == "eager":  # EagerUpdate, text and auxiliary (host-side step counts)
         eager = EagerUpdate([[param]], settings, lambda step: 1.0)
         for g in grads:
             eager.zero_grad()
