@@ -1,8 +1,8 @@
 """The parameter update of a training step: AdamW, clipping and the lr schedule, eager or captured.
 
 Both updates step the same AdamW (one group per module that steps together: the encoder, each
-head), clip the gradient norm over every trained parameter, and follow HF's linear schedule;
-they differ in where the work runs.
+head), clip the gradient norm over every trained parameter, and follow an lr schedule
+(:mod:`mmcse.training.lr`); they differ in where the work runs.
 
 * :class:`EagerUpdate` (``--capture off``; also under DDP and with ``--precision fp16``, see
   below): ``torch.optim.AdamW`` + :func:`torch.nn.utils.clip_grad_norm_` + ``LambdaLR``, every
@@ -21,7 +21,7 @@ they differ in where the work runs.
 
 What the captured AdamW equals. ``torch.optim.AdamW``'s arithmetic (``lerp`` of the first
 moment, bias corrections, ε after the corrected √v, or transformers' ε placement; weight decay as
-``weight_decay_style`` says, below), with the same per-parameter skip rule: under
+``weight_decay_style`` says, :mod:`mmcse.training.adamw`), with the same per-parameter skip rule: under
 ``zero_grad="none"`` a parameter that gets no gradient on a batch kind is not touched on that
 kind's steps (its moments do not decay, its step does not count); under ``zero_grad="zeros"`` (the
 released runs: torch < 2's ``zero_grad()`` leaves a zero gradient, which transformers.AdamW steps)
@@ -29,13 +29,10 @@ a parameter that has had a gradient on any batch steps on every later one, with 
 its batch does not reach it. Which parameters a kind reaches is found once per kind by an eager
 forward/backward on the first batch of that kind, with the random state restored after it
 (:meth:`CapturedUpdate._probe`); under ``zeros`` a kind's layout is rebuilt when another kind
-first reaches new parameters. Step
-counts are kept per contiguous run of parameters that step together (normally one per group);
-the bias corrections and ε read them on the device, in fp32 (eager: Python floats), so the two
-agree to float rounding (tested after 3 steps, ``tests/training/test_whole_update.py``).
-
-Weight decay (``weight_decay_style``) and the flat layout: :mod:`mmcse.training.adamw`; the lr
-schedules: :mod:`mmcse.training.lr`.
+first reaches new parameters. Step counts are kept per contiguous run of parameters that step
+together (normally one per group); the bias corrections and ε read them on the device, in fp32
+(eager: Python floats), so the two agree to float rounding (tested after 3 steps,
+``tests/training/test_whole_update.py``).
 
 Not captured whole (these runs use :class:`EagerUpdate`, with the student's forward/backward
 still compiled when capture is on): ``--precision fp16`` (the GradScaler skips an overflowing
@@ -154,16 +151,14 @@ class EagerUpdate:
         return self.scaler.get_scale() >= before
 
     def lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        """The lr of the next step."""
+        return self.settings.lr * self.schedule(self.steps)
 
     def extend_schedule(self, total: int) -> float:
         """A finished run extended to ``total`` steps: the schedule recomputed from the step it
         is at (a loaded state holds the lr it ended at, 0); the lr it continues at."""
         self.schedule.retarget(total)
-        factor = self.schedule(self.scheduler.last_epoch)
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
-            group["lr"] = base * factor
-        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        self.set_steps(self.steps)
         return self.lr()
 
     @property
@@ -172,12 +167,11 @@ class EagerUpdate:
         return self.scheduler.last_epoch
 
     def set_steps(self, steps: int) -> None:
-        """The schedule at ``steps`` (a state that records only the count)."""
+        """The schedule at ``steps``: the lr AdamW's groups take next (after a state that
+        records only the count, or a changed run length)."""
         self.scheduler.last_epoch = steps
-        factor = self.schedule(steps)
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
-            group["lr"] = base * factor
-        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr()
 
     def state_dict(self) -> dict:
         return {
