@@ -10,7 +10,7 @@ torch's AdamW adds ε to √v̂ = √(v/(1 − β₂ᵗ)) instead, which is the 
 ε/√(1 − β₂ᵗ) (31.6·ε at t = 1 for β₂ = 0.999, → ε after a few thousand steps). With weight decay
 0 (every released run) the two optimizers then agree exactly; with decay they differ in where it
 is applied (transformers: after the update, and the released recipes spare biases and LayerNorm
-weights), which :mod:`mmcse.update` reproduces (``weight_decay_style``).
+weights), which :mod:`mmcse.training.adamw` reproduces (``weight_decay_style``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def set_transformers_eps(optimizer: torch.optim.Optimizer, eps: float) -> None:
     """Set each group's ε so that torch's next AdamW step equals ``transformers.AdamW``'s with
     ``eps``: ε/√(1 − β₂ᵗ), ``t`` the group's next step. Call it before every ``step()``; where
     the step count lives on a GPU (fused AdamW) prefer a host-side count
-    (:class:`mmcse.update.EagerUpdate`): reading it waits for the device."""
+    (:class:`mmcse.training.update.EagerUpdate`): reading it waits for the device."""
     for group in optimizer.param_groups:
         t = next_step(optimizer, group)
         group["eps"] = transformers_eps(eps, group["betas"][1], t)

@@ -11,7 +11,7 @@ import torch
 
 from mmcse import precision
 from mmcse.evaluation.encode import eval_autocast
-from mmcse.nonling.step import NonLinguisticTask
+from mmcse.nonling.task import NonLinguisticTask
 from mmcse.training.config import TrainConfig
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
@@ -39,7 +39,7 @@ def training_dtype(device, name, seen):
 def auxiliary_dtype(device, name, seen):
     task = NonLinguisticTask.__new__(NonLinguisticTask)  # only the step's precision settings
     task.device, task.precision = device, name
-    with task._autocast():
+    with task.autocast():
         pass
     return seen.pop() if seen else None
 

@@ -25,7 +25,7 @@ class SimCLRLoss(Loss):
     Heads: ``student`` — the non-linguistic task's own Linear H→H + Tanh (the authors'
     ``image_mlp``, BERT-initialised: it is built in ``cl_init``, before ``init_weights()``),
     trained only by this loss and never part of the sentence embedding
-    (:class:`mmcse.nonling.step.NonLinguisticTask` owns it).
+    (:class:`mmcse.nonling.task.NonLinguisticTask` owns it).
 
     Paper vs code: the paper sums over the batch; the released code (``new_SimCLR_forward``, the
     path all published runs take via ``--new_supcon``) averages, as does this loss (the weight ω

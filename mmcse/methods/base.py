@@ -147,7 +147,8 @@ class Method:
         return BatchInputs()
 
     def auxiliary_task(self, encoder: Any, cfg: Any, device: Any) -> Any:
-        """A second task stepped before each text step (VisualCSE's image step), or None."""
+        """A second task whose update the trainer runs before each text update (VisualCSE's
+        image task: its forward and inputs; :mod:`mmcse.training.updates` steps it), or None."""
         return None
 
     def auxiliary_roles(self) -> tuple[str, ...]:

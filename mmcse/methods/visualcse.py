@@ -3,9 +3,9 @@
 Jian et al., *Non-Linguistic Supervision for Contrastive Learning of Sentence Embeddings*
 (NeurIPS 2022): ℒ = ℒ_text + ω·ℒ_image (eq. 1), optimised alternately (Algorithm 1) with one
 optimizer per task. The text part is SimCSE unchanged (these classes inherit its terms); the
-non-linguistic part is :class:`mmcse.nonling.step.NonLinguisticTask`, which the trainer steps
-before every text step (:meth:`auxiliary_task`). Its examples come from Stage 1
-(``mmcse extract-image-tensors`` / ``mmcse extract-audio``) and are passed as
+non-linguistic part is :class:`mmcse.nonling.task.NonLinguisticTask`, whose update the trainer
+runs before every text update (:meth:`auxiliary_task`; :mod:`mmcse.training.updates`). Its
+examples come from Stage 1 (``mmcse extract-image-tensors`` / ``mmcse extract-audio``) and are passed as
 ``--feature image_tensor=DIR`` or ``--feature audio_fbank=DIR``.
 
 Defaults are the BERT-base settings: batch 48, τ = 0.07, image lr 1e-6 / audio lr 2e-7
@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from mmcse.errors import MmcseError
 from mmcse.methods.simcse import SimCSE
-from mmcse.nonling.step import (
+from mmcse.nonling.task import (
     AUDIO_KIND,
     IMAGE_KIND,
     OBJECTIVES,
@@ -59,10 +59,8 @@ class NonLinguisticMixin:
                 f"method {self.name!r} needs its examples: give --feature {self.nonlinguistic}=DIR"
             )
         return NonLinguisticTask(
-            encoder, self, path, device, seed=cfg.seed, precision=cfg.precision,
-            adam_eps=cfg.adam_eps, adam_eps_style=cfg.adam_eps_style,
-            weight_decay_style=cfg.weight_decay_style,
-        )  # fmt: skip
+            encoder, self, path, device, seed=cfg.seed, precision=cfg.precision
+        )
 
     def auxiliary_roles(self) -> tuple[str, ...]:
         return (self.nonlinguistic,) if self.nonlinguistic_settings().weight != 0 else ()

@@ -4,7 +4,7 @@ VisualCSE/AudioCSE (Jian et al., NeurIPS 2022, §3.3, App. B) replace the langua
 embeddings by a patch embedding for non-linguistic inputs: non-overlapping patches, each
 linearly projected (a strided convolution) to the encoder's hidden size, a learned [CLS] token in
 front and — for images — learned position embeddings added. The result goes straight into the transformer
-layers (:func:`mmcse.nonling.step.encode_tokens`). These modules train with the student and are
+layers (:func:`mmcse.nonling.task.encode_tokens`). These modules train with the student and are
 saved with the checkpoint, but are not part of the sentence encoder.
 
 * Images: ViT-B/16's embedding layer; 224×224 → 196 patches + [CLS] = 197 tokens. The authors

@@ -31,7 +31,7 @@ All of them are recorded in the run's ``config.json`` like every other field.
 Whole-update capture. Eagerly, one step dispatches thousands of small operators (BERT-base,
 batch 128: about 3,300 for SimCSE, 7,600 for VisualCSE; ``mmcse bench all --sections train``),
 each costing host time, and a host read of a device value stalls the queue. With capture
-(:class:`mmcse.update.CapturedUpdate`), the whole text update — the student's forward (encoder,
+(:class:`mmcse.training.update.CapturedUpdate`), the whole text update — the student's forward (encoder,
 both dropout views, every active loss term), its gradient (``torch.func`` over views of one flat
 parameter buffer, so no per-parameter gradient accumulation runs outside), clipping, AdamW with
 its step counts, ε and lr schedule on the device — is one function, compiled by ``torch.compile``
@@ -61,11 +61,11 @@ nothing to replay, so ``auto`` leaves CPU runs eager.
   ``tests/training/test_compile_cache.py`` checks that nothing run-specific (a path, a seed)
   keeps a second process from hitting them, nor a recipe's hyperparameters: the peak lr, the
   warm-up, the run's length and the term weights are device scalars read by the step
-  (:class:`mmcse.update.LinearScheduleOnDevice`, ``Student.term_weights``), not constants traced
+  (:meth:`mmcse.training.lr.LinearSchedule.on_device`, ``Student.term_weights``), not constants traced
   into it, so recipes of one method on other corpora or with another lr share the graph.
   Compiling one BERT layer and reusing it (``torch.compiler.nested_compile_region``) would cut
   the cold compile, but torch 2.14 cannot take a gradient inside the graph through such
-  regions (``bench/probes/regions_toy.py``).
+  regions (BENCHMARKS.md, "Compile: what else was tried").
 * Dropout: the same Bernoulli(p) masks in distribution, but compiled code draws them from
   inductor's own Philox stream, so a captured run is not bit-equal to an eager run of the same
   seed (two captured runs of one seed are). With ``torch._inductor.config.fallback_random = True``
@@ -134,7 +134,7 @@ def capture_enabled(cfg: TrainConfig, device: torch.device) -> bool:
 
 
 #: what ``capture_mode`` resolves to: no capture; the student's forward/backward compiled with
-#: the update eager (DDP, fp16); the whole update as one graph (:class:`mmcse.update.CapturedUpdate`)
+#: the update eager (DDP, fp16); the whole update as one graph (:class:`mmcse.training.update.CapturedUpdate`)
 CAPTURE_MODES = ("off", "forward", "whole")
 
 

@@ -14,14 +14,17 @@ side stream meanwhile (:mod:`mmcse.training.prefetch`); the step's terms stay on
 summed per logging window and read back once per ``log_every`` steps
 (:mod:`mmcse.training.metrics`, which also catches a non-finite loss there).
 
-Whole-update capture (``capture``, on by default on CUDA; :mod:`mmcse.update`,
+The updates a step runs, and their state in ``last/``, are :mod:`mmcse.training.updates`'s.
+Whole-update capture (``capture``, on by default on CUDA; :mod:`mmcse.training.update`,
 :mod:`mmcse.training.fastpath`): the text update — forward, backward, clipping, AdamW, schedule —
 is one compiled function per batch kind, replayed as one CUDA graph; so is the auxiliary update.
 Batches are then padded to ``max_seq_length``. Under DDP or fp16 only the student's forward and
-backward are compiled and the update stays eager (:class:`mmcse.update.EagerUpdate`).
+backward are compiled and the update stays eager (:class:`mmcse.training.update.EagerUpdate`).
 
-Bookkeeping — the run directory, the plan record, run info, checkpoints, resuming — is
-:mod:`mmcse.training.record`'s. SIGINT stops after the step (last/ saved).
+The run's progress (step, epoch, position, best dev) is one :class:`~mmcse.training.run_state.RunState`
+that the loop advances; bookkeeping — the run directory, the plan record, run info, checkpoints,
+resuming — is :mod:`mmcse.training.record`'s, given that state and the objects it saves. SIGINT
+stops after the step (last/ saved).
 """
 
 from __future__ import annotations
@@ -29,32 +32,24 @@ from __future__ import annotations
 import logging
 import random
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from mmcse import distributed as dist
 from mmcse.devices import pick_device
 from mmcse.errors import MmcseError, naming_os_errors
 from mmcse.hub import load_tokenizer
 from mmcse.model import SentenceEncoder
-from mmcse.precision import autocast_context, evaluating_in, grad_scaler_for
+from mmcse.precision import autocast_context, evaluating_in
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch
 from mmcse.training.dev_eval import DevEvaluator
 from mmcse.training.evaluation_steps import is_eval_step
-from mmcse.training.fastpath import (
-    apply_fast_paths,
-    begin_captured_step,
-    capture,
-    capture_fn,
-    fresh_capture_cache,
-    fused_adamw,
-)
+from mmcse.training.fastpath import apply_fast_paths, capture, fresh_capture_cache
 from mmcse.training.metrics import LossWindow, MetricsLog, Progress
 from mmcse.training.prefetch import CPU, prefetched
 from mmcse.training.preflight import preflight
@@ -63,21 +58,9 @@ from mmcse.training.resolved import resolve_run_config
 from mmcse.training.run_state import RunState
 from mmcse.training.stop import EvaluationStopped, StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
-from mmcse.update import (
-    AdamWSettings,
-    CapturedUpdate,
-    EagerUpdate,
-    FlatParameters,
-    LinearScheduleOnDevice,
-    adamw_groups,
-    decay_exempt,
-    linear_factor,
-)
+from mmcse.training.updates import Part, build_updates
 
 logger = logging.getLogger(__name__)
-
-#: one step's terms: ``(names, values stacked on the device)`` per update that ran
-Part = tuple[tuple[str, ...], Tensor]
 
 
 def seed_everything(seed: int) -> None:
@@ -136,10 +119,10 @@ class Trainer:
                 ", ".join(f"{kind} {rows}" for kind, rows in sorted(budgets.items())),
                 cfg.max_seq_length,
             )
-        if self.aux is not None:
-            self.aux.total_steps = self.total  # the auxiliary task's own lr schedule spans the run
-        self.update = self._build_updates()
-        self.updates = TodaysUpdates(self.update, self.aux)  # replaced by issue-30a
+        self.updates = build_updates(
+            cfg, self.student, self.model, self.aux, self.device, self.capture, self.total,
+            self.autocast,
+        )  # fmt: skip
         self.record = self._run_record(checked.auxiliary)
         self.state = self.record.restore(saved)
         return self
@@ -166,75 +149,22 @@ class Trainer:
             find_unused_parameters=True,  # caption-only heads idle on text batches
         )
 
-    def _build_updates(self) -> CapturedUpdate | EagerUpdate:
-        """The text update and, for VisualCSE/AudioCSE, the auxiliary one: one flat parameter
-        buffer shared by both when the whole update is captured."""
-        cfg = self.cfg
-        groups = adamw_groups(self.student.trained_modules())
-        settings = AdamWSettings(
-            lr=cfg.learning_rate, weight_decay=cfg.weight_decay, eps=cfg.adam_eps,
-            eps_style=cfg.adam_eps_style, max_grad_norm=cfg.grad_clip,
-            decay_style=cfg.weight_decay_style, zero_grad=cfg.zero_grad,
-        )  # fmt: skip
-        schedule = partial(linear_factor, warmup=cfg.warmup_steps, total=self.total)
-        if self.capture != "whole":
-            if self.capture == "forward" and self.aux is not None:
-                self.aux.capture(lambda module: capture(module, self.device))
-            return EagerUpdate(
-                groups, settings, schedule, fused=fused_adamw(cfg, self.device),
-                scaler=grad_scaler_for(self.device, cfg.precision),
-                exempt=decay_exempt(self.student),
-            )  # fmt: skip
-        fresh_capture_cache()
-        aux_groups = [list(self.aux.heads.parameters())] if self.aux is not None else []
-        flat = FlatParameters(groups + aux_groups)
-        compile_fn = partial(capture_fn, device=self.device)
-        if self.aux is not None:
-            self.aux.capture_whole(flat, compile_fn)
-        return CapturedUpdate(
-            flat, self.student, groups, settings,
-            loss_of=lambda terms: terms["loss"],
-            lr_factor=LinearScheduleOnDevice(cfg.warmup_steps, self.total, self.device),
-            host_factor=schedule,
-            autocast=self.autocast,
-            compile_fn=compile_fn,
-        )  # fmt: skip
-
     @property
     def encoder(self) -> SentenceEncoder:
         return self.student.encoder
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, batch: Batch) -> tuple[list[Part], dict[str, float]]:
-        """One training step on ``batch`` (on the device, its extras gathered with it); returns
-        its terms as device tensors (read back once per logging window) and host values.
-
-        1. The auxiliary image/audio update (VisualCSE/AudioCSE), if any: its own views, loss,
-           backward, clipping and AdamW step (:meth:`mmcse.nonling.step.NonLinguisticTask.step`)
-           — before the text update, the released trainer's order (Algorithm 1 lists it after).
-        2. The text update: both dropout views and every active term, backward, clipping, AdamW
-           and the lr schedule — one captured call (:meth:`mmcse.update.CapturedUpdate.step`)
-           or eager, below.
-        """
+        """One training step on ``batch`` (on the device, its extras gathered with it): every
+        update of :attr:`updates` in order — VisualCSE/AudioCSE's image/audio update on its own
+        batch first (the released trainer's order), then the text update on ``batch``. Returns
+        their terms as device tensors (read back once per logging window) and host values."""
         parts, host = [], {}
-        if self.aux is not None:
-            part, host = self.aux.step()
-            parts += [part] if part is not None else []
-        self.student.train()
-        if self.update.captured:
-            parts.append(self.update.step(batch.kind, batch))
-        else:
-            parts.append(self._eager_text_update(batch))
+        for update in self.updates:
+            part, values = update.step(batch)
+            parts.append(part)
+            host.update(values)
         return parts, host
-
-    def _eager_text_update(self, batch: Batch) -> Part:
-        self.update.zero_grad()  # before the forward: no grad outlives its step
-        if self.capture == "forward":
-            begin_captured_step(self.device)
-        with self.autocast():
-            terms = self.model(batch)
-        self.update.apply(terms["loss"])
-        return tuple(terms), torch.stack([v.detach().float() for v in terms.values()])
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> RunResult:
@@ -393,33 +323,3 @@ def train(cfg: TrainConfig, resume: bool = False) -> RunResult:
         if dist.is_main():
             logger.warning(message)
         raise TrainingInterrupted(message) from None
-
-
-class TodaysUpdates:  # replaced by issue-30a
-    """The text update and the auxiliary task's as the record saves them (contract 2 of issue
-    30): today's ``Trainer.update`` and ``Trainer.aux`` behind one interface."""
-
-    def __init__(self, update: CapturedUpdate | EagerUpdate, aux) -> None:
-        self.update, self.aux = update, aux
-
-    def state_dict(self) -> dict:
-        """``optimizer``, ``scheduler``, ``grad_scaler`` and ``aux`` of trainer_state.pt."""
-        aux = None if self.aux is None else self.aux.trainer_state()
-        return {**self.update.state_dict(), "aux": aux}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.update.load_state_dict(state)
-        if self.aux is not None and state["aux"] is not None:
-            self.aux.load_trainer_state(state["aux"])
-
-    def extend_schedule(self, total: int) -> float:
-        """The linear decay recomputed for ``total`` steps from the current step: the schedule
-        was built for ``total`` already; each group's lr is set to its factor now."""
-        optimizer, scheduler = self.update.optimizer, self.update.scheduler
-        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
-        for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
-            group["lr"] = base * factor
-        return optimizer.param_groups[0]["lr"]
-
-    def lr(self) -> float:
-        return self.update.lr()

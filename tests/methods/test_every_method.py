@@ -19,8 +19,8 @@ from mmcse.losses.base import LossInputs
 from mmcse.losses.heads import HIDDEN, Head
 from mmcse.methods import build_heads, build_losses, build_method
 from mmcse.registry import LOSSES, METHODS
+from mmcse.training.adamw import adamw_groups
 from mmcse.training.student import Student
-from mmcse.update import adamw_groups
 
 B, H, L, DIM = 6, 16, 5, 12
 VARIANTS = [(name, {}) for name in METHODS.names()] + [

@@ -21,9 +21,10 @@ from mmcse.model import SentenceEncoder
 from mmcse.nonling.augment import ViewAugmentation, augment, two_views
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
 from mmcse.nonling.specaugment import spec_augment
-from mmcse.nonling.step import NonLinguisticTask, class_of, encode_tokens
+from mmcse.nonling.task import NonLinguisticTask, class_of, encode_tokens
 from mmcse.registry import LOSSES
 from mmcse.tiny import build_tiny_bert
+from mmcse.training.updates import auxiliary_update
 from pipeline import nonling_cache as nc
 from pipeline.fbank import FbankConfig, kaldi_fbank, pad_or_cut, read_wav, ssast_fbank
 
@@ -258,7 +259,7 @@ def tiny_bert(tmp_path_factory):
     return build_tiny_bert(tmp_path_factory.mktemp("bert"))
 
 
-class Cfg:  # the fields auxiliary_task reads from a TrainConfig
+class Cfg:  # the fields auxiliary_task and auxiliary_update read from a TrainConfig
     def __init__(self, features, adam_eps=1e-8, adam_eps_style="transformers"):
         self.features, self.seed, self.precision = features, 3, "auto"
         self.adam_eps, self.adam_eps_style = adam_eps, adam_eps_style
@@ -286,10 +287,12 @@ def test_visualcse_step_updates_encoder(tmp_path, tiny_bert):
     )
     encoder = SentenceEncoder.from_pretrained(str(tiny_bert))
     method = build_method("visualcse", image_batch_size=4, image_size=32, image_lr=1e-3)
-    task = method.auxiliary_task(encoder, Cfg({"image_tensor": str(tmp_path / "set")}), "cpu")
+    cfg = Cfg({"image_tensor": str(tmp_path / "set")})
+    task = method.auxiliary_task(encoder, cfg, "cpu")
+    update = auxiliary_update(task, cfg, "cpu")
     before = {k: v.clone() for k, v in encoder.state_dict().items()}
     heads_before = {k: v.clone() for k, v in task.state_dict().items()}
-    records = [record_of(task.step()) for _ in range(4)]  # 12 images, batch 4: a new epoch
+    records = [record_of(update.step()) for _ in range(4)]  # 12 images, batch 4: a new epoch
     assert all(math.isfinite(v) for r in records for v in r.values())
     assert set(records[0]) == {"image_class_rank_ce_loss", "image_lr"}  # --new_supcon
     assert changed(before, encoder) and changed(heads_before, task.heads)
@@ -319,13 +322,14 @@ def test_audiocse_step_on_sine_waves(tmp_path, tiny_bert):
     encoder = SentenceEncoder.from_pretrained(str(tiny_bert))
     method = build_method("audiocse", audio_batch_size=4, audio_patch_size=16, audio_lr=1e-3)
     task = method.auxiliary_task(encoder, Cfg({"audio_fbank": str(tmp_path / "set")}), "cpu")
+    update = auxiliary_update(task, Cfg({}), "cpu")
     before = {k: v.clone() for k, v in encoder.state_dict().items()}
-    record = record_of(task.step())
+    record = record_of(update.step())
     assert set(record) == {"audio_class_rank_ce_loss", "audio_lr"} and math.isfinite(
         record["audio_class_rank_ce_loss"]
     )
     assert changed(before, encoder)
-    assert set(task.trainer_state()) == {"steps_taken", "optimizer", "scaler"}
+    assert set(update.state_dict()) == {"steps_taken", "optimizer", "scaler"}
     # the released SpecAugment: each clip masked once, the same masked clip in both views
     rows = task._batch_rows(1)
     first, second = task.batch(1)[0].chunk(2)
@@ -407,6 +411,7 @@ def test_auxiliary_step_updates_equal_transformers_adamw(tmp_path, tiny_bert):
     method = build_method("visualcse", image_batch_size=4, image_size=32, image_lr=1e-3)
     cfg = Cfg({"image_tensor": str(tmp_path / "set")}, adam_eps=1e-4)  # ε visible at this scale
     task = method.auxiliary_task(encoder, cfg, "cpu")
+    update = auxiliary_update(task, cfg, "cpu")
     params = [*encoder.parameters(), *task.parameters()]
     reference = TransformersAdamW(lr=1e-3, eps=1e-4)
     expected: list[torch.Tensor] = []
@@ -414,9 +419,9 @@ def test_auxiliary_step_updates_equal_transformers_adamw(tmp_path, tiny_bert):
     def hand_written(optimizer, args, kwargs):  # the gradients the step is about to apply
         expected[:] = [reference.update(i, p, p.grad) for i, p in enumerate(params)]
 
-    task.make_optimizer(encoder).register_step_pre_hook(hand_written)
+    update.core.optimizer.register_step_pre_hook(hand_written)
     for _ in range(3):
-        task.step()
+        update.step()
         for param, want in zip(params, expected, strict=True):
             torch.testing.assert_close(param.detach().double(), want, rtol=1e-5, atol=1e-7)
 

@@ -33,6 +33,7 @@ from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch
 from mmcse.training.loop import train
 from mmcse.training.student import Student
+from mmcse.training.updates import auxiliary_update
 
 B, L, P = 6, 12, 3
 KINDS = ("text", "caption")
@@ -130,21 +131,24 @@ AUXILIARY = {"visualcse": ("image_tensor", {"image_batch_size": 4, "image_size":
              "audiocse": ("audio_fbank", {"audio_batch_size": 4, "audio_patch_size": 16})}  # fmt: skip
 
 
-def auxiliary_task(name: str, model_dir, examples):
-    kind, settings = AUXILIARY[name]
-    method = build_method(name, **settings)
-    cfg = SimpleNamespace(
+def auxiliary_cfg(name: str, examples) -> SimpleNamespace:
+    kind, _ = AUXILIARY[name]
+    return SimpleNamespace(
         features={kind: str(examples)}, seed=3, precision="auto", adam_eps=1e-8,
         adam_eps_style="transformers", weight_decay_style="transformers",
     )  # fmt: skip
+
+
+def auxiliary_task(name: str, model_dir, examples):
+    method = build_method(name, **AUXILIARY[name][1])
     encoder = SentenceEncoder.from_pretrained(str(model_dir))
     torch.manual_seed(0)  # the task's heads
-    return method.auxiliary_task(encoder, cfg, "cpu")
+    return method.auxiliary_task(encoder, auxiliary_cfg(name, examples), "cpu")
 
 
 def auxiliary_forward(task) -> tuple[dict, dict]:
     views, labels = task.batch(0)
-    task.step_forward.train()  # as step() sets it
+    task.step_forward.train()  # as the update sets it
     torch.manual_seed(1)
     terms = task.step_forward(views, labels)
     sum(terms.values()).backward()
@@ -168,7 +172,8 @@ def test_auxiliary_step_is_one_graph_with_the_eager_gradients(name, tiny_model, 
         torch.testing.assert_close(got_terms[key], want_terms[key], rtol=RTOL, atol=ATOL)
     for key in want_grads:
         torch.testing.assert_close(got_grads[key], want_grads[key], rtol=RTOL, atol=ATOL)
-    parts = [captured.step()[0] for _ in range(3)]  # 12 examples, batch 4: a new epoch's order
+    update = auxiliary_update(captured, auxiliary_cfg(name, examples), "cpu")  # forward compiled
+    parts = [update.step()[0] for _ in range(3)]  # 12 examples, batch 4: a new epoch's order
     assert all(torch.isfinite(values).all() for _, values in parts)
     assert counter.frame_count == 1
     # what `mmcse bench` reports: explain finds no break (torch.unique once made three)
@@ -221,7 +226,7 @@ def test_capture_pads_batches_to_max_length_and_auto_stays_eager_on_cpu(tiny_mod
     )
     run = Trainer(TrainConfig(**settings, capture="on")).setup()
     assert run.capture == "whole" and not run.cfg.dynamic_padding  # recorded so in config.json
-    assert run.update.captured
+    assert run.updates.captured
     assert run.data.batch("text", np.arange(4), torch.device("cpu")).input_ids.shape == (4, 16)
     assert Trainer(TrainConfig(**settings)).setup().capture == "off"
 

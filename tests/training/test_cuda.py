@@ -73,10 +73,10 @@ def test_the_fp16_image_step_scales_its_loss(world):  # noqa: F811
     torch._dynamo.reset()
     state = trainer_state(world, "visualcse", "on", "cuda", "fp16")
     assert state.trainer.capture == "forward"  # fp16: the update stays eager
-    assert state.trainer.aux.scaler.is_enabled()
+    assert state.trainer.updates.auxiliary.scaler.is_enabled()
     losses = run_steps(state, 3)
     assert all(torch.isfinite(torch.tensor(losses)))
-    assert state.trainer.aux.scaler.get_scale() > 0
+    assert state.trainer.updates.auxiliary.scaler.get_scale() > 0
 
 
 def test_a_checkpoint_snapshot_is_queued_into_pinned_buffers_without_a_sync():

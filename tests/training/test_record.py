@@ -76,7 +76,7 @@ class FakeData:
     def batches_per_pass(self, global_batch: int) -> dict[str, int]:
         return {"text": 12 // global_batch}
 
-    def schedule(self, epoch: int, global_batch: int) -> list:
+    def batch_order(self, epoch: int, global_batch: int) -> list:
         return [("text", [epoch, i]) for i in range(12 // global_batch)]
 
     def fingerprints(self) -> dict:

@@ -16,18 +16,13 @@ from mmcse.optim import set_transformers_eps
 from mmcse.precision import autocast_for, grad_scaler_for
 from mmcse.recipes import RECIPES, get_recipe
 from mmcse.recipes.recipe import RecipeRunSpec
+from mmcse.training.adamw import AdamWSettings, FlatAdamW, FlatParameters, adamw_groups
 from mmcse.training.batch_order import CAPTION, TEXT, train_mix_counts
 from mmcse.training.config import TrainConfig
 from mmcse.training.corpora import InMemoryCorpus
 from mmcse.training.data import Source, TrainData
-from mmcse.update import (
-    AdamWSettings,
-    EagerUpdate,
-    FlatAdamW,
-    FlatParameters,
-    adamw_groups,
-    linear_factor,
-)
+from mmcse.training.lr import linear_factor
+from mmcse.training.update import EagerUpdate
 
 # ---- a TrainData over fake corpora of given sizes (the schedule only needs their lengths) ----
 
@@ -197,14 +192,14 @@ def adamw_run(update: str, style: str, start, grads, lr: float, eps: float):
     """The parameter after ``grads`` through one of the AdamW implementations mmcse steps."""
     param = torch.nn.Parameter(start.clone())
     settings = AdamWSettings(lr=lr, weight_decay=0.0, eps=eps, eps_style=style, max_grad_norm=0)
-    if update == "torch + set_transformers_eps":  # the auxiliary step's eager optimizer
+    if update == "torch + set_transformers_eps":  # mmcse.optim's helper on a torch AdamW
         optimizer = torch.optim.AdamW([param], lr=lr, eps=eps, weight_decay=0.0)
         for g in grads:
             param.grad = g.clone()
             if style == "transformers":
                 set_transformers_eps(optimizer, eps)
             optimizer.step()
-    elif update == "eager":  # the text step's EagerUpdate (host-side step counts)
+    elif update == "eager":  # EagerUpdate, text and auxiliary (host-side step counts)
         eager = EagerUpdate([[param]], settings, lambda step: 1.0)
         for g in grads:
             eager.zero_grad()

@@ -30,16 +30,9 @@ import pytest
 import torch
 from torch import nn
 
-from mmcse.update import (
-    AdamWSettings,
-    CapturedUpdate,
-    EagerUpdate,
-    FlatParameters,
-    adamw_groups,
-    decay_exempt,
-    linear_factor,
-    linear_factor_tensor,
-)
+from mmcse.training.adamw import AdamWSettings, FlatParameters, adamw_groups, decay_exempt
+from mmcse.training.lr import linear_factor, linear_factor_tensor
+from mmcse.training.update import CapturedUpdate, EagerUpdate
 
 LR, EPS, WD, MAX_NORM = 1e-2, 1e-3, 0.1, 1.0
 BETAS = (0.9, 0.999)

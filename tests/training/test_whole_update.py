@@ -1,4 +1,4 @@
-"""Whole-update capture (:mod:`mmcse.update`), for every registered method, on CPU:
+"""Whole-update capture (:mod:`mmcse.training.update`), for every registered method, on CPU:
 
 * the captured update equals the eager one — loss of every step, parameters and AdamW's moments
   (the gradients, through ``exp_avg = Σ (1 − β₁) β₁^k g``) after 3 steps, same seed, dropout on;
@@ -93,16 +93,16 @@ def test_captured_update_equals_eager(name, world, aot_eager):
     params = dict(captured.trainer.student.named_parameters())
     for key, value in eager.trainer.student.named_parameters():
         torch.testing.assert_close(params[key], value, rtol=0, atol=1e-6, msg=key)
-    want_state = eager.trainer.update.state_dict()["optimizer"]["state"]
-    got_state = captured.trainer.update.state_dict()["optimizer"]["state"]
+    want_state = eager.trainer.updates.state_dict()["optimizer"]["state"]
+    got_state = captured.trainer.updates.state_dict()["optimizer"]["state"]
     assert got_state.keys() == want_state.keys()  # the same parameters stepped
     for index, entry in want_state.items():
         assert float(got_state[index]["step"]) == float(entry["step"])
         for moment in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(got_state[index][moment], entry[moment], **MOMENTS)
     if eager.trainer.aux is not None:  # the auxiliary step: its own AdamW, the same way
-        aux_want = eager.trainer.aux.trainer_state()["optimizer"]["state"]
-        aux_got = captured.trainer.aux.trainer_state()["optimizer"]["state"]
+        aux_want = eager.trainer.updates.state_dict()["aux"]["optimizer"]["state"]
+        aux_got = captured.trainer.updates.state_dict()["aux"]["optimizer"]["state"]
         assert aux_got.keys() == aux_want.keys()
         for index, entry in aux_want.items():
             torch.testing.assert_close(aux_got[index]["exp_avg"], entry["exp_avg"], **MOMENTS)
