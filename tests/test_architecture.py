@@ -20,9 +20,7 @@ SHARED = ("mmcse.cache", "mmcse.errors", "mmcse.registry", "mmcse.hub", "mmcse.d
           "mmcse.settings", "mmcse.environment", "mmcse.textfiles", "mmcse.files", "mmcse")  # fmt: skip
 #: the top-level modules of ``mmcse/`` that are not ground modules, each with why; every other
 #: top-level module is ground (README, Layout: the last line of ``mmcse/``), so a new one is
-#: checked from the day it lands
-#: top-level modules of mmcse/ that are not ground, each with why (none today: the update moved
-#: into mmcse.training, issue 30)
+#: checked from the day it lands (none today: the update moved into mmcse.training, issue 30)
 NOT_GROUND: dict[str, str] = {}
 #: the lowest layer: what each may import (the run layout knows files, nothing of its users)
 LEAVES = {"mmcse.pooling": {"mmcse.errors"}, "mmcse.files": {"mmcse.errors"},
