@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -107,7 +108,8 @@ def test_unknown_names_are_user_errors_and_still_key_errors(monkeypatch, capsys)
         METHODS.get("mcsee")
     assert isinstance(info.value, MmcseError) and isinstance(info.value, KeyError)
     assert str(info.value).startswith("unknown method 'mcsee'; known:")
-    code, stderr = run_main(["bench", "extract", "--teacher", "nope"], monkeypatch, capsys)
+    argv = ["extract-text", "--teacher", "nope", "--corpus", os.devnull]
+    code, stderr = run_main(argv, monkeypatch, capsys)
     assert_one_error(code, stderr, "unknown teacher 'nope'")
 
 
