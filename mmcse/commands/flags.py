@@ -13,6 +13,8 @@ import functools
 import inspect
 import types
 import typing
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -64,9 +66,13 @@ def _flag_type(hint: typing.Any) -> type:
     return hint if hint in (bool, int, float, str) else str
 
 
-def with_flags(cls: type, into: str, build: bool = False):
+def with_flags(
+    cls: type, into: str, build: bool = False, given: Callable[[dict], Any] | None = None
+):
     """Give a command a flag per field of ``cls``; it receives them as ``into``: a dict (field ->
-    value, None where not given; ``KEY=VALUE`` lists as dicts) or, ``build``, a ``cls``."""
+    value, None where not given; ``KEY=VALUE`` lists as dicts), or, ``build``, a ``cls``, or what
+    ``given`` makes of that dict (:class:`~mmcse.training.config.GivenSettings` for TrainConfig:
+    the flags given, checked once, here)."""
     added, hints = flag_parameters(cls), typing.get_type_hints(cls)
     flags_of = {f.name: f.metadata.get("flag", "--" + f.name.replace("_", "-"))
                 for f in dataclasses.fields(cls)}  # fmt: skip
@@ -85,7 +91,10 @@ def with_flags(cls: type, into: str, build: bool = False):
         @functools.wraps(command)
         def run(**kwargs):
             flags = {p.name: value(p.name, kwargs.pop(p.name)) for p in added}
-            made = cls(**{k: v for k, v in flags.items() if v is not None}) if build else flags
+            if build:
+                made = cls(**{k: v for k, v in flags.items() if v is not None})
+            else:
+                made = given(flags) if given else flags
             return command(**kwargs, **{into: made})
 
         run.__signature__ = signature.replace(parameters=kept + added)

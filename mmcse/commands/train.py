@@ -9,7 +9,7 @@ import typer
 
 from mmcse.commands import show
 from mmcse.commands.flags import plain, with_flags
-from mmcse.training.config import TrainConfig
+from mmcse.training.config import GivenSettings, TrainConfig
 
 app = typer.Typer()
 Opt = typer.Option
@@ -17,7 +17,7 @@ RunOpt = functools.partial(Opt, rich_help_panel="Run")  # the flags that are not
 
 
 @app.command()
-@with_flags(TrainConfig, into="settings")
+@with_flags(TrainConfig, into="settings", given=GivenSettings)
 def train(
     config: str = RunOpt(None, "--config", metavar="FILE", help=plain(
         "settings file: .json or .toml (top level, or one [train] table)")),
@@ -26,7 +26,7 @@ def train(
     resume: str = RunOpt(None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its "
         "last/ checkpoint (checked first); a finished run is left as it is (exit 0) unless a "
         "larger --max-steps/--epochs extends it"),
-    settings: dict | None = None,
+    settings: GivenSettings | None = None,
 ) -> None:  # fmt: skip
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
     from mmcse.training.launch import launch

@@ -44,7 +44,7 @@ from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.errors import MmcseError
 from mmcse.recipes.published import PUBLISHED, Published
 from mmcse.registry import Registry
-from mmcse.training.config import TrainConfig, resolve_config
+from mmcse.training.config import GivenSettings, TrainConfig, resolve_config
 
 RECIPES = Registry("recipe")
 
@@ -363,8 +363,7 @@ class Recipe:
         }
         extra = dict(overrides or {})
         values["method_args"].update(extra.pop("method_args", None) or {})
-        values.update(extra)
-        return resolve_config(None, **values)
+        return resolve_config(None, GivenSettings({**values, **extra}))
 
     def to_dict(self) -> dict[str, Any]:
         return {

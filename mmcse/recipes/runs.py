@@ -24,7 +24,7 @@ from mmcse.recipes.layout import SeedsDir
 from mmcse.recipes.recipe import Recipe, RecipeRunSpec, check_unique_seeds
 from mmcse.recipes.summary import Row, delta, departure_note, published_row, scores_of, summarize
 from mmcse.rundir import FINAL, RunDir
-from mmcse.training.config import TrainConfig
+from mmcse.training.config import GivenSettings, TrainConfig
 from mmcse.training.preflight import check_output_path, check_terms, checked_method
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ def train_one(cfg: TrainConfig, resume: bool = False) -> dict | None:
 
     if resume:  # the run's own saved config: what setup resolved (pooler, padding) included
         given = {key: getattr(cfg, key) for key in RESUMABLE_CHANGES if key != "output_dir"}
-        cfg = resume_config(cfg.output_dir, None, given)
+        cfg = resume_config(cfg.output_dir, None, GivenSettings(given))
     result = train(cfg, resume=resume)
     if result.test is None:
         return None

@@ -50,7 +50,7 @@ import torch
 from mmcse.errors import MmcseError
 from mmcse.files import atomic_dir, read_json, sha256_file, write_json
 from mmcse.rundir import INTEGRITY_FILE, Checkpoint, RunDir, run_finished
-from mmcse.training.config import read_config_file, resolve_config
+from mmcse.training.config import GivenSettings, read_config_file, resolve_config
 
 logger = logging.getLogger(__name__)
 
@@ -280,10 +280,11 @@ def _limit(value: int) -> float:
     return math.inf if value == 0 else value
 
 
-def resume_config(run_dir: str | Path, config_file: str | None, overrides: dict[str, Any]):
-    """The run's saved config with the command's settings; a setting that changes the run (and
-    so the resumed metrics) is refused, naming it. A finished run may be given a larger
-    ``--max-steps``/``--epochs`` (see the module docstring)."""
+def resume_config(run_dir: str | Path, config_file: str | None, settings: GivenSettings):
+    """The run's saved config with the command's settings (``config_file`` < ``settings``, the
+    flags given); a setting that changes the run (and so the resumed metrics) is refused, naming
+    it. A finished run may be given a larger ``--max-steps``/``--epochs`` (see the module
+    docstring)."""
 
     run_dir = Path(run_dir)
     run = RunDir(run_dir)
@@ -293,8 +294,7 @@ def resume_config(run_dir: str | Path, config_file: str | None, overrides: dict[
             f"--resume {run_dir}: no {saved_path.name} there; is it a training run directory?"
         )
     saved = read_config_file(saved_path)
-    given = {**(read_config_file(config_file) if config_file else {})}
-    given.update({k: v for k, v in overrides.items() if v is not None})
+    given = {**(read_config_file(config_file) if config_file else {}), **settings.values}
     changed = sorted(
         k for k, v in given.items() if k not in RESUMABLE_CHANGES and saved.get(k) != v
     )
@@ -308,7 +308,7 @@ def resume_config(run_dir: str | Path, config_file: str | None, overrides: dict[
     if changed:
         _check_extension(run, {k: (saved.get(k), given[k]) for k in changed})
     given["output_dir"] = str(run_dir)
-    return resolve_config(saved_path, **given)
+    return resolve_config(saved_path, GivenSettings(given))
 
 
 def _check_extension(run: RunDir, changes: dict[str, tuple[Any, Any]]) -> None:

@@ -17,8 +17,10 @@ import dataclasses
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from mmcse.corpusfiles import BAD_LINES
@@ -438,6 +440,10 @@ class TrainConfig:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
+#: the training settings' names: TrainConfig's fields
+TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+
+
 #: the config file formats read, by suffix
 CONFIG_FORMATS = {".json": "JSON", ".toml": "TOML"}
 #: the one table a config file may put its settings in (else they are at the top level)
@@ -487,8 +493,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             f"config file {p} must hold an object of settings "
             f'(e.g. {{"batch_size": 64}}), not {type(data).__name__}'
         )
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - TRAIN_FIELDS)
     if unknown:
         tables = [k for k in unknown if isinstance(data[k], dict)]
         hint = f" ({', '.join(tables)}: only [{TRAIN_TABLE}] is read)" if tables else ""
@@ -498,19 +503,38 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def resolve_config(file: str | Path | None = None, **overrides: Any) -> TrainConfig:
-    """Defaults < config file < overrides (``None`` overrides mean 'not given')."""
+@dataclass(frozen=True)
+class GivenSettings:
+    """The training settings a user gave (flags, ``--set``, a recipe's own): a field name of
+    :class:`TrainConfig` -> its value, checked once when built. ``None`` means "not given" and is
+    dropped; an unknown name or a wrong value is refused there, one line, and values are converted
+    as :func:`~mmcse.settings.check_settings` does. :meth:`over` lays them over a config's other
+    values (defaults < a file < these)."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        given = {k: v for k, v in self.values.items() if v is not None}
+        unknown = sorted(set(given) - TRAIN_FIELDS)
+        if unknown:
+            raise MmcseError(f"unknown training setting(s): {', '.join(unknown)}")
+        object.__setattr__(self, "values", MappingProxyType(check_settings(TrainConfig, given)))
+
+    def over(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """``base``'s values (a file's, a saved run's) with these given ones in their place."""
+        return {**base, **self.values}
+
+
+def resolve_config(
+    file: str | Path | None = None, given: GivenSettings | None = None
+) -> TrainConfig:
+    """Defaults < config file < ``given`` (the settings a user gave, already checked)."""
     values = read_config_file(file) if file else {}  # unknown keys refused there
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
     try:  # the file's own values first, so their errors name the file
         check_settings(TrainConfig, values)
     except MmcseError as exc:
         raise MmcseError(f"config file {file}: {exc}") from None
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise MmcseError(f"unknown training setting(s): {', '.join(unknown)}")
-    return TrainConfig(**values)
+    return TrainConfig(**(given or GivenSettings()).over(values))
 
 
 def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:

@@ -5,33 +5,32 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from mmcse.training.config import resolve_config
+from mmcse.training.config import GivenSettings, resolve_config
 
 
 def launch(
     config_file: str | Path | None = None,
-    settings: dict[str, Any] | None = None,
+    settings: GivenSettings | None = None,
     *,
     resume: str | Path | None = None,
     dry_run: bool = False,
 ) -> Iterator[str]:
-    """Resolve the config (``settings``: None = not given) and train it, or continue the run in
-    ``resume`` (a finished one only when a larger ``--max-steps``/``--epochs`` extends it: else
-    that it finished is said and nothing done); ``dry_run`` checks every input and trains
-    nothing. Yields the result's lines."""
-    overrides = dict(settings or {})
+    """Resolve the config (``settings``: the flags given, checked when made) and train it, or
+    continue the run in ``resume`` (a finished one only when a larger ``--max-steps``/``--epochs``
+    extends it: else that it finished is said and nothing done); ``dry_run`` checks every input
+    and trains nothing. Yields the result's lines."""
+    given = settings or GivenSettings()
     if resume:
         from mmcse.training.checkpoint import finished_note, resume_config
 
-        cfg = resume_config(resume, config_file, overrides)
+        cfg = resume_config(resume, config_file, given)
         finished = finished_note(cfg.to_dict())
         if finished is not None:  # a finished run, not extended: nothing to do
             yield finished
             return
     else:
-        cfg = resolve_config(config_file, **overrides)
+        cfg = resolve_config(config_file, given)
     if dry_run:
         from mmcse.training.preflight import preflight
 

@@ -32,7 +32,7 @@ from mmcse.commands import extract
 from mmcse.commands.flags import with_flags
 from mmcse.errors import MmcseError
 from mmcse.registry import METHODS, UnknownNameError
-from mmcse.training.config import TrainConfig
+from mmcse.training.config import GivenSettings, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = 640  # lines of cli.py + mmcse/commands (+40: --help at 80 columns, rank 0 prints)
@@ -157,7 +157,8 @@ def test_train_flags_reach_the_launcher_as_settings(monkeypatch):
     seen = {}
 
     def fake(config, settings, *, resume=None, dry_run=False):
-        seen.update(settings, config=config, dry_run=dry_run)
+        given = {f.name: settings.values.get(f.name) for f in dataclasses.fields(TrainConfig)}
+        seen.update(given, config=config, dry_run=dry_run)
         yield "launched"
 
     monkeypatch.setattr(launch, "launch", fake)
@@ -174,6 +175,45 @@ def test_train_flags_reach_the_launcher_as_settings(monkeypatch):
     assert seen.pop("features") == {"image": "/x"}
     assert seen.pop("expect_fingerprints") == {"image": "abc"}
     assert set(seen.values()) == {None}  # every other setting left to the file and defaults
+
+
+def test_a_bad_batch_size_is_refused_at_the_cli_before_the_launcher(monkeypatch, capsys):
+    import mmcse.training.launch as launch
+
+    def never(*args, **kwargs):
+        raise AssertionError("launched with a bad setting")
+
+    monkeypatch.setattr(launch, "launch", never)
+    code, err = run_main(["train", "--batch-size", "1", "--dry-run"], monkeypatch, capsys)
+    assert_one_error(code, err, "setting batch_size (--batch-size) must be at least 2, got 1")
+
+
+def test_batch_size_reaches_the_config_through_given_settings(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    """`mmcse train --batch-size 7 --dry-run`: the flag travels as GivenSettings to
+    resolve_config, over the config file's value, and the run's config holds 7."""
+    from support.cli import run_main_output
+
+    import mmcse.training.launch as launch
+
+    resolved = []
+
+    def spy(file, given=None):
+        assert isinstance(given, GivenSettings) and given.values["batch_size"] == 7
+        resolved.append(real(file, given))
+        return resolved[-1]
+
+    real = launch.resolve_config
+    monkeypatch.setattr(launch, "resolve_config", spy)
+    config = tmp_path / "run.json"
+    config.write_text('{"batch_size": 16}')
+    args = ["train", "--config", str(config), "--model", str(tiny_model), "--method", "simcse",
+            "--text-corpus", tiny_world["text"], "--batch-size", "7", "--eval-data", "",
+            "--device", "cpu", "--output-dir", str(tmp_path / "run"), "--dry-run"]  # fmt: skip
+    code, out, err = run_main_output(args, monkeypatch, capsys)
+    assert code == 0, err
+    assert [cfg.batch_size for cfg in resolved] == [7] and '"batch_size": 7' in out
 
 
 def test_a_new_settings_field_is_a_flag_with_no_cli_change():

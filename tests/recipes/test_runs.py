@@ -266,3 +266,26 @@ def test_demo_end_to_end_short(tmp_path, monkeypatch, capsys):
     assert "STS12" not in out and "SICK" not in out
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "curves.png").is_file()
+
+
+def test_a_resumed_seed_reads_its_saved_config_with_the_resumable_settings(tmp_path, monkeypatch):
+    """``train_one(resume=True)``: the seed's own config.json (batch size included) with the
+    recipe run's resumable settings laid over it as GivenSettings; a changed batch size is not
+    resumable, so the saved one holds."""
+    import mmcse.training.loop as loop
+    from mmcse.training.config import TrainConfig
+
+    run = tmp_path / "seed-0"
+    run.mkdir()
+    TrainConfig(model="m", batch_size=8, output_dir=str(run)).save(run / "config.json")
+    resumed = []
+
+    def fake_loop_train(cfg, resume=False):
+        resumed.append((cfg, resume))
+        return type("Result", (), {"test": None})()
+
+    monkeypatch.setattr(loop, "train", fake_loop_train)
+    cfg = TrainConfig(model="m", batch_size=16, save_every=3, output_dir=str(run))
+    assert recipes_mod.train_one(cfg, resume=True) is None
+    [(got, resume)] = resumed
+    assert resume and (got.batch_size, got.save_every, got.output_dir) == (8, 3, str(run))

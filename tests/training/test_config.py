@@ -14,7 +14,7 @@ from mmcse.errors import MmcseError
 from mmcse.methods import build_method
 from mmcse.registry import METHODS
 from mmcse.settings import SettingError, check_settings
-from mmcse.training.config import TrainConfig, resolve_config
+from mmcse.training.config import GivenSettings, TrainConfig, resolve_config
 
 BAD_SETTINGS = [
     ("batch_size", "64", "must be an integer"),
@@ -160,9 +160,31 @@ def test_syntax_errors_name_file_line_and_column(tmp_path):
 def test_flag_overrides_are_checked_after_the_file(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"batch_size": 16}))
-    assert resolve_config(path, epochs=2).batch_size == 16
+    assert resolve_config(path, GivenSettings({"epochs": 2})).batch_size == 16
     with pytest.raises(SettingError, match="epochs"):
-        resolve_config(path, epochs=0)
+        resolve_config(path, GivenSettings({"epochs": 0}))
+
+
+def test_given_settings_are_checked_once_when_made_and_lie_over_the_file(tmp_path):
+    """The settings a user gave are one typed object: an unknown name or a bad value is refused
+    when it is made (one line), values are converted there, and it lays them over a file's."""
+    with pytest.raises(MmcseError, match=r"^unknown training setting\(s\): batch_sise$"):
+        GivenSettings({"batch_sise": 7})
+    bad = r"^setting batch_size \(--batch-size\) must be at least 2, got 1$"
+    with pytest.raises(SettingError, match=bad):
+        GivenSettings({"batch_size": 1})
+    with pytest.raises(SettingError, match=r"batch_size \(--batch-size\) must be an integer"):
+        GivenSettings({"batch_size": "7"})
+    given = GivenSettings({"batch_size": 7, "learning_rate": 1, "model": None})  # None: not given
+    assert dict(given.values) == {"batch_size": 7, "learning_rate": 1.0}
+    assert type(given.values["learning_rate"]) is float
+    with pytest.raises(TypeError):
+        given.values["batch_size"] = 8  # type: ignore[index]  # frozen: checked once, kept
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"batch_size": 16, "epochs": 2}))
+    cfg = resolve_config(path, given)
+    assert (cfg.batch_size, cfg.epochs, cfg.learning_rate) == (7, 2, 1.0)
+    assert resolve_config(path).batch_size == 16 and resolve_config(None, given).batch_size == 7
 
 
 # ---- the mechanism itself, on a dataclass another helper might add ------------------------------

@@ -22,7 +22,7 @@ from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
 from mmcse.training import checkpoint as ckpt
 from mmcse.training import fastpath
 from mmcse.training import metrics as metrics_log
-from mmcse.training.config import TrainConfig
+from mmcse.training.config import GivenSettings, TrainConfig
 from mmcse.training.loop import train
 from mmcse.training.stop import TrainingInterrupted
 
@@ -235,8 +235,9 @@ def test_resume_refuses_a_changed_setting_and_a_run_without_last(tiny_model, tin
     run.mkdir()
     TrainConfig(**settings(tiny_model, tiny_world, run)).save(run / "config.json")
     with pytest.raises(MmcseError, match=r"batch_size=16 \(run: 8\)"):
-        ckpt.resume_config(run, None, {"batch_size": 16, "device": "cpu"})
-    cfg = ckpt.resume_config(run, None, {"batch_size": 8, "save_every": 2, "model": None})
+        ckpt.resume_config(run, None, GivenSettings({"batch_size": 16, "device": "cpu"}))
+    given = GivenSettings({"batch_size": 8, "save_every": 2, "model": None})
+    cfg = ckpt.resume_config(run, None, given)
     assert cfg.save_every == 2 and cfg.output_dir == str(run)
     with pytest.raises(MmcseError, match="no resumable checkpoint"):
         train(cfg, resume=True)
