@@ -50,6 +50,11 @@ from mmcse.training.update import CapturedUpdate, EagerUpdate, build_update, lam
 Part = tuple[tuple[str, ...], Tensor]
 
 
+def stacked(terms: dict[str, Tensor]) -> Part:
+    """An eager update's terms as the captured one returns them: names, values on the device."""
+    return tuple(terms), torch.stack([v.detach().float() for v in terms.values()])
+
+
 class TextUpdate:
     """The text update of a step on the trainer's batch: one captured call, or the student's
     forward (compiled under ``forward`` capture, inside DDP under several processes) and the
@@ -70,20 +75,16 @@ class TextUpdate:
         with self.autocast():
             terms = self.model(batch)
         self.core.apply(terms["loss"])
-        return (tuple(terms), torch.stack([v.detach().float() for v in terms.values()])), {}
+        return stacked(terms), {}
 
 
 class AuxiliaryUpdate:
     """The auxiliary task's update (see the module docstring) on the task's own batch of step
-    :attr:`steps_taken`; the trainer's batch is not read."""
+    its update count (``core.steps``); the trainer's batch is not read."""
 
     def __init__(self, task: Any, core: EagerUpdate | CapturedUpdate, device: torch.device) -> None:
         self.task, self.core, self.device = task, core, device
         self.prefix = task.settings.modality
-
-    @property
-    def steps_taken(self) -> int:
-        return self.core.steps
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
@@ -111,7 +112,7 @@ class AuxiliaryUpdate:
         # every logged term once per logging window (mmcse.training.metrics.LossWindow.flush)
         self.core.apply(sum(terms.values()))
         self.core.zero_grad()  # the released order: cleared before the text update runs
-        return tuple(terms), torch.stack([v.detach().float() for v in terms.values()])
+        return stacked(terms)
 
     def state_dict(self) -> dict[str, Any]:
         """``steps_taken``, ``optimizer`` (torch's AdamW layout) and ``scaler``: the layout of
@@ -179,7 +180,7 @@ class Updates:
 
 def auxiliary_settings(task: Any, cfg: Any) -> AdamWSettings:
     """The auxiliary update's AdamW: the task's lr, weight decay and clipping, the run's ε and
-    the run's ε and decay styles."""
+    decay style."""
     s = task.settings
     return AdamWSettings(
         lr=s.lr, weight_decay=s.weight_decay, eps=cfg.adam_eps, eps_style=cfg.adam_eps_style,
