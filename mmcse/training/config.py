@@ -543,8 +543,12 @@ _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
 def settings_of_scope(*scopes: str) -> tuple[str, ...]:
-    """The names of the settings whose ``scope`` is one of ``scopes``, in field order."""
-    return tuple(name for name, f in _FIELDS.items() if f.metadata["scope"] in scopes)
+    """The names of the settings whose ``scope`` is one of ``scopes``, in field order (a field
+    that declares none is in none: tests/training/test_setting_scopes.py asks it to)."""
+    unknown = set(scopes) - set(SCOPES)
+    if unknown:
+        raise ValueError(f"unknown setting scope(s) {sorted(unknown)}; known: {SCOPES}")
+    return tuple(name for name, f in _FIELDS.items() if f.metadata.get("scope") in scopes)
 
 
 #: settings a resumed run may change; any other difference from the run's config is refused
@@ -560,7 +564,7 @@ def same_setting(name: str, saved: Any, planned: Any) -> bool:
     if saved == planned:
         return True
     f = _FIELDS.get(name)
-    return f is not None and f.metadata["scope"] == SCOPE_SETUP and planned == f.default
+    return f is not None and f.metadata.get("scope") == SCOPE_SETUP and planned == f.default
 
 
 #: the config file formats read, by suffix

@@ -87,6 +87,11 @@ def test_every_setting_declares_exactly_one_known_scope():
     assert all(isinstance(f.metadata["scope"], str) for f in FIELDS.values())
 
 
+def test_asking_for_an_unknown_scope_is_a_bug_named_at_once():
+    with pytest.raises(ValueError, match="unknown setting scope"):
+        config_mod.settings_of_scope("sesion")
+
+
 def test_the_lists_are_derived_from_the_scopes_and_read_by_their_consumers():
     assert set(RESUMABLE_CHANGES) == {n for n in FIELDS if scope(n) == SCOPE_SESSION}
     assert set(PER_RUN_SETTINGS) == {n for n in FIELDS if scope(n) in (SCOPE_SEED, SCOPE_SESSION)}
