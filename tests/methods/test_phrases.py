@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.phrases import build_phrase_batch
 
 from mmcse.errors import MmcseError
 from mmcse.methods.phrases import (
     ObjectPhrase,
     PhraseIndex,
-    build_phrase_batch,
     char_span_to_tokens,
 )
 

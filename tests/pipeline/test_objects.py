@@ -445,10 +445,11 @@ def test_train_mcseo_from_extracted_objects(boxes_run, coco_records, teacher, ti
 
 def test_phrase_index_slices_equal_the_per_batch_collate(boxes_run, tiny_model):
     """The trainer's once-per-corpus index gives exactly what collating each batch gives."""
+    from support.phrases import build_phrase_batch
     from transformers import AutoTokenizer
 
     from mmcse.cache import Corpus, FeatureSet
-    from mmcse.methods.phrases import PhraseIndex, build_phrase_batch, table_of
+    from mmcse.methods.phrases import PhraseIndex, table_of
 
     out, _, _ = boxes_run
     corpus = Corpus.open(out / "captions")
