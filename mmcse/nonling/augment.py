@@ -164,9 +164,18 @@ def draw_params(
 # Columns of the one parameter tensor sent to the device (see pack_params).
 _SLOTS = 2 * BLEND_SLOTS
 _COLUMNS: dict[str, int] = {
-    "box": 4, "flip": 1, "grayscale": 1, "hue_on": 1, "hue_shift": 1, "gray_weights": 3,
-    "factor": _SLOTS, "saturation_weight": _SLOTS, "contrast_weight": _SLOTS, "mean": 3, "std": 3,
-}  # fmt: skip
+    "box": 4,
+    "flip": 1,
+    "grayscale": 1,
+    "hue_on": 1,
+    "hue_shift": 1,
+    "gray_weights": 3,
+    "factor": _SLOTS,
+    "saturation_weight": _SLOTS,
+    "contrast_weight": _SLOTS,
+    "mean": 3,
+    "std": 3,
+}
 _ENDS = list(itertools.accumulate(_COLUMNS.values()))
 _AT = {name: slice(end - _COLUMNS[name], end) for name, end in zip(_COLUMNS, _ENDS, strict=True)}
 PACKED_COLUMNS = _ENDS[-1]
