@@ -25,10 +25,10 @@ CAPTIONS = [
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
+    from support.objects import byte_level_bpe_tokenizer
     from transformers import AutoTokenizer
 
     from mmcse.tiny import build_tiny_bert
-    from pipeline.objects.florence import byte_level_bpe_tokenizer
 
     bert_dir = build_tiny_bert(tmp_path_factory.mktemp("bert"), texts=CAPTIONS)
     return {

@@ -99,14 +99,14 @@ def test_box_mask_is_clipped_to_the_image():
 
 @pytest.fixture(scope="module")
 def florence_dir(tmp_path_factory) -> Path:
-    from pipeline.objects.florence import build_florence2
+    from support.objects import build_florence2
 
     return build_florence2(tmp_path_factory.mktemp("florence2"))
 
 
 @pytest.fixture(scope="module")
 def sam2_dir(tmp_path_factory) -> Path:
-    from pipeline.objects.sam2 import build_sam2
+    from support.objects import build_sam2
 
     return build_sam2(tmp_path_factory.mktemp("sam2"))
 
