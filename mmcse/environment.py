@@ -53,7 +53,7 @@ def environment(device: Any = None, precision: str | None = None) -> dict[str, A
             "version": mmcse.__version__,
             **git_state(PACKAGE_ROOT.parent),
             "path": str(PACKAGE_ROOT),
-        },  # fmt: skip
+        },
         "python": {
             "version": platform.python_version(),
             "implementation": platform.python_implementation(),
@@ -102,8 +102,11 @@ def git_state(checkout: Path) -> dict[str, Any]:
 def _git(checkout: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "--no-optional-locks", "-C", str(checkout), *args],
-        capture_output=True, text=True, check=True, timeout=_GIT_TIMEOUT_S,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=_GIT_TIMEOUT_S,
+    ).stdout
 
 
 @functools.cache
@@ -214,8 +217,18 @@ def describe(record: Mapping[str, Any] | None) -> str:
     facts = summary(record)
     if not facts:
         return "environment not recorded"
-    shown = ("mmcse", "python", "torch", "transformers", "CUDA", "device", "precision",
-             "deterministic algorithms", "TF32 matmul", "OS")  # fmt: skip
+    shown = (
+        "mmcse",
+        "python",
+        "torch",
+        "transformers",
+        "CUDA",
+        "device",
+        "precision",
+        "deterministic algorithms",
+        "TF32 matmul",
+        "OS",
+    )
     return "Environment: " + "; ".join(f"{label} {facts[label]}" for label in shown) + "."
 
 

@@ -15,11 +15,7 @@ weights), which :mod:`mmcse.training.adamw` reproduces (``weight_decay_style``).
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # torch-free at import: the config module reads EPS_STYLES
-    import torch
+import math  # torch-free at import: the config module reads EPS_STYLES
 
 #: ``adam_eps_style`` values: where AdamW adds ε — ``transformers`` (to √v before the bias
 #: correction: transformers.AdamW, which every released trainer here used) or ``torch``
@@ -36,25 +32,6 @@ DECAY_STYLES = ("transformers", "torch")
 ZERO_GRADS = ("zeros", "none")
 
 
-def next_step(optimizer: torch.optim.Optimizer, group: dict) -> int:
-    """The step ``t`` the group's parameters take next, read from the first parameter with state:
-    a group's parameters step together, and one that never receives a gradient (the word
-    embeddings, in the image/audio step) keeps no state. One read: no scan, one device sync."""
-    state = optimizer.state
-    first = next((p for p in group["params"] if "step" in state.get(p, ())), None)
-    return 1 if first is None else int(state[first]["step"]) + 1
-
-
 def transformers_eps(eps: float, beta2: float, step: int) -> float:
     """torch's ε equivalent to transformers.AdamW's ``eps`` at step ``step`` (1-based)."""
     return eps / math.sqrt(1.0 - beta2**step)
-
-
-def set_transformers_eps(optimizer: torch.optim.Optimizer, eps: float) -> None:
-    """Set each group's ε so that torch's next AdamW step equals ``transformers.AdamW``'s with
-    ``eps``: ε/√(1 − β₂ᵗ), ``t`` the group's next step. Call it before every ``step()``; where
-    the step count lives on a GPU (fused AdamW) prefer a host-side count
-    (:class:`mmcse.training.update.EagerUpdate`): reading it waits for the device."""
-    for group in optimizer.param_groups:
-        t = next_step(optimizer, group)
-        group["eps"] = transformers_eps(eps, group["betas"][1], t)

@@ -299,8 +299,3 @@ def packed_forward(backbone, packed: PackedTokens, pooler: str, output_hidden_st
         **attention_arguments(packed, implementation, dtype),
     )
     return PackedOutputs(out, packed, backbone, hidden_layers(pooler))
-
-
-def token_counts(packed: PackedTokens) -> tuple[int, int]:
-    """``(real tokens, computed tokens)`` of a packed batch."""
-    return int(packed.mask.sum()), packed.rows * packed.width

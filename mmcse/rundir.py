@@ -133,9 +133,18 @@ RESULT_FILES = {"sts": RESULTS_FILE, "transfer": TRANSFER_FILE, "retrieval": RET
 #: what a training run writes, every record added to the layout included (``--overwrite``
 #: removes these and nothing else: a stale record would pass for the new run's)
 RUN_ENTRIES = (
-    METRICS_FILE, CONFIG_FILE, PLAN_FILE, RESULTS_FILE, BEST_DIR, LAST_DIR, TENSORBOARD_DIR,
-    TRANSFER_FILE, RETRIEVAL_FILE, ALIGN_UNIFORM_FILE, CURVES_PLOT,
-)  # fmt: skip
+    METRICS_FILE,
+    CONFIG_FILE,
+    PLAN_FILE,
+    RESULTS_FILE,
+    BEST_DIR,
+    LAST_DIR,
+    TENSORBOARD_DIR,
+    TRANSFER_FILE,
+    RETRIEVAL_FILE,
+    ALIGN_UNIFORM_FILE,
+    CURVES_PLOT,
+)
 CHECKPOINTS = (BEST_DIR, LAST_DIR)
 
 

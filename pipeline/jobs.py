@@ -108,10 +108,15 @@ class RunFlags:
 
         rank, world_size = resolve_rank(self.rank, self.world_size)
         return RunOptions(
-            shard_size=self.shard_size, batch_size=self.batch_size, dtype=self.dtype,
-            strict=self.strict, rank=rank, world_size=world_size, backend=self.backend,
+            shard_size=self.shard_size,
+            batch_size=self.batch_size,
+            dtype=self.dtype,
+            strict=self.strict,
+            rank=rank,
+            world_size=world_size,
+            backend=self.backend,
             **{"workers": 0, **more},  # decode workers: image jobs only
-        )  # fmt: skip
+        )
 
 
 @dataclass(kw_only=True)
@@ -128,9 +133,12 @@ class TeacherFlags:
 
         device = default_device_name() if self.device == "auto" else self.device
         return teachers.build_teacher(
-            name, weights=self.weights, device=device, dtype=self.compute_dtype,
+            name,
+            weights=self.weights,
+            device=device,
+            dtype=self.compute_dtype,
             size=self.teacher_size,
-        )  # fmt: skip
+        )
 
 
 @dataclass(kw_only=True)
@@ -177,9 +185,18 @@ class ImagesJob(RunFlags, TeacherFlags, DataFlags):
         options = self.run_options(workers=workers, decode=self.decode, max_pixels=self.max_pixels)
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         target = _path(self.out) or Path("cache") / self.dataset / self.split
-        return written(target, lambda: extract_images(
-            records, model, self.teacher, target, options=options,
-            caption_policy=self.caption_policy, seed=self.seed))  # fmt: skip
+        return written(
+            target,
+            lambda: extract_images(
+                records,
+                model,
+                self.teacher,
+                target,
+                options=options,
+                caption_policy=self.caption_policy,
+                seed=self.seed,
+            ),
+        )
 
 
 @dataclass(kw_only=True)
@@ -192,8 +209,11 @@ class TextJob(RunFlags, TeacherFlags, DataFlags):
         "Sentence corpus (wiki1m's, or yours): .txt, .jsonl, .csv, .tsv, .parquet, a "
         "datasets folder or hf:NAME[:CONFIG[:SPLIT]].",
     )
-    teacher: str = setting("simcse", f"Text teacher: {TEXT_TEACHERS}; or none: the corpus table "
-                           "only, no teacher pass (all SimCSE/MCSE/KDMCSE read of a text corpus).")  # fmt: skip
+    teacher: str = setting(
+        "simcse",
+        f"Text teacher: {TEXT_TEACHERS}; or none: the corpus table "
+        "only, no teacher pass (all SimCSE/MCSE/KDMCSE read of a text corpus).",
+    )
     out: str | None = setting(None, "Output folder (unset: cache/<corpus>/<split>).")
 
     def run(self) -> Written:
@@ -208,13 +228,26 @@ class TextJob(RunFlags, TeacherFlags, DataFlags):
         options = self.run_options()
         if table:
             target = _path(self.out) or Path(self.corpus).parent
-            return written(target, lambda: extract_corpus_texts(
-                Path(self.corpus), model, self.teacher, target, options))  # fmt: skip
+            return written(
+                target,
+                lambda: extract_corpus_texts(
+                    Path(self.corpus), model, self.teacher, target, options
+                ),
+            )
         records = self.records(self.corpus, self.text_file)
         target = _path(self.out) or Path("cache") / self.corpus / self.split
-        return written(target, lambda: extract_texts(
-            records, model, None if no_teacher else self.teacher, target,
-            caption_policy=self.caption_policy, seed=self.seed, options=options))  # fmt: skip
+        return written(
+            target,
+            lambda: extract_texts(
+                records,
+                model,
+                None if no_teacher else self.teacher,
+                target,
+                caption_policy=self.caption_policy,
+                seed=self.seed,
+                options=options,
+            ),
+        )
 
 
 @dataclass(kw_only=True)
@@ -236,10 +269,19 @@ class Hdf5Job:
         for path in (self.features, self.captions):
             if not Path(path).is_file():
                 raise MmcseError(f"{path} does not exist")
-        return written(Path(self.out), lambda: import_hdf5_features(
-            Path(self.features), Path(self.captions), dataset=self.dataset, split=self.split,
-            out=Path(self.out), key=self.key, teacher_name=self.teacher_name, dtype=self.dtype,
-        ))  # fmt: skip
+        return written(
+            Path(self.out),
+            lambda: import_hdf5_features(
+                Path(self.features),
+                Path(self.captions),
+                dataset=self.dataset,
+                split=self.split,
+                out=Path(self.out),
+                key=self.key,
+                teacher_name=self.teacher_name,
+                dtype=self.dtype,
+            ),
+        )
 
 
 @dataclass(kw_only=True)
@@ -268,18 +310,36 @@ class ObjectsJob(RunFlags, TeacherFlags, DataFlags):
         if self.from_objects:
             model = self.build_teacher(self.teacher)
             target = _path(self.out) or Path(self.from_objects).parent
-            return written(target, lambda: reencode_objects(
-                Path(self.from_objects), model, self.teacher, target,
-                background=self.background, options=self.run_options()))  # fmt: skip
+            return written(
+                target,
+                lambda: reencode_objects(
+                    Path(self.from_objects),
+                    model,
+                    self.teacher,
+                    target,
+                    background=self.background,
+                    options=self.run_options(),
+                ),
+            )
         if self.dataset is None:
             raise MmcseError("give --dataset (or --from-objects DIR to re-encode existing objects)")
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         found, segmenter = self.detector_and_segmenter(model.device)
         target = _path(self.out) or Path("cache") / self.dataset / self.split
         settings = ObjectSettings(self.background, self.masks, self.caption_policy, self.seed)
-        return written(target, lambda: extract_objects(
-            records, found, segmenter, model, self.teacher, target,
-            settings=settings, options=self.run_options()))  # fmt: skip
+        return written(
+            target,
+            lambda: extract_objects(
+                records,
+                found,
+                segmenter,
+                model,
+                self.teacher,
+                target,
+                settings=settings,
+                options=self.run_options(),
+            ),
+        )
 
     def detector_and_segmenter(self, device):
         """The grounder (Florence-2, or a boxes file) and the segmenter (SAM2; None: box masks)."""
@@ -349,9 +409,14 @@ class ImageTensorsJob(LabelledFlags):
                 self.source, nc.IMAGE_SUFFIXES, self.classes, self.per_class, self.seed
             )
         m = nc.write_image_tensors(
-            examples, self.out, dataset=self.name(self.source), split=self.split, size=self.size,
-            shard_rows=self.shard_rows, workers=self.workers,
-        )  # fmt: skip
+            examples,
+            self.out,
+            dataset=self.name(self.source),
+            split=self.split,
+            size=self.size,
+            shard_rows=self.shard_rows,
+            workers=self.workers,
+        )
         return f"{self.out}: {m.num_rows} images, {len(m.extra['classes'])} classes"
 
 
@@ -381,15 +446,26 @@ class AudioJob(LabelledFlags):
         from pipeline.fbank import FbankConfig
 
         examples = nc.class_folder(
-            self.source, nc.AUDIO_SUFFIXES, self.classes, self.per_class, self.seed,
+            self.source,
+            nc.AUDIO_SUFFIXES,
+            self.classes,
+            self.per_class,
+            self.seed,
             by=self.class_pick,
-        )  # fmt: skip
+        )
         cfg = FbankConfig(num_mel_bins=self.mel_bins, target_frames=self.frames, window=self.window)
         classes = nc.numbered_classes(
             self.source, nc.AUDIO_SUFFIXES, examples, self.class_numbering
         )
         m = nc.write_audio_fbanks(
-            examples, self.out, dataset=self.name(self.source), split=self.split, cfg=cfg,
-            dtype=self.dtype, shard_rows=self.shard_rows, workers=self.workers, classes=classes,
-        )  # fmt: skip
+            examples,
+            self.out,
+            dataset=self.name(self.source),
+            split=self.split,
+            cfg=cfg,
+            dtype=self.dtype,
+            shard_rows=self.shard_rows,
+            workers=self.workers,
+            classes=classes,
+        )
         return f"{self.out}: {m.num_rows} clips, {len(m.extra['classes'])} classes"

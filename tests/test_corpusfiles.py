@@ -1,6 +1,6 @@
 """Sentence and caption files in every accepted format, the refused ones, and the one read policy
 (:mod:`mmcse.corpusfiles`), through the three readers: extract-text (the wiki1m loader),
-training (:func:`mmcse.training.corpora.read_corpus`) and the local caption loader."""
+training (:class:`mmcse.training.corpora.TextFileCorpus`) and the local caption loader."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_the_policy_skips_and_reports_or_refuses(tmp_path):
 
 
 def test_training_reads_with_the_same_policy(tmp_path, caplog):
-    from mmcse.training.corpora import read_corpus
+    from support.corpora import read_corpus
 
     path = tmp_path / "bad.txt"
     path.write_bytes(BAD)

@@ -1,12 +1,11 @@
-"""transformers-style ε on torch's AdamW (mmcse.optim) against transformers.AdamW written out."""
+"""transformers-style ε on torch's AdamW (mmcse.optim.transformers_eps) against transformers.AdamW written out."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-
-from mmcse.optim import set_transformers_eps
+from support.optim import set_transformers_eps
 
 
 class TransformersAdamW:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.packing import token_counts
 from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
 
 from mmcse.errors import MmcseError
@@ -21,7 +22,6 @@ from mmcse.packing import (
     pack_tokens,
     position_offset,
     rows_needed,
-    token_counts,
 )
 from mmcse.pooling import POOLERS
 

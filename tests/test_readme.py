@@ -373,8 +373,7 @@ def world(tmp_path_factory, tiny_model) -> dict[str, str]:
     """Generated stand-ins for every README placeholder, tiny Florence-2/SAM2, and a shared
     data folder (SentEval: the STS fixture + generated transfer tasks; a Wiki1M sample). One
     per module: the README's commands build on each other in it, as they would for a user."""
-    from pipeline.objects.florence import build_florence2
-    from pipeline.objects.sam2 import build_sam2
+    from support.objects import build_florence2, build_sam2
 
     tmp_path = tmp_path_factory.mktemp("readme")
     inputs = tmp_path / "inputs"

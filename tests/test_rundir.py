@@ -80,9 +80,6 @@ def test_seed_and_ablation_folders(tmp_path):
     assert seeds.seed(3) == RunDir(tmp_path / "mcse" / "seed3")
     assert seeds.results == tmp_path / "mcse" / "results.json"
     assert seeds.tables == tmp_path / "mcse" / "results"
-    assert seeds.recipe_name() is None
-    write_json(seeds.results, {"recipe": {"name": "mcse/wiki+flickr/bert"}})
-    assert seeds.recipe_name() == "mcse/wiki+flickr/bert"
     ablation = AblationDir(tmp_path / "abl")
     assert ablation.row("wo-a").seed(0).path == tmp_path / "abl" / "wo-a" / "seed0"
     assert (ablation.table.name, ablation.record.name, ablation.plot.name) == (

@@ -326,9 +326,20 @@ def train_section(options: SuiteOptions, size: SuiteSize, save=None) -> dict:
                             save(out)
 
                     bench.bench_methods(
-                        world, names, batch, size.seq_len, options.device, "auto", size.steps,
-                        size.warmup, size.rounds, peak, capture, packing, on_method=keep,
-                    )  # fmt: skip
+                        world,
+                        names,
+                        batch,
+                        size.seq_len,
+                        options.device,
+                        "auto",
+                        size.steps,
+                        size.warmup,
+                        size.rounds,
+                        peak,
+                        capture,
+                        packing,
+                        on_method=keep,
+                    )
     return out
 
 
@@ -419,9 +430,14 @@ def versus_st_section(options: SuiteOptions, size: SuiteSize) -> dict:
     with tempfile.TemporaryDirectory(prefix="mmcse-bench-") as tmp:
         world = synthetic_world(Path(tmp), size.student, size.seq_len, rows, set(), "full")
         out = versus_st.bench_versus_st(
-            world, batch, size.seq_len, options.device, size.steps, size.warmup,
+            world,
+            batch,
+            size.seq_len,
+            options.device,
+            size.steps,
+            size.warmup,
             CAPTURE_FLAGS[options.capture[0]],
-        )  # fmt: skip
+        )
     return {"student": size.student, **out}
 
 

@@ -83,9 +83,16 @@ def bench_versus_st(
     mmcse, run = mmcse_rate(world, batch, seq_len, device, steps, warmup, capture)
     texts = corpus_texts(run.cfg.caption_corpus)
     st, st_info = st_rate(
-        Path(run.cfg.model), texts, batch, seq_len, device, steps, warmup, run.precision,
+        Path(run.cfg.model),
+        texts,
+        batch,
+        seq_len,
+        device,
+        steps,
+        warmup,
+        run.precision,
         run.cfg.learning_rate,
-    )  # fmt: skip
+    )
     return {
         "mmcse_steps_per_s": mmcse.steps_per_s,
         "st_steps_per_s": st.steps_per_s,
@@ -119,9 +126,15 @@ def mmcse_rate(world, batch, seq_len, device, steps, warmup, capture) -> tuple[S
 
     torch._dynamo.reset()  # a fresh Dynamo cache, as a new run has
     state = BenchState.of(
-        world, "simcse", batch, seq_len, device, "auto", capture=capture,
+        world,
+        "simcse",
+        batch,
+        seq_len,
+        device,
+        "auto",
+        capture=capture,
         dynamic_padding=capture == "off",  # a captured step has one shape per batch kind
-    )  # fmt: skip
+    )
     first_step_s = timed(state.step, device)  # the compile, when captured
     for _ in range(warmup - 1):
         state.step()

@@ -72,8 +72,10 @@ def verify_report(root: str | Path) -> str:
     for path, found in results.items():
         if not found:
             m = Manifest.read(path)
-            ok.append(f"ok: {path} ({m.num_rows} rows, {len(m.shards)} shards, "
-                      f"fingerprint {m.fingerprint})")  # fmt: skip
+            ok.append(
+                f"ok: {path} ({m.num_rows} rows, {len(m.shards)} shards, "
+                f"fingerprint {m.fingerprint})"
+            )
     problems = [problem for found in results.values() for problem in found]
     if not problems:
         return "\n".join(ok)

@@ -40,6 +40,17 @@ def bench_all_cmd(
     switches = {"off": False, "on": True}
     if not set(_choices(packing)) <= set(switches):
         raise BadValueError(f"--packing takes off, on or off,on, not {packing!r}")
-    show(bench_all(device, size, out, sections, method, eval_data=eval_data,
-                   peak_tflops=peak_tflops, capture=_choices(capture), lengths=lengths,
-                   packing=tuple(switches[p] for p in _choices(packing))))  # fmt: skip
+    show(
+        bench_all(
+            device,
+            size,
+            out,
+            sections,
+            method,
+            eval_data=eval_data,
+            peak_tflops=peak_tflops,
+            capture=_choices(capture),
+            lengths=lengths,
+            packing=tuple(switches[p] for p in _choices(packing)),
+        )
+    )

@@ -35,14 +35,20 @@ def flag_parameters(cls: type) -> list[inspect.Parameter]:
         text = meta.get("help", "") + choices
         shown = {"metavar": _metavar(kind), "rich_help_panel": meta.get("panel")}
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            option = (typer.Argument(..., help=plain(text)) if meta.get("argument")
-                      else typer.Option(..., *decls, help=plain(text), **shown))  # fmt: skip
+            option = (
+                typer.Argument(..., help=plain(text))
+                if meta.get("argument")
+                else typer.Option(..., *decls, help=plain(text), **shown)
+            )
         else:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             text = f"{text} (default: {default!r})".strip()
             option = typer.Option(None, *decls, help=plain(text), **shown)
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                                        annotation=kind))  # fmt: skip
+        params.append(
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind
+            )
+        )
     return params
 
 
@@ -74,8 +80,10 @@ def with_flags(
     ``given`` makes of that dict (:class:`~mmcse.training.config.GivenSettings` for TrainConfig:
     the flags given, checked once, here)."""
     added, hints = flag_parameters(cls), typing.get_type_hints(cls)
-    flags_of = {f.name: f.metadata.get("flag", "--" + f.name.replace("_", "-"))
-                for f in dataclasses.fields(cls)}  # fmt: skip
+    flags_of = {
+        f.name: f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        for f in dataclasses.fields(cls)
+    }
 
     def value(name: str, given):
         if given is None or typing.get_origin(hints[name]) is not dict:

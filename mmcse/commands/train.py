@@ -19,15 +19,24 @@ RunOpt = functools.partial(Opt, rich_help_panel="Run")  # the flags that are not
 @app.command()
 @with_flags(TrainConfig, into="settings", given=GivenSettings)
 def train(
-    config: str = RunOpt(None, "--config", metavar="FILE", help=plain(
-        "settings file: .json or .toml (top level, or one [train] table)")),
+    config: str = RunOpt(
+        None,
+        "--config",
+        metavar="FILE",
+        help=plain("settings file: .json or .toml (top level, or one [train] table)"),
+    ),
     dry_run: bool = RunOpt(
-        False, help="check every input, print the config, method and batch plan; train nothing"),
-    resume: str = RunOpt(None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its "
+        False, help="check every input, print the config, method and batch plan; train nothing"
+    ),
+    resume: str = RunOpt(
+        None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its "
         "last/ checkpoint (checked first); a finished run is left as it is (exit 0) unless a "
-        "larger --max-steps/--epochs extends it"),
+        "larger --max-steps/--epochs extends it",
+    ),
     settings: GivenSettings | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Fine-tune a student against cached features (``--method simcse|mcse|...``)."""
     from mmcse.training.launch import launch
 

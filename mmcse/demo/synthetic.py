@@ -185,8 +185,18 @@ def write_random_set(
     out: Path, ids: list[str], values: np.ndarray, kind: str, dataset: str, dtype: str, **extra
 ) -> Path:
     """One feature set of (random) ``values`` keyed by ``ids``, through the cache writer."""
-    write_feature_set(out, ids, values.astype(dtype), kind=kind, dim=values.shape[1], dtype=dtype,
-                      dataset=dataset, split="train", producer={"teacher": "random"}, **extra)  # fmt: skip
+    write_feature_set(
+        out,
+        ids,
+        values.astype(dtype),
+        kind=kind,
+        dim=values.shape[1],
+        dtype=dtype,
+        dataset=dataset,
+        split="train",
+        producer={"teacher": "random"},
+        **extra,
+    )
     return out
 
 

@@ -14,9 +14,11 @@ class EvalRequest:
     model: str = field(metadata={"help": "training run directory (uses run/best) or HF model dir"})
     tasks: str = field(
         default="sts",
-        metadata={"help": "comma-separated: sts, transfer (or some of MR, CR, SUBJ, MPQA, "
-                  "SST2, TREC, MRPC), retrieval"},
-    )  # fmt: skip
+        metadata={
+            "help": "comma-separated: sts, transfer (or some of MR, CR, SUBJ, MPQA, "
+            "SST2, TREC, MRPC), retrieval"
+        },
+    )
     data: str | None = field(
         default=None,
         metadata={
@@ -31,10 +33,12 @@ class EvalRequest:
     )
     pooler: str | None = field(
         default=None,
-        metadata={"help": "cls | cls_before_pooler | avg (= mean) | max | avg_first_last | "
-                  "avg_top2 | auto (None: the run's, else the student's own 1_Pooling "
-                  "config, else cls_before_pooler)"},
-    )  # fmt: skip
+        metadata={
+            "help": "cls | cls_before_pooler | avg (= mean) | max | avg_first_last | "
+            "avg_top2 | auto (None: the run's, else the student's own 1_Pooling "
+            "config, else cls_before_pooler)"
+        },
+    )
     batch_size: int = field(default=128, metadata={"help": "sentences per forward pass"})
     precision: str = field(
         default="fp32",

@@ -157,13 +157,17 @@ def check_held_out(model_dir: str | Path, captions: str | Path, image_ids: list[
     for key, entry in trained.items():
         path = entry.get("path")
         if not path or not Path(path).is_dir():
-            logger.warning(f"{path or 'its path'} ({key}, which the run trained on) is gone: "
-                           "cannot tell whether the retrieval images are held out")  # fmt: skip
+            logger.warning(
+                f"{path or 'its path'} ({key}, which the run trained on) is gone: "
+                "cannot tell whether the retrieval images are held out"
+            )
             continue
         corpus = Corpus.open(path)
         if corpus.fingerprint != entry.get("fingerprint"):
-            logger.warning(f"{path} changed since the run trained on it ({key}): cannot tell "
-                           "whether the retrieval images are held out")  # fmt: skip
+            logger.warning(
+                f"{path} changed since the run trained on it ({key}): cannot tell "
+                "whether the retrieval images are held out"
+            )
             continue
         seen = wanted & {i for i in corpus.image_ids if i is not None}
         if len(seen) == len(wanted):
@@ -237,9 +241,14 @@ def evaluate_retrieval(
     # the heads read the pooled output training fed them, not its student's Normalize after it
     encoder.post_pooling = None
     sentences = encode_sentences(
-        encoder, tokenizer, texts, batch_size=batch_size, device=device, pooler=pooler,
+        encoder,
+        tokenizer,
+        texts,
+        batch_size=batch_size,
+        device=device,
+        pooler=pooler,
         progress=progress,
-    )  # fmt: skip
+    )
     used = encoder_device(encoder, device)
     grounded = score_space(heads.image(features), heads.text(sentences), caption_image)
     if sentences.shape[1] == features.shape[1]:

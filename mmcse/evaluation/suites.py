@@ -72,16 +72,28 @@ def run_extra_suites(
     r = request
     if "retrieval" in suites:
         collected["retrieval"] = evaluate_retrieval(
-            r.model, r.images_features, r.captions, pooler=r.pooler, batch_size=r.batch_size,
-            device=r.device, head=r.head, progress=True,
-        )  # fmt: skip
+            r.model,
+            r.images_features,
+            r.captions,
+            pooler=r.pooler,
+            batch_size=r.batch_size,
+            device=r.device,
+            head=r.head,
+            progress=True,
+        )
         yield format_retrieval_table(collected["retrieval"])
         yield from record(r.model, "retrieval", collected["retrieval"])
     if "transfer" in suites:
         collected["transfer"] = evaluate_transfer(
-            r.model, data_dir=r.data, mode=r.transfer_mode, tasks=suites["transfer"],
-            pooler=r.pooler, batch_size=r.batch_size, device=r.device, progress=True,
-        )  # fmt: skip
+            r.model,
+            data_dir=r.data,
+            mode=r.transfer_mode,
+            tasks=suites["transfer"],
+            pooler=r.pooler,
+            batch_size=r.batch_size,
+            device=r.device,
+            progress=True,
+        )
         yield format_transfer_table(collected["transfer"])
         yield from record(r.model, "transfer", collected["transfer"])
 

@@ -268,8 +268,10 @@ def probe_task(
         out = probe.inner_kfold(x, y, settings, progress)
         return {**out, "ndev": len(y), "ntest": len(y)}
     if task.name == "SST2":
-        x = {name: _embed(s[key], vectors, row) for name, key in
-             (("train", "train"), ("valid", "dev"), ("test", "test"))}  # fmt: skip
+        x = {
+            name: _embed(s[key], vectors, row)
+            for name, key in (("train", "train"), ("valid", "dev"), ("test", "test"))
+        }
         y = {"train": s["train"].labels, "valid": s["dev"].labels, "test": s["test"].labels}
         out = probe.split(x, y, settings, progress)
         return {**out, "ndev": len(y["valid"]), "ntest": len(y["test"])}
@@ -347,9 +349,14 @@ def evaluate_transfer(
 
     unique = list(dict.fromkeys(t for task in loaded for t in task.texts()))
     vectors = encode_sentences(
-        encoder, tokenizer, unique, batch_size=batch_size, device=device, pooler=pooler,
+        encoder,
+        tokenizer,
+        unique,
+        batch_size=batch_size,
+        device=device,
+        pooler=pooler,
         progress=progress,
-    )  # fmt: skip
+    )
     row = {sentence: i for i, sentence in enumerate(unique)}
     encoded = time.perf_counter()
     details = {}
@@ -391,8 +398,9 @@ def _reporting(task: TransferTask, ordinal: str, settings: probe.ProbeSettings, 
     scheme, total = scheme_of(task), probe.fits(scheme_of(task), settings)
     how = SCHEMES[scheme].format(k=settings.kfold)
     logger.info(f"{task.name} ({ordinal}): {how}, {total} logistic-regression probes to train")
-    with tqdm(total=total, desc=f"{task.name} probes", unit="probe", file=sys.stderr,
-              leave=False) as bar:  # fmt: skip
+    with tqdm(
+        total=total, desc=f"{task.name} probes", unit="probe", file=sys.stderr, leave=False
+    ) as bar:
 
         def milestone(text: str) -> None:
             bar.set_postfix_str(text.split(":")[0], refresh=False)

@@ -65,7 +65,7 @@ class ObjectPhraseInfoNCELoss(Loss):
     Heads: ``phrase`` (H→d, on the pooled phrase states) and ``object`` (D→d, on the cached
     object feature), PyTorch-default init.
 
-    Inputs (contract with :func:`mmcse.methods.phrases.build_phrase_batch`, which builds them):
+    Inputs (contract with :meth:`mmcse.methods.phrases.PhraseIndex.batch`, which builds them):
 
     * ``token_states``: ``([B, L, H], [B, L, H])`` last-layer states of the two dropout views.
     * ``extras['phrase_spans']``: ``[B, P, 2]`` long, token ``(start, end)`` (end exclusive) of

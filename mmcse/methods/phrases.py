@@ -1,5 +1,5 @@
-"""MCSEO's object–phrase pairs at training time: the objects table, and the per-batch collate
-that :meth:`mmcse.methods.mcseo.MCSEO.batch_inputs` runs for every caption batch.
+"""MCSEO's object–phrase pairs at training time: the objects table, and the phrase index whose
+batches :meth:`mmcse.methods.mcseo.MCSEO.batch_inputs` takes for every caption batch.
 
 Stage 1 (``mmcse extract-objects``) writes two cache sets:
 
@@ -14,8 +14,9 @@ Stage 1 (``mmcse extract-objects``) writes two cache sets:
   object. Its manifest's ``extra['objects_table']`` names the table (relative to the set), so a
   re-encoding with another teacher points to the same table.
 
-:func:`build_phrase_batch` turns a batch of captions into the padded tensors the object–phrase
-loss reads (contract in :class:`mmcse.losses.object_phrase.ObjectPhraseInfoNCELoss`).
+:class:`PhraseIndex` finds every caption's pairs once per corpus; its :meth:`~PhraseIndex.batch`
+slices them into the padded tensors the object–phrase loss reads (contract in
+:class:`mmcse.losses.object_phrase.ObjectPhraseInfoNCELoss`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -110,10 +110,6 @@ def char_span_to_tokens(offsets: Tensor, start: int, end: int) -> tuple[int, int
     return int(hits[0]), int(hits[-1]) + 1
 
 
-class _GathersById(Protocol):
-    def gather(self, ids: list[str]) -> np.ndarray: ...
-
-
 @dataclass
 class PhraseBatch:
     """Padded per-caption object–phrase pairs (see :mod:`mmcse.losses.object_phrase`)."""
@@ -152,43 +148,6 @@ def phrase_pairs(
                 pairs.append((*span, pair.object_id))
         kept.append(pairs)
     return kept
-
-
-def build_phrase_batch(
-    caption_ids: list[str],
-    texts: list[str],
-    offsets: Tensor,
-    objects: ObjectsTable,
-    object_features: _GathersById,
-) -> PhraseBatch:
-    """Collate the object–phrase pairs of a batch of captions.
-
-    Args:
-        caption_ids: the batch's caption ids (the ids the objects table was extracted under).
-        texts: the caption texts as tokenised (checked against the table's spans).
-        offsets: ``[B, L, 2]`` offset mapping of the batch, tokenised exactly as the student sees
-            it (same tokenizer, ``max_length``, truncation).
-        objects: the objects table; ``object_features``: the object feature set (``.gather``).
-
-    ``P`` is the most surviving pairs of any caption. The trainer uses :class:`PhraseIndex`,
-    which does this once per corpus instead of once per batch.
-    """
-    kept = phrase_pairs(caption_ids, texts, offsets, objects)
-    width = max((len(p) for p in kept), default=0)
-    spans = torch.full((len(kept), width, 2), -1, dtype=torch.long)
-    mask = torch.zeros(len(kept), width, dtype=torch.bool)
-    flat_ids = [object_id for pairs in kept for _, _, object_id in pairs]
-    gathered = np.asarray(object_features.gather(flat_ids)) if flat_ids else np.zeros((0, 1))
-    dim = gathered.shape[1] if flat_ids else _feature_dim(object_features)
-    features = torch.zeros(len(kept), width, dim, dtype=torch.float32)
-    row = 0
-    for b, pairs in enumerate(kept):
-        for p, (start, end, _) in enumerate(pairs):
-            spans[b, p] = torch.tensor([start, end])
-            mask[b, p] = True
-            features[b, p] = torch.from_numpy(np.asarray(gathered[row], dtype=np.float32))
-            row += 1
-    return PhraseBatch(spans, mask, features)
 
 
 @dataclass
@@ -241,7 +200,3 @@ class PhraseIndex:
             torch.from_numpy(mask),
             torch.from_numpy(features),
         )
-
-
-def _feature_dim(object_features: object) -> int:
-    return int(getattr(object_features, "dim", 1))

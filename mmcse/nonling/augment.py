@@ -164,9 +164,18 @@ def draw_params(
 # Columns of the one parameter tensor sent to the device (see pack_params).
 _SLOTS = 2 * BLEND_SLOTS
 _COLUMNS: dict[str, int] = {
-    "box": 4, "flip": 1, "grayscale": 1, "hue_on": 1, "hue_shift": 1, "gray_weights": 3,
-    "factor": _SLOTS, "saturation_weight": _SLOTS, "contrast_weight": _SLOTS, "mean": 3, "std": 3,
-}  # fmt: skip
+    "box": 4,
+    "flip": 1,
+    "grayscale": 1,
+    "hue_on": 1,
+    "hue_shift": 1,
+    "gray_weights": 3,
+    "factor": _SLOTS,
+    "saturation_weight": _SLOTS,
+    "contrast_weight": _SLOTS,
+    "mean": 3,
+    "std": 3,
+}
 _ENDS = list(itertools.accumulate(_COLUMNS.values()))
 _AT = {name: slice(end - _COLUMNS[name], end) for name, end in zip(_COLUMNS, _ENDS, strict=True)}
 PACKED_COLUMNS = _ENDS[-1]
@@ -291,24 +300,3 @@ def apply_params(pixels: Tensor, packed: Tensor, size: int) -> Tensor:
             )
         views = torch.where(column["grayscale"] > 0.5, grayscale(views, weights), views)
         return (views - column["mean"]) / column["std"]
-
-
-def augment(images: Tensor, seed: int, spec: ViewAugmentation = ViewAugmentation()) -> Tensor:
-    """One random view of each ``uint8`` image ``[B, 3, H, W]`` → normalised float32
-    ``[B, 3, size, size]`` on the same device; the same ``seed`` gives the same views."""
-    if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(
-            f"expected uint8 images [B, 3, H, W], got {images.dtype} {list(images.shape)}"
-        )
-    count, _, height, width = images.shape
-    params = draw_params(count, height, width, seed, spec)
-    packed = torch.from_numpy(pack_params(params, spec)).to(images.device, non_blocking=True)
-    return apply_params(images.float().div_(255.0), packed, spec.size)
-
-
-def two_views(
-    images: Tensor, seed: int, spec: ViewAugmentation = ViewAugmentation()
-) -> tuple[Tensor, Tensor]:
-    """Two independent views of each image (Algorithm 1's ``transform(img)`` twice)."""
-    views = augment(torch.cat([images, images]), seed, spec)
-    return views[: images.shape[0]], views[images.shape[0] :]

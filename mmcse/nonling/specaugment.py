@@ -63,16 +63,3 @@ def mask_clips(fbank: Tensor, freq_spans: Tensor, time_spans: Tensor) -> Tensor:
     in_time = (frames >= time_spans[:, :1]) & (frames < time_spans[:, 1:])  # [B, frames]
     in_freq = (bins >= freq_spans[:, :1]) & (bins < freq_spans[:, 1:])  # [B, bins]
     return fbank.masked_fill(in_time[:, :, None] | in_freq[:, None, :], 0.0)
-
-
-def spec_augment(fbank: Tensor, seed: int, spec: SpecAugment) -> Tensor:
-    """Mask every clip of ``fbank`` ``[B, frames, bins]`` with its own draw (seeded by
-    ``seed``: the same batch and seed give the same masks on any device)."""
-    if not spec.enabled:
-        return fbank
-    rng = np.random.default_rng(seed)
-    clips, frames, bins = fbank.shape
-    freq = draw_spans(rng, clips, bins, spec.freq_mask)
-    time = draw_spans(rng, clips, frames, spec.time_mask)
-    freq_spans, time_spans = (torch.from_numpy(s).to(fbank.device) for s in (freq, time))
-    return mask_clips(fbank, freq_spans, time_spans)

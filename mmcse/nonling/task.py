@@ -240,8 +240,8 @@ class NonLinguisticTask:
 
     def inputs(self, index: int) -> tuple:
         """What :attr:`viewed` takes for step ``index``: its examples and the parameters of their
-        views, drawn on the host (the draws of :func:`~mmcse.nonling.augment.augment` and
-        :func:`~mmcse.nonling.specaugment.spec_augment` with the step's seed), and their
+        views, drawn on the host (:func:`~mmcse.nonling.augment.draw_params` and
+        :func:`~mmcse.nonling.specaugment.draw_spans` with the step's seed), and their
         labels."""
         rows = self._batch_rows(index)
         raw = self._to_device(torch.from_numpy(self.examples.take(rows)))
@@ -309,8 +309,8 @@ class _TaskForward(nn.Module):
 class _ViewedTask(nn.Module):
     """The views of a batch made from its raw examples and drawn view parameters, then the task's
     forward, each term × ω: what both the eager step and the whole captured step differentiate
-    (the views are :func:`~mmcse.nonling.augment.augment`'s / :func:`~mmcse.nonling.specaugment.
-    spec_augment`'s arithmetic, their parameters drawn on the host)."""
+    (the views are :func:`~mmcse.nonling.augment.apply_params`' / :func:`~mmcse.nonling.
+    specaugment.mask_clips`' arithmetic, their parameters drawn on the host)."""
 
     def __init__(self, task: _TaskForward, settings: NonLinguisticSettings, size: int):
         super().__init__()
@@ -324,7 +324,7 @@ class _ViewedTask(nn.Module):
         """``[2B, ...]``: both views of the examples ``raw``, the first views first."""
         if self.settings.kind == IMAGE_KIND:
             pixels = torch.cat([raw, raw]).float() / 255.0
-            return apply_params(pixels, view_params, self.size)  # = cat(two_views(...))
+            return apply_params(pixels, view_params, self.size)  # both views, drawn apart
         # audio: each clip masked once (the released loader; no masks: the paper's reading), then
         # the batch twice — the views differ by dropout only (docs/fidelity.md, audio views)
         clips = raw.float() if view_params is None else mask_clips(raw.float(), *view_params)

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmcse.files import read_json
 from mmcse.rundir import RESULTS_FILE, RunDir
 
 SEED_PREFIX = "seed"
@@ -53,11 +52,6 @@ class SeedsDir:
     def tables(self) -> Path:
         """The stem of the record's tables (``.md``, ``.csv``, ``.tex`` are added)."""
         return self.path / RESULT_TABLES
-
-    def recipe_name(self) -> str | None:
-        """The recipe these seeds ran, when ``recipes run`` wrote them."""
-        recipe = (read_json(self.results) or {}).get("recipe")
-        return recipe.get("name") if isinstance(recipe, dict) else None
 
 
 @dataclass(frozen=True)

@@ -24,20 +24,16 @@ from mmcse.recipes.layout import SeedsDir
 from mmcse.recipes.recipe import Recipe, RecipeRunSpec, check_unique_seeds
 from mmcse.recipes.summary import Row, delta, departure_note, published_row, scores_of, summarize
 from mmcse.rundir import FINAL, RunDir
-from mmcse.training.config import GivenSettings, TrainConfig
+from mmcse.training.config import (
+    PER_RUN_SETTINGS,
+    RESUMABLE_CHANGES,
+    GivenSettings,
+    TrainConfig,
+    same_setting,
+)
 from mmcse.training.preflight import check_output_path, check_terms, checked_method
 
 logger = logging.getLogger(__name__)
-
-#: fields that differ per run by design, never a departure from the recipe
-_PER_RUN = (
-    "seed",
-    "output_dir",
-    "overwrite",
-    "save_every",
-    "report_to",
-    "keep_last_checkpoint",
-)  # where a run goes, how it is watched and what it keeps, not what it trains
 
 
 def departures(recipe: Recipe, spec: RecipeRunSpec) -> dict[str, dict[str, Any]]:
@@ -49,7 +45,7 @@ def departures(recipe: Recipe, spec: RecipeRunSpec) -> dict[str, dict[str, Any]]
     out = {
         key: {"recipe": paper[key], "run": ours[key]}
         for key in ours
-        if key not in _PER_RUN and ours[key] != paper[key]
+        if key not in PER_RUN_SETTINGS and ours[key] != paper[key]
     }
     if tuple(spec.seeds) != tuple(recipe.seeds):
         out["seeds"] = {"recipe": list(recipe.seeds), "run": list(spec.seeds)}
@@ -99,7 +95,7 @@ def describe_plan(
         for seed in seeds:
             cfg = recipe.config(row_spec, seed=seed, output_dir=SeedsDir(out).seed(seed).path)
             cfg = cfg.to_dict()
-            diff = {k: v for k, v in cfg.items() if k not in _PER_RUN and base.get(k) != v}
+            diff = {k: v for k, v in cfg.items() if k not in PER_RUN_SETTINGS and base.get(k) != v}
             shown = ", ".join(f"{k}={v}" for k, v in diff.items()) or "recipe config"
             lines.append(f"  {label} seed {seed} -> {cfg['output_dir']}: {shown}")
     try:
@@ -138,7 +134,7 @@ def train_one(cfg: TrainConfig, resume: bool = False) -> dict | None:
     """Train one seed (``resume``: continue it from its last/, as ``mmcse train --resume``); its
     STS test numbers (``None`` when no SentEval data was found)."""
     # imported here: torch and transformers load only to train
-    from mmcse.training.checkpoint import RESUMABLE_CHANGES, resume_config
+    from mmcse.training.checkpoint import resume_config
     from mmcse.training.loop import train
 
     if resume:  # the run's own saved config: what setup resolved (pooler, padding) included
@@ -163,10 +159,6 @@ SEED_ACTIONS = {
     RESTART: "started, nothing saved yet: train again",
     REFUSED: "refused",
 }
-#: settings a seed's saved config may differ in and still be this seed's run: where it goes and
-#: how it is watched (:data:`_PER_RUN`), and what a resume may change
-#: (:data:`mmcse.training.checkpoint.RESUMABLE_CHANGES`, repeated here so a plan loads no torch)
-_SAME_RUN = (*_PER_RUN, "device", "final_eval", "eval_data")
 
 
 def seed_state(cfg: TrainConfig) -> str:
@@ -195,19 +187,12 @@ def seed_state(cfg: TrainConfig) -> str:
 
 
 def setting_changes(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
-    """``{setting: value now}`` where a seed's saved config is not this run's. The trainer
-    resolves two settings at setup: a pooler ``auto`` (to the student's own, or the method's)
-    and dynamic padding (off under capture); the saved resolved values match those."""
-    differ = {}
-    for key in sorted(set(saved) | set(now)):
-        if key in _SAME_RUN or saved.get(key) == now.get(key):
-            continue
-        if key == "pooler" and now.get(key) == "auto":
-            continue
-        if key == "dynamic_padding" and saved.get(key) is False:
-            continue
-        differ[key] = now.get(key)
-    return differ
+    """``{setting: value now}`` where a seed's saved config is not this run's: any setting but
+    what a resume may change (:data:`~mmcse.training.config.RESUMABLE_CHANGES`), the seed
+    included. A setting setup resolves (a pooler ``auto``; dynamic padding, off under capture)
+    matches the value it was resolved to (:func:`~mmcse.training.config.same_setting`)."""
+    keys = sorted((set(saved) | set(now)) - set(RESUMABLE_CHANGES))
+    return {k: now.get(k) for k in keys if not same_setting(k, saved.get(k), now.get(k))}
 
 
 def recorded_scores(run: RunDir) -> dict | None:

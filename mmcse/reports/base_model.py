@@ -26,8 +26,14 @@ from mmcse.rundir import EVAL, RunDir, is_checkpoint_dir, is_model_dir, looks_li
 logger = logging.getLogger(__name__)
 
 #: the files whose size and mtime identify a local model's weights and encoding
-IDENTITY_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "modules.json",
-                  "sentence_bert_config.json", "1_Pooling/config.json")  # fmt: skip
+IDENTITY_FILES = (
+    "config.json",
+    "model.safetensors",
+    "pytorch_model.bin",
+    "modules.json",
+    "sentence_bert_config.json",
+    "1_Pooling/config.json",
+)
 BASE_LABEL = "[base model, before fine-tuning]"
 
 
@@ -89,8 +95,9 @@ def base_model_run(argument: str | Path, data: str | None = None) -> Run:
         return Run(run.path, label)
     from mmcse.evaluation import evaluate_sts  # torch loads only when a base model is scored
 
-    logger.info(f"{argument}: scoring the base model on the STS test sets (once; cached in "
-                f"{run.path})")  # fmt: skip
+    logger.info(
+        f"{argument}: scoring the base model on the STS test sets (once; cached in {run.path})"
+    )
     result = evaluate_sts(source, data_dir=data, mode="test", progress=True)
     run.path.mkdir(parents=True, exist_ok=True)
     run.write_results("sts", result, source=EVAL)

@@ -212,8 +212,10 @@ class Encoding:
         if pooler != self.pooler:
             changed.append(f"pooling {pooler} -> {self.pooler} (the run's)")
         if kinds != exported:
-            changed.append(f"modules after pooling {' → '.join(kinds) or 'none'} -> "
-                           f"{' → '.join(exported) or 'none'}")  # fmt: skip
+            changed.append(
+                f"modules after pooling {' → '.join(kinds) or 'none'} -> "
+                f"{' → '.join(exported) or 'none'}"
+            )
         if length is not None and length != max_len:
             changed.append(f"max_seq_length {length} -> {max_len}")
         return changed
@@ -224,11 +226,15 @@ class Encoding:
         if changes is None:
             return None, False
         if changes:
-            return (f"the export does not encode as its student {self.student} does: "
-                    f"{'; '.join(changes)}"), True  # fmt: skip
+            return (
+                f"the export does not encode as its student {self.student} does: "
+                f"{'; '.join(changes)}"
+            ), True
         chain = " → ".join([f"pooling {self.pooler}", *(m.kind for m in self.modules)])
-        return (f"the export keeps its student's sentence-transformers encoding ({chain}, "
-                f"max_seq_length {max_len}; from {self.student})"), False  # fmt: skip
+        return (
+            f"the export keeps its student's sentence-transformers encoding ({chain}, "
+            f"max_seq_length {max_len}; from {self.student})"
+        ), False
 
 
 def _write(
@@ -247,8 +253,9 @@ def _write(
     )
     note, changed = encoding.note(max_len)
     if note:
-        (logger.warning if changed else logger.info)(note + ("; the model card says so"
-                                                              if changed else ""))  # fmt: skip
+        (logger.warning if changed else logger.info)(
+            note + ("; the model card says so" if changed else "")
+        )
     student_modules = encoding.modules
     modules = _pooling_modules(tmp, ST_POOLING_MODE[pooler], backbone.config.hidden_size)
     backbone_pooler = getattr(backbone, "pooler", None)
@@ -260,7 +267,14 @@ def _write(
     exported = {**info, "pooler": pooler}  # a student trained from OUT pools the same way
     Checkpoint(tmp).write_info(exported)
     card = model_card(
-        run, model_dir, pooler, modules, info, max_len, unfinished=unfinished,
-        encoding=(note, changed), folder=folder,
-    )  # fmt: skip
+        run,
+        model_dir,
+        pooler,
+        modules,
+        info,
+        max_len,
+        unfinished=unfinished,
+        encoding=(note, changed),
+        folder=folder,
+    )
     (tmp / "README.md").write_text(card)

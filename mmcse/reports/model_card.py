@@ -26,8 +26,16 @@ from mmcse.rundir import RESULTS_FILE, RunDir, run_of_checkpoint
 #: run-info keys that may hold the teachers' provenance per feature set
 PROVENANCE_KEYS = ("teachers", "provenance")
 #: producer fields shown for a teacher, in this order
-TEACHER_FIELDS = ("teacher", "weights", "weights_source", "weights_sha256", "seed", "size",
-                  "compute_dtype", "code_version")  # fmt: skip
+TEACHER_FIELDS = (
+    "teacher",
+    "weights",
+    "weights_source",
+    "weights_sha256",
+    "seed",
+    "size",
+    "compute_dtype",
+    "code_version",
+)
 
 
 def _run_dir(run: Path, model_dir: Path) -> RunDir:
@@ -117,8 +125,10 @@ def _teacher_lines(info: dict) -> list[str]:
     ]
     fingerprints = info.get("fingerprints") if isinstance(info.get("fingerprints"), dict) else {}
     unknown = [k for k in fingerprints if str(k).startswith("feature:") and k not in known]
-    lines += [f"- `{key}`: unknown (not recorded, and its feature set is gone or changed)"
-              for key in unknown]  # fmt: skip
+    lines += [
+        f"- `{key}`: unknown (not recorded, and its feature set is gone or changed)"
+        for key in unknown
+    ]
     if lines:
         return lines
     return ["- none (the run read no teacher features)" if fingerprints else "- none recorded"]
@@ -208,10 +218,16 @@ def _score(value: Any) -> str:
 
 
 def model_card(
-    run: Path, model_dir: Path, pooler: str, modules: list[dict], info: dict, max_len: int,
-    unfinished: str | None = None, encoding: tuple[str | None, bool] = (None, False),
+    run: Path,
+    model_dir: Path,
+    pooler: str,
+    modules: list[dict],
+    info: dict,
+    max_len: int,
+    unfinished: str | None = None,
+    encoding: tuple[str | None, bool] = (None, False),
     folder: str = ".",
-) -> str:  # fmt: skip
+) -> str:
     """The card; ``encoding``: how the export's encoding compares with the student's own
     sentence-transformers encoding (a line, and whether it changed), said at the top when it
     changed and under pooling when kept; ``folder``: the export's folder name (its usage line).

@@ -145,8 +145,9 @@ def training_figure(run: Run):
             draw(ax, steps, values)
             honest_axis(ax, values, _span(key))
         else:
-            ax.text(0.5, 0.5, f"no '{key}' records", ha="center", va="center",
-                    transform=ax.transAxes)  # fmt: skip
+            ax.text(
+                0.5, 0.5, f"no '{key}' records", ha="center", va="center", transform=ax.transAxes
+            )
         ax.set(title=title, xlabel="step")
     dev_ax.set_ylabel("Spearman x 100")
     fig.suptitle(str(run.path))
@@ -175,8 +176,11 @@ def overlay_figure(metric: str, series: dict[str, tuple]):
         draw(ax, steps, values, label=label)
     honest_axis(ax, [v for _, values in series.values() for v in values], _span(metric))
     title = "STS-B dev" if metric == DEV_KEY else metric
-    ax.set(title=f"{title}: {len(series)} runs", xlabel="step",
-           ylabel="Spearman x 100" if metric == DEV_KEY else "loss")  # fmt: skip
+    ax.set(
+        title=f"{title}: {len(series)} runs",
+        xlabel="step",
+        ylabel="Spearman x 100" if metric == DEV_KEY else "loss",
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -227,17 +231,21 @@ def align_uniform_figure(
         ax.scatter(uniform, align, s=70, marker="X", color="grey", label=label)
         ax.legend(fontsize=8, loc="best")
         shown.append((uniform, align))
-    for values, span, set_lim in ((
-        [u for u, _ in shown], MIN_AU_SPAN["uniformity"], ax.set_xlim), (
-        [a for _, a in shown], MIN_AU_SPAN["alignment"], ax.set_ylim)):  # fmt: skip
+    for values, span, set_lim in (
+        ([u for u, _ in shown], MIN_AU_SPAN["uniformity"], ax.set_xlim),
+        ([a for _, a in shown], MIN_AU_SPAN["alignment"], ax.set_ylim),
+    ):
         low, high = min(values), max(values)
         pad = max(span - (high - low), 0.0) / 2 + 0.1 * (high - low)
         set_lim(low - pad, high + pad)
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_locator(MaxNLocator(6))
         axis.set_major_formatter(FormatStrFormatter("%.2f"))
-    ax.set(xlabel=r"$\ell_{uniform}$", ylabel=r"$\ell_{align}$",
-           title="alignment vs uniformity on STS-B (lower is better)")  # fmt: skip
+    ax.set(
+        xlabel=r"$\ell_{uniform}$",
+        ylabel=r"$\ell_{align}$",
+        title="alignment vs uniformity on STS-B (lower is better)",
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -273,14 +281,23 @@ def plot_ablation(ablation_json: str | Path, path: str | Path) -> Path:
     offset = width / 2 if has_paper else 0.0
     ax.bar([i - offset for i in x], ours, width, yerr=ours_err, capsize=3, label="this run")
     if has_paper:
-        ax.bar([i + offset for i in x], paper, width, yerr=paper_err, capsize=3,
-               label="published", alpha=0.7)  # fmt: skip
+        ax.bar(
+            [i + offset for i in x],
+            paper,
+            width,
+            yerr=paper_err,
+            capsize=3,
+            label="published",
+            alpha=0.7,
+        )
     finite = [v for v in ours + paper if v == v]
     if finite:
         ax.set_ylim(min(finite) - 2, max(finite) + 2)
     ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
-    ax.set(ylabel="STS avg (Spearman x 100)",
-           title=f"ablation of {data.get('recipe', '?')} (mean ± std over seeds)")  # fmt: skip
+    ax.set(
+        ylabel="STS avg (Spearman x 100)",
+        title=f"ablation of {data.get('recipe', '?')} (mean ± std over seeds)",
+    )
     ax.legend()
     fig.tight_layout()
     return _save(fig, path)

@@ -83,9 +83,13 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
     md.write_text(ablation_markdown(ablation))
     extra = [P_COLUMN, PUBLISHED_COLUMN]
     write_tables(
-        ablation.table_rows(), COLUMNS, md.with_suffix(""), extra, formats=("csv", "latex"),
+        ablation.table_rows(),
+        COLUMNS,
+        md.with_suffix(""),
+        extra,
+        formats=("csv", "latex"),
         notes=[BEST_RULE, *ablation.notes()],
-    )  # fmt: skip
+    )
     return md, write_json(md.with_suffix(".json"), ablation.to_dict())
 
 
@@ -143,8 +147,9 @@ def paper_table(plan: TablePlan, fmt: str = "md", write: bool = True) -> str:
     table = render(result.rows, COLUMNS, fmt, extra, measured=[], notes=result.notes)
     if not write:
         return f"{title}\n\n{table}"
-    written = write_tables(result.rows, COLUMNS, plan.table_stem, extra, measured=[],
-                           notes=result.notes)  # fmt: skip
+    written = write_tables(
+        result.rows, COLUMNS, plan.table_stem, extra, measured=[], notes=result.notes
+    )
     record = write_json(plan.table_stem.with_suffix(".json"), result.record)
     where = ", ".join(str(p) for p in [*written, record])
     return f"{title}\n\n{table}\n\nwrote {where}"

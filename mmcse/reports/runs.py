@@ -19,7 +19,8 @@ A folder holding runs of different settings (another method, another learning ra
 into one group per setting (:func:`find_groups`): seeds of one setting are averaged, never runs
 of two. Runs of one setting given as separate arguments (``runs/simcse-s0 runs/simcse-s1``,
 trained by hand with ``--seed`` and ``--output-dir``) join into one group
-(:func:`group_seeds`): their recorded configs differ only in :data:`PER_RUN_SETTINGS`.
+(:func:`group_seeds`): their recorded configs differ only in
+:data:`~mmcse.training.config.PER_RUN_SETTINGS` (the seed, and how each run was carried out).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from mmcse.recipes.published import COLUMNS as STS_COLUMNS
 from mmcse.reports.model_card import random_teachers
 from mmcse.reports.results import merge_results, source_rank
 from mmcse.rundir import RunDir, find_runs, is_run_dir
+from mmcse.training.config import PER_RUN_SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +64,6 @@ AVG_KEY = {"sts": "avg", "transfer": "transfer avg"}
 AVG_TITLE = {"sts": "Avg.", "transfer": "Transfer Avg."}
 #: protocol settings that make two numbers incomparable without changing their column
 SIGNATURE_KEYS = ("data", "max_length", "head", "images_features", "captions_dir")
-#: config fields that differ between seeds of one setting by design (where a run went, how it
-#: was watched, on which device); any other difference makes two runs two settings
-PER_RUN_SETTINGS = ("seed", "output_dir", "overwrite", "save_every", "report_to", "device",
-                    "log_every", "final_eval", "keep_last_checkpoint")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -195,9 +195,15 @@ def render(
     body += [" & ".join(cells) + r" \\" for cells in lines]
     comments = [f"% {line}" for note in notes for line in note.splitlines()]
     return "\n".join(
-        [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", *body, r"\bottomrule", r"\end{tabular}",
-         *comments]
-    )  # fmt: skip
+        [
+            rf"\begin{{tabular}}{{{spec}}}",
+            r"\toprule",
+            *body,
+            r"\bottomrule",
+            r"\end{tabular}",
+            *comments,
+        ]
+    )
 
 
 def _csv(rows, columns, extra_columns, best) -> str:

@@ -50,13 +50,15 @@ import torch
 from mmcse.errors import MmcseError
 from mmcse.files import atomic_dir, read_json, sha256_file, write_json
 from mmcse.rundir import INTEGRITY_FILE, Checkpoint, RunDir, run_finished
-from mmcse.training.config import GivenSettings, read_config_file, resolve_config
+from mmcse.training.config import (
+    RESUMABLE_CHANGES,
+    GivenSettings,
+    read_config_file,
+    resolve_config,
+)
 
 logger = logging.getLogger(__name__)
 
-#: settings a resumed run may change; any other difference from the run's config is refused
-RESUMABLE_CHANGES = ("device", "report_to", "save_every", "output_dir", "final_eval", "eval_data",
-                     "keep_last_checkpoint")  # fmt: skip
 #: settings that, made larger, extend a finished run (refused on an unfinished one)
 EXTENDING = ("max_steps", "epochs")
 INTEGRITY_FORMAT = 1
@@ -292,6 +294,11 @@ def resume_config(run_dir: str | Path, config_file: str | None, settings: GivenS
     if not saved_path.is_file():
         raise MmcseError(
             f"--resume {run_dir}: no {saved_path.name} there; is it a training run directory?"
+        )
+    if settings.values.get("overwrite"):
+        raise MmcseError(
+            f"--resume {run_dir} continues the run there and --overwrite would replace it: "
+            "give one of them"
         )
     saved = read_config_file(saved_path)
     given = {**(read_config_file(config_file) if config_file else {}), **settings.values}

@@ -9,6 +9,12 @@ the same metadata: ``help``, ``flag``, ``aliases`` and ``negative`` (a boolean's
 what :mod:`mmcse.commands.flags` makes ``mmcse train``'s flags from, so a field added here is a
 flag with no CLI change. Checks that need more than the value itself (files exist, the pooler,
 the model resolves) are :mod:`mmcse.training.preflight`'s.
+
+Every field also declares its ``scope`` (:data:`SCOPES`): whether another value is another run,
+is resolved at setup, tells seeds apart, or only changes how a session of the run is carried out.
+What a resume may change (:data:`RESUMABLE_CHANGES`), what the seeds of one setting differ in
+(:data:`PER_RUN_SETTINGS`: compare's groups, a recipe's departures) and what a saved run matches
+(:func:`same_setting`) are derived from it here, without torch, so no list is kept by hand.
 """
 
 from __future__ import annotations
@@ -55,6 +61,22 @@ PANEL_EVALUATION = "Evaluation and checkpoints"
 PANEL_SPEED = "Speed and precision"
 PANEL_OUTPUT = "Output and logging"
 
+#: each setting's scope (field metadata ``scope``, one per field): which runs it tells apart.
+#: ``run``: what a run trains and measures; another value is another run (a resume refuses it,
+#: compare splits seeds by it, a recipe run that changes it is not the published setting).
+SCOPE_RUN = "run"
+#: ``setup``: as ``run``, but setup resolves the default (``auto``) and ``config.json`` holds what
+#: it became (:mod:`mmcse.training.resolved`), so a planned default matches any saved value
+SCOPE_SETUP = "setup"
+#: ``seed``: tells the seeds of one run apart (compare groups them, a recipe run sets it per
+#: seed); fixed for a run: a resume may not change it, a seed folder holds its own seed's run
+SCOPE_SEED = "seed"
+#: ``session``: how one session of a run is carried out, not what it trains: where it is written,
+#: on which device, how it is watched, what it keeps, where its evaluation data lies. A resume
+#: may change it, seeds of one run may differ in it, and it departs from no recipe
+SCOPE_SESSION = "session"
+SCOPES = (SCOPE_RUN, SCOPE_SETUP, SCOPE_SEED, SCOPE_SESSION)
+
 
 @dataclass
 class TrainConfig:
@@ -63,21 +85,31 @@ class TrainConfig:
     Types live in the annotations; ranges and the command line in each field's ``metadata`` (see
     the module docstring): ``help``, ``flag``, ``aliases`` and, for a boolean, ``negative`` (its
     off switch; default ``--no-<flag>``) make ``mmcse train``'s flags, so a field added here is a
-    flag with no CLI change.
+    flag with no CLI change. ``scope`` (one of :data:`SCOPES`, required) says which runs it tells
+    apart.
     """
 
     model: str = field(
         default="bert-base-uncased",
-        metadata={"panel": PANEL_MODEL, "help": "student: local HF dir or hub id"},
+        metadata={
+            "panel": PANEL_MODEL,
+            "scope": SCOPE_RUN,
+            "help": "student: local HF dir or hub id",
+        },
     )
     method: str = field(
         default="simcse",
-        metadata={"panel": PANEL_MODEL, "help": "registered method (mmcse methods lists them)"},
+        metadata={
+            "panel": PANEL_MODEL,
+            "scope": SCOPE_RUN,
+            "help": "registered method (mmcse methods lists them)",
+        },
     )
     method_args: dict[str, Any] = field(
         default_factory=dict,
         metadata={
             "panel": PANEL_MODEL,
+            "scope": SCOPE_RUN,
             "flag": "--method-arg",
             "help": "method hyperparameter KEY=VALUE (JSON value)",
         },
@@ -86,6 +118,7 @@ class TrainConfig:
         default=None,
         metadata={
             "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
             "help": "text corpus: corpus table dir, .txt (a sentence a line), .jsonl, .csv, "
             ".tsv, .parquet, a datasets folder or hf:NAME[:CONFIG[:SPLIT]]",
         },
@@ -94,6 +127,7 @@ class TrainConfig:
         default=None,
         metadata={
             "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
             "help": "the column/field of --text-corpus holding the text (unset: the one obvious "
             "candidate)",
         },
@@ -102,22 +136,33 @@ class TrainConfig:
         default="skip",
         metadata={
             "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
             "choices": BAD_LINES,
             "help": "an undecodable, blank or over-long line: skip (and report) or refuse the file",
         },
     )
     caption_corpus: str | None = field(
         default=None,
-        metadata={"panel": PANEL_DATA, "help": "caption corpus table dir (from extract-images)"},
+        metadata={
+            "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
+            "help": "caption corpus table dir (from extract-images)",
+        },
     )
     features: dict[str, str] = field(
         default_factory=dict,
-        metadata={"panel": PANEL_DATA, "flag": "--feature", "help": "cached features ROLE=DIR"},
+        metadata={
+            "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
+            "flag": "--feature",
+            "help": "cached features ROLE=DIR",
+        },
     )
     expect_fingerprints: dict[str, str] = field(
         default_factory=dict,
         metadata={
             "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
             "flag": "--expect-fingerprint",
             "help": "refuse a --feature set unless ROLE=SHA",
         },
@@ -126,21 +171,28 @@ class TrainConfig:
         default="interleave",
         metadata={
             "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
             "choices": MIXINGS,
             "help": "how text and caption batches take turns",
         },
     )
     output_dir: str = field(
-        default="runs/latest", metadata={"panel": PANEL_OUTPUT, "help": "run directory"}
+        default="runs/latest",
+        metadata={"panel": PANEL_OUTPUT, "scope": SCOPE_SESSION, "help": "run directory"},
     )
     overwrite: bool = field(
         default=False,
-        metadata={"panel": PANEL_OUTPUT, "help": "replace the run in a non-empty --output-dir"},
+        metadata={
+            "panel": PANEL_OUTPUT,
+            "scope": SCOPE_SESSION,
+            "help": "replace the run in a non-empty --output-dir",
+        },
     )
     batch_size: int = field(
         default=64,
         metadata={
             "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
             "min": 2,
             "help": "per process (x world size under torchrun); 2+: negatives",
         },
@@ -149,6 +201,7 @@ class TrainConfig:
         default=3e-5,
         metadata={
             "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
             "above": 0,
             "flag": "--lr",
             "aliases": ("--learning-rate",),
@@ -156,12 +209,19 @@ class TrainConfig:
         },
     )
     weight_decay: float = field(
-        default=0.0, metadata={"panel": PANEL_OPTIMISATION, "min": 0, "help": "AdamW weight decay"}
+        default=0.0,
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
+            "min": 0,
+            "help": "AdamW weight decay",
+        },
     )
     weight_decay_style: str = field(
         default="transformers",
         metadata={
             "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
             "choices": DECAY_STYLES,
             "help": "decay after the update, biases and LayerNorm spared (transformers.AdamW), "
             "or torch's: every parameter, before it",
@@ -171,6 +231,7 @@ class TrainConfig:
         default="none",
         metadata={
             "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
             "choices": ZERO_GRADS,
             "help": "gradients after a step: none (a parameter without one is skipped) or zeros "
             "(torch<2: a head that had one keeps stepping on its momentum)",
@@ -180,6 +241,7 @@ class TrainConfig:
         default=1e-6,
         metadata={
             "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
             "above": 0,
             "below": 1,
             "help": "AdamW epsilon (transformers.AdamW's, used by MCSE/KDMCSE/DALR; torch: 1e-8)",
@@ -189,17 +251,25 @@ class TrainConfig:
         default="transformers",
         metadata={
             "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
             "choices": ADAM_EPS_STYLES,
             "help": "AdamW epsilon before bias correction, or torch's placement",
         },
     )
     epochs: int = field(
-        default=1, metadata={"panel": PANEL_OPTIMISATION, "min": 1, "help": "passes over the data"}
+        default=1,
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
+            "min": 1,
+            "help": "passes over the data",
+        },
     )
     max_steps: int = field(
         default=0,
         metadata={
             "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
             "min": 0,
             "help": "> 0 stops early (and sets the schedule length)",
         },
@@ -208,6 +278,7 @@ class TrainConfig:
         default=32,
         metadata={
             "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
             "min": 3,
             "help": "tokens per sentence ([CLS], a token, [SEP])",
         },
@@ -216,6 +287,7 @@ class TrainConfig:
         default=TOKEN_CACHE_AUTO,
         metadata={
             "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
             "pattern": r".*\S.*",
             "hint": "auto, off or a folder",
             "help": "corpus token ids cached once (mmcse.cache.tokens): auto = tokens/ beside "
@@ -227,18 +299,25 @@ class TrainConfig:
         default=False,
         metadata={
             "panel": PANEL_DATA,
+            "scope": SCOPE_RUN,
             "negative": "--keep-last",
             "help": "drop each corpus's last partial batch",
         },
     )
     warmup_steps: int = field(
         default=0,
-        metadata={"panel": PANEL_OPTIMISATION, "min": 0, "help": "linear LR warmup steps"},
+        metadata={
+            "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
+            "min": 0,
+            "help": "linear LR warmup steps",
+        },
     )
     grad_clip: float = field(
         default=1.0,
         metadata={
             "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_RUN,
             "min": 0,
             "help": "max gradient norm (0 disables clipping)",
         },
@@ -247,6 +326,7 @@ class TrainConfig:
         default=42,
         metadata={
             "panel": PANEL_OPTIMISATION,
+            "scope": SCOPE_SEED,
             "min": 0,
             "max": 2**32 - 1,
             "help": "seeds data order and dropout",
@@ -256,6 +336,7 @@ class TrainConfig:
         default=125,
         metadata={
             "panel": PANEL_EVALUATION,
+            "scope": SCOPE_RUN,
             "min": 1,
             "help": "steps between STS-B dev evaluations",
         },
@@ -264,6 +345,7 @@ class TrainConfig:
         default=True,
         metadata={
             "panel": PANEL_EVALUATION,
+            "scope": SCOPE_RUN,
             "help": "also score dev at the last step (MCSE's train_mix.py; the HF Trainer of "
             "SimCSE/VisualCSE/AudioCSE: multiples of --eval-steps only)",
         },
@@ -272,6 +354,7 @@ class TrainConfig:
         default=None,
         metadata={
             "panel": PANEL_EVALUATION,
+            "scope": SCOPE_SESSION,
             "help": "SentEval-layout dir ('' disables evaluation; unset: ../shared/data)",
         },
     )
@@ -279,6 +362,7 @@ class TrainConfig:
         default="fp32",
         metadata={
             "panel": PANEL_EVALUATION,
+            "scope": SCOPE_RUN,
             "choices": PRECISIONS,
             "help": "STS-B dev and test scoring: fp32 (the released evaluations) or autocast "
             "on CUDA (auto/bf16: bf16)",
@@ -288,6 +372,7 @@ class TrainConfig:
         default=True,
         metadata={
             "panel": PANEL_EVALUATION,
+            "scope": SCOPE_SESSION,
             "help": "score best/ on the 7 STS test sets at the end",
         },
     )
@@ -295,6 +380,7 @@ class TrainConfig:
         default="auto",
         metadata={
             "panel": PANEL_MODEL,
+            "scope": SCOPE_SETUP,
             "help": "auto (the student's own sentence-transformers pooling, else "
             "cls_before_pooler) | cls | cls_before_pooler | avg (= mean) | max | "
             "avg_first_last | avg_top2",
@@ -304,6 +390,7 @@ class TrainConfig:
         default=0.1,
         metadata={
             "panel": PANEL_MODEL,
+            "scope": SCOPE_RUN,
             "min": 0,
             "below": 1,
             "help": "encoder dropout (the views' noise)",
@@ -313,6 +400,7 @@ class TrainConfig:
         default="auto",
         metadata={
             "panel": PANEL_SPEED,
+            "scope": SCOPE_SESSION,
             "pattern": DEVICE_PATTERN,
             "hint": DEVICES,
             "help": DEVICES,
@@ -322,6 +410,7 @@ class TrainConfig:
         default="auto",
         metadata={
             "panel": PANEL_SPEED,
+            "scope": SCOPE_RUN,
             "choices": PRECISIONS,
             "help": "autocast (auto: bf16 where the GPU has it; CPU: fp32)",
         },
@@ -330,6 +419,7 @@ class TrainConfig:
         default="sdpa",
         metadata={
             "panel": PANEL_SPEED,
+            "scope": SCOPE_RUN,
             "choices": ATTN_IMPLEMENTATIONS,
             "help": "encoder attention (eager: HF's)",
         },
@@ -338,6 +428,7 @@ class TrainConfig:
         default=False,
         metadata={
             "panel": PANEL_SPEED,
+            "scope": SCOPE_RUN,
             "flag": "--compile",
             "help": "torch.compile the encoder (slow first steps)",
         },
@@ -346,6 +437,7 @@ class TrainConfig:
         default="auto",
         metadata={
             "panel": PANEL_SPEED,
+            "scope": SCOPE_RUN,
             "choices": CAPTURES,
             "help": "compile the whole step (encoder, every loss term, backward) into one graph, "
             "replayed as CUDA graphs on CUDA; pads batches to --max-seq-length; auto: on CUDA; "
@@ -356,6 +448,7 @@ class TrainConfig:
         default=True,
         metadata={
             "panel": PANEL_SPEED,
+            "scope": SCOPE_RUN,
             "help": "AdamW's fused kernel on CUDA (same update; not on CPU)",
         },
     )
@@ -363,6 +456,7 @@ class TrainConfig:
         default=False,
         metadata={
             "panel": PANEL_SPEED,
+            "scope": SCOPE_RUN,
             "help": "TF32 matmuls in fp32 runs on CUDA (~1e-3 rel. error)",
         },
     )
@@ -370,6 +464,7 @@ class TrainConfig:
         default=True,
         metadata={
             "panel": PANEL_SPEED,
+            "scope": SCOPE_SETUP,
             "help": "pad a batch to its longest sentence, not max_seq_length",
         },
     )
@@ -377,6 +472,7 @@ class TrainConfig:
         default=False,  # until a GPU step time decides (BENCHMARKS.md): CPU figures were mixed
         metadata={
             "panel": PANEL_SPEED,
+            "scope": SCOPE_RUN,
             "help": "pack each batch's sentences end to end in rows of max_seq_length "
             "(no padding computed; the same numbers with dropout off)",
         },
@@ -385,6 +481,7 @@ class TrainConfig:
         default=10,
         metadata={
             "panel": PANEL_OUTPUT,
+            "scope": SCOPE_SESSION,
             "min": 1,
             "help": f"steps per {METRICS_FILE} record (terms averaged)",
         },
@@ -393,6 +490,7 @@ class TrainConfig:
         default=0,
         metadata={
             "panel": PANEL_EVALUATION,
+            "scope": SCOPE_SESSION,
             "min": 0,
             "help": "steps between resumable last/ saves (0: --eval-steps)",
         },
@@ -401,6 +499,7 @@ class TrainConfig:
         default=True,
         metadata={
             "panel": PANEL_OUTPUT,
+            "scope": SCOPE_SESSION,
             "flag": "--keep-last-dir",
             "negative": "--drop-last-dir",
             "help": "keep the resumable last/ once the run finishes (--drop-last-dir removes "
@@ -411,6 +510,7 @@ class TrainConfig:
         default="none",
         metadata={
             "panel": PANEL_OUTPUT,
+            "scope": SCOPE_SESSION,
             "choices": REPORT_TO,
             "help": "tensorboard also writes RUN_DIR/tensorboard",
         },
@@ -436,12 +536,35 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
 
 #: the training settings' names: TrainConfig's fields
 TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def settings_of_scope(*scopes: str) -> tuple[str, ...]:
+    """The names of the settings whose ``scope`` is one of ``scopes``, in field order (a field
+    that declares none is in none: tests/training/test_setting_scopes.py asks it to)."""
+    unknown = set(scopes) - set(SCOPES)
+    if unknown:
+        raise ValueError(f"unknown setting scope(s) {sorted(unknown)}; known: {SCOPES}")
+    return tuple(name for name, f in _FIELDS.items() if f.metadata.get("scope") in scopes)
+
+
+#: settings a resumed run may change; any other difference from the run's config is refused
+RESUMABLE_CHANGES = settings_of_scope(SCOPE_SESSION)
+#: settings the runs of one setting differ in by design (seeds, and how each was carried out):
+#: compare groups such runs as seeds, and none of them departs from a recipe
+PER_RUN_SETTINGS = settings_of_scope(SCOPE_SEED, SCOPE_SESSION)
+
+
+def same_setting(name: str, saved: Any, planned: Any) -> bool:
+    """A saved run's value of setting ``name`` is the ``planned`` one: equal, or ``planned`` is
+    the default of a setting setup resolves (:data:`SCOPE_SETUP`), which ``saved`` holds resolved."""
+    if saved == planned:
+        return True
+    f = _FIELDS.get(name)
+    return f is not None and f.metadata.get("scope") == SCOPE_SETUP and planned == f.default
 
 
 #: the config file formats read, by suffix

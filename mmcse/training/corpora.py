@@ -6,7 +6,6 @@ later one), or encoded in memory with ``token_cache = "off"``."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Protocol
@@ -23,7 +22,7 @@ from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF
 
 logger = logging.getLogger(__name__)
 
-#: how :func:`read_corpus` turns a sentence file's bytes into sentences; change it whenever that
+#: how :class:`TextFileCorpus` turns a sentence file's bytes into sentences; change it whenever that
 #: changes (decoding, stripping, skipping): token-cache entries of sentence files are keyed by it
 SENTENCE_FILE_READER = "corpusfiles-1/strip/max10000"
 #: what a corpus may be, for errors
@@ -136,20 +135,6 @@ def corpus_stem(path: Path | str) -> str:
     return Path(path).stem
 
 
-@dataclass
-class InMemoryCorpus:
-    """A corpus given as arrays (tests, tools)."""
-
-    ids: np.ndarray
-    texts: list[str]
-    image_ids: np.ndarray | None = None
-    fingerprint: str = ""
-    path: Path = Path("<memory>")
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
 def open_corpus(
     path: str, text_field: str | None = None, bad_lines: str = "skip"
 ) -> TableCorpus | TextFileCorpus:
@@ -163,15 +148,6 @@ def open_corpus(
     if not p.exists():
         raise MmcseError(f"corpus {p} does not exist ({CORPUS_FORMS})")
     return TextFileCorpus(p, text_field, bad_lines)
-
-
-def read_corpus(
-    path: str, text_field: str | None = None, bad_lines: str = "skip"
-) -> tuple[np.ndarray, list[str], np.ndarray | None, str]:
-    """(ids, texts, image_ids, fingerprint) of a corpus table dir or a sentence file."""
-    corpus = open_corpus(path, text_field, bad_lines)
-    image_ids = corpus.image_ids
-    return np.asarray(corpus.ids, dtype=object), list(corpus.texts), image_ids, corpus.fingerprint
 
 
 def corpus_tokens(

@@ -34,10 +34,6 @@ logger = logging.getLogger(__name__)
 LOG_LINE_INTERVAL = 30.0
 
 
-def is_loss_key(key: str) -> bool:
-    return key == "loss" or key.endswith("_loss")
-
-
 class LossWindow:
     """Sums of the loss terms of the steps since the last log record, kept on the device."""
 

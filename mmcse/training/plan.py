@@ -180,8 +180,16 @@ OPTIMIZER_BYTES_PER_PARAMETER = 2 * 4
 CHECKPOINT_OVERHEAD = 8 * 1024
 TRAINER_STATE_OVERHEAD = 32 * 1024
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "spm.model",
-                   "sentencepiece.bpe.model", "special_tokens_map.json", "tokenizer_config.json")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spm.model",
+    "sentencepiece.bpe.model",
+    "special_tokens_map.json",
+    "tokenizer_config.json",
+)
 
 
 def checkpoint_sizes(weight_bytes: int, trained_parameters: int, other_bytes: int) -> dict:

@@ -66,8 +66,9 @@ class StopRequest:
         logger.warning(
             "%s received: stopping after this step (or this evaluation) and saving last/ "
             "(%s again to abort now)",
-            signal_name(signum), again,
-        )  # fmt: skip
+            signal_name(signum),
+            again,
+        )
 
     def agreed(self, at_sync_point: bool) -> bool:
         """Under DDP every rank must stop at the same step: they agree at sync points only."""

@@ -97,9 +97,13 @@ def _multi30k(folder: Path, images: Path, split: str) -> DatasetRecords:
             continue
         records.append(ImageRecord(image_stem(name), images / name, captions))
     return DatasetRecords(
-        NAME, split, records, errors=errors, source=f"multi30k:{prefix}",
+        NAME,
+        split,
+        records,
+        errors=errors,
+        source=f"multi30k:{prefix}",
         split_info=SplitInfo(listed_by=list_path),
-    )  # fmt: skip
+    )
 
 
 def _parquet(path: Path, images: Path, split: str, split_file: Path | None) -> DatasetRecords:
@@ -118,6 +122,10 @@ def _parquet(path: Path, images: Path, split: str, split_file: Path | None) -> D
             errors.append(RecordError(f"row {n}", str(path), unreadable(exc)))
     unpack_parquet_images(path, names, images)
     return DatasetRecords(
-        NAME, split, records, errors=errors, source=f"parquet:{path.name}",
+        NAME,
+        split,
+        records,
+        errors=errors,
+        source=f"parquet:{path.name}",
         split_info=SplitInfo(listed_by=split_file),
-    )  # fmt: skip
+    )

@@ -38,6 +38,10 @@ def load_flickr8k(source: DataSource, split: str) -> DatasetRecords:
         read_name_list(split_file), captions, file_names, images, split_file
     )
     return DatasetRecords(
-        NAME, split, records, errors=errors + missing, source=token_file.name,
+        NAME,
+        split,
+        records,
+        errors=errors + missing,
+        source=token_file.name,
         split_info=SplitInfo(listed_by=split_file),
-    )  # fmt: skip
+    )

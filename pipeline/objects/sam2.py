@@ -138,21 +138,3 @@ def sam2_config(size: str = "tiny"):
         prompt_encoder_config=dict(hidden_size=hidden, image_size=image_size, patch_size=16),
         mask_decoder_config=dict(hidden_size=hidden, **(tiny_decoder if size == "tiny" else {})),
     )
-
-
-def build_sam2(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a randomly initialised SAM2 (:func:`sam2_config` shapes) with its processor to
-    ``out_dir``, loadable like a hub checkpoint."""
-    from transformers import Sam2ImageProcessor, Sam2Model, Sam2Processor
-
-    config = sam2_config(size)
-    image_size = config.prompt_encoder_config.image_size
-    torch.manual_seed(seed)
-    out = Path(out_dir)
-    Sam2Model(config).save_pretrained(out)
-    image_processor = Sam2ImageProcessor(
-        size={"height": image_size, "width": image_size},
-        mask_size={"height": image_size // 4, "width": image_size // 4},
-    )
-    Sam2Processor(image_processor=image_processor).save_pretrained(out)
-    return out

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.phrases import build_phrase_batch
 
 from mmcse.errors import MmcseError
 from mmcse.methods.phrases import (
     ObjectPhrase,
     PhraseIndex,
-    build_phrase_batch,
     char_span_to_tokens,
 )
 
@@ -25,10 +25,10 @@ CAPTIONS = [
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
+    from support.objects import byte_level_bpe_tokenizer
     from transformers import AutoTokenizer
 
     from mmcse.tiny import build_tiny_bert
-    from pipeline.objects.florence import byte_level_bpe_tokenizer
 
     bert_dir = build_tiny_bert(tmp_path_factory.mktemp("bert"), texts=CAPTIONS)
     return {

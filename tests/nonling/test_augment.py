@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from support.views import augment, two_views
 from torchvision import transforms as T
 from torchvision.transforms.v2 import functional as TF
 
@@ -25,11 +26,9 @@ from mmcse.nonling.augment import (
     ViewAugmentation,
     ViewParams,
     apply_params,
-    augment,
     draw_crops,
     draw_params,
     pack_params,
-    two_views,
 )
 
 ALPHA = 1e-3  # one decision rule: a sample "matches" when every p-value exceeds it

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.views import augment, spec_augment, two_views
 from support.worlds import SR, make_image_folder, write_sine_wav
 
 from mmcse.cache import FeatureSet, write_feature_set
@@ -18,9 +19,8 @@ from mmcse.losses.base import LossInputs
 from mmcse.losses.heads import MLPHead
 from mmcse.methods import build_method
 from mmcse.model import SentenceEncoder
-from mmcse.nonling.augment import ViewAugmentation, augment, two_views
+from mmcse.nonling.augment import ViewAugmentation
 from mmcse.nonling.patch_embed import AudioPatchEmbedding, ImagePatchEmbedding
-from mmcse.nonling.specaugment import spec_augment
 from mmcse.nonling.task import NonLinguisticTask, class_of, encode_tokens
 from mmcse.registry import LOSSES
 from mmcse.tiny import build_tiny_bert

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.views import spec_augment
 
-from mmcse.nonling.specaugment import SpecAugment, draw_spans, mask_clips, spec_augment
+from mmcse.nonling.specaugment import SpecAugment, draw_spans, mask_clips
 from mmcse.precision import autocast_dtype
 
 

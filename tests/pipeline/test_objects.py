@@ -99,14 +99,14 @@ def test_box_mask_is_clipped_to_the_image():
 
 @pytest.fixture(scope="module")
 def florence_dir(tmp_path_factory) -> Path:
-    from pipeline.objects.florence import build_florence2
+    from support.objects import build_florence2
 
     return build_florence2(tmp_path_factory.mktemp("florence2"))
 
 
 @pytest.fixture(scope="module")
 def sam2_dir(tmp_path_factory) -> Path:
-    from pipeline.objects.sam2 import build_sam2
+    from support.objects import build_sam2
 
     return build_sam2(tmp_path_factory.mktemp("sam2"))
 
@@ -445,10 +445,11 @@ def test_train_mcseo_from_extracted_objects(boxes_run, coco_records, teacher, ti
 
 def test_phrase_index_slices_equal_the_per_batch_collate(boxes_run, tiny_model):
     """The trainer's once-per-corpus index gives exactly what collating each batch gives."""
+    from support.phrases import build_phrase_batch
     from transformers import AutoTokenizer
 
     from mmcse.cache import Corpus, FeatureSet
-    from mmcse.methods.phrases import PhraseIndex, build_phrase_batch, table_of
+    from mmcse.methods.phrases import PhraseIndex, table_of
 
     out, _, _ = boxes_run
     corpus = Corpus.open(out / "captions")

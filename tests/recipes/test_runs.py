@@ -273,11 +273,14 @@ def test_a_resumed_seed_reads_its_saved_config_with_the_resumable_settings(tmp_p
     recipe run's resumable settings laid over it as GivenSettings; a changed batch size is not
     resumable, so the saved one holds."""
     import mmcse.training.loop as loop
+    from mmcse.files import write_json
     from mmcse.training.config import TrainConfig
 
     run = tmp_path / "seed-0"
     run.mkdir()
-    TrainConfig(model="m", batch_size=8, output_dir=str(run)).save(run / "config.json")
+    write_json(
+        run / "config.json", TrainConfig(model="m", batch_size=8, output_dir=str(run)).to_dict()
+    )
     resumed = []
 
     def fake_loop_train(cfg, resume=False):

@@ -627,7 +627,7 @@ def test_eval_settings_are_one_line(flags, words, tiny_model, monkeypatch, capsy
 def test_text_corpus_file_is_decoded_by_its_byte_order_mark(tmp_path, encoding):
     """A ``.txt`` corpus in UTF-16/32 with a BOM (or UTF-8 with one) gives the sentences
     themselves, never U+FFFD garbage; ids are the same line numbers in every encoding."""
-    from mmcse.training.corpora import read_corpus
+    from support.corpora import read_corpus
 
     path = tmp_path / "wiki.txt"
     path.write_bytes("héllo wörld\n\nzweite Zeile — 東京\n".encode(encoding))
@@ -639,7 +639,7 @@ def test_text_corpus_file_is_decoded_by_its_byte_order_mark(tmp_path, encoding):
 def test_text_corpus_that_is_not_utf8_is_one_read_policy(tmp_path, caplog):
     """read_corpus never keeps U+FFFD rows: a line that is not UTF-8 is left out and reported
     (``skip``), or refuses the file naming the line (``refuse``)."""
-    from mmcse.training.corpora import read_corpus
+    from support.corpora import read_corpus
 
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("first line\nsecond line\ncaf\u00e9 au lait\n".encode("latin-1"))

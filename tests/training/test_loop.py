@@ -150,8 +150,9 @@ def test_two_gloo_ranks_equal_one_double_batch(capture, tiny_model, tiny_world, 
 def test_a_role_can_join_one_set_per_corpus(tiny_model, tiny_world, tmp_path):
     """DALR's text teachers on every batch: Stage 1 caches them per corpus; each corpus joins
     the set holding its ids, and a sentence id found in neither is refused."""
+    from support.corpora import read_corpus
+
     from mmcse.cache import Corpus, write_feature_set
-    from mmcse.training.corpora import read_corpus
 
     text_ids = list(read_corpus(tiny_world["text"])[0])
     caption_ids = list(Corpus.open(tiny_world["captions"]).ids)

@@ -14,7 +14,7 @@ from mmcse.errors import MmcseError
 from mmcse.training import metrics as metrics_log
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train
-from mmcse.training.metrics import LossWindow, Progress, is_loss_key, truncate_metrics
+from mmcse.training.metrics import LossWindow, Progress, truncate_metrics
 
 TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
 
@@ -22,8 +22,9 @@ TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
 def add(window: LossWindow, step: int, kind: str, terms: dict) -> None:
     """One step's terms as the trainer hands them to the window: the loss terms stacked in one
     tensor (``loss`` first), any other value a host value."""
-    losses = {k: float(v) for k, v in terms.items() if is_loss_key(k)}
-    host = {k: v for k, v in terms.items() if not is_loss_key(k)}
+    is_loss = {k: k == "loss" or k.endswith("_loss") for k in terms}
+    losses = {k: float(v) for k, v in terms.items() if is_loss[k]}
+    host = {k: v for k, v in terms.items() if not is_loss[k]}
     window.add_step(step, kind, [(tuple(losses), torch.tensor(list(losses.values())))], host)
 
 

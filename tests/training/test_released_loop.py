@@ -9,17 +9,17 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from support.corpora import InMemoryCorpus
+from support.optim import set_transformers_eps
 from torch.optim.lr_scheduler import LambdaLR
 
 from mmcse.errors import MmcseError
-from mmcse.optim import set_transformers_eps
 from mmcse.precision import autocast_for, grad_scaler_for
 from mmcse.recipes import RECIPES, get_recipe
 from mmcse.recipes.recipe import RecipeRunSpec
 from mmcse.training.adamw import AdamWSettings, FlatAdamW, FlatParameters, adamw_groups
 from mmcse.training.batch_order import CAPTION, TEXT, train_mix_counts
 from mmcse.training.config import TrainConfig
-from mmcse.training.corpora import InMemoryCorpus
 from mmcse.training.data import Source, TrainData
 from mmcse.training.lr import linear_factor
 from mmcse.training.update import EagerUpdate

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from mmcse.errors import MmcseError
 from mmcse.evaluation.evaluate import unfinished_warning
-from mmcse.files import atomic_dir, recover_dir
+from mmcse.files import atomic_dir, recover_dir, write_json
 from mmcse.rundir import BEST_DIR, RUN_INFO_FILE
 from mmcse.training import checkpoint as ckpt
 from mmcse.training import fastpath
@@ -233,7 +233,7 @@ def test_a_kill_between_the_renames_is_recovered(tmp_path):
 def test_resume_refuses_a_changed_setting_and_a_run_without_last(tiny_model, tiny_world, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    TrainConfig(**settings(tiny_model, tiny_world, run)).save(run / "config.json")
+    write_json(run / "config.json", TrainConfig(**settings(tiny_model, tiny_world, run)).to_dict())
     with pytest.raises(MmcseError, match=r"batch_size=16 \(run: 8\)"):
         ckpt.resume_config(run, None, GivenSettings({"batch_size": 16, "device": "cpu"}))
     given = GivenSettings({"batch_size": 8, "save_every": 2, "model": None})

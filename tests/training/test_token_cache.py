@@ -178,7 +178,6 @@ def test_preflight_reads_neither_tokens_nor_texts(tiny_model, world, tmp_path, m
         raise AssertionError("preflight tokenised or read the texts")
 
     monkeypatch.setattr(corpora, "encode_rows", refuse)
-    monkeypatch.setattr(corpora, "read_corpus", refuse)  # the sentence file's lines
     monkeypatch.setattr(Corpus, "texts", property(refuse))
     monkeypatch.setattr(Corpus, "ids", property(refuse))  # captions join by image id only
     cfg = mcse_config(tiny_model, world, tmp_path / "run")
