@@ -265,6 +265,7 @@ def _read_jsonl(path: Path) -> Records:
                 if not isinstance(row, dict):
                     problem, row = f"undecodable: a JSON {type(row).__name__}, not an object", None
             if problem and not seen_object:  # a JSON array, a text file named .jsonl
+                _refuse_one_json_document(path, path.read_bytes()[:4096])
                 raise refused(path, f"line {number} is not a JSON object, so not JSON lines")
             seen_object = seen_object or row is not None
         if problem is not None:

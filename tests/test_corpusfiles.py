@@ -114,7 +114,9 @@ REFUSED = {
     "corpus.txt.gz": (b"\x1f\x8b\x08 compressed", "gzip-compressed"),
     "fake.parquet": (b"id,text\n1,a\n", "named Parquet but not a Parquet file"),
     "corpus.doc": (b"a sentence\n", ".doc is not a format mmcse reads"),
-    "array.json": (b'[{"text": "a"}]\n', "line 1 is not a JSON object, so not JSON lines"),
+    "array.json": (b'[{"text": "a"}]\n', r"is one JSON document \(an array\).*jq -c"),
+    "pretty.jsonl": (b'[\n {"text": "a"}\n]\n', r"is one JSON document \(an array\)"),
+    "broken.json": (b'[{"text": "a"}\n', "line 1 is not a JSON object, so not JSON lines"),
     "plain.jsonl": (b"just a sentence\n", "line 1 is not a JSON object"),
 }
 
