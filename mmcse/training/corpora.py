@@ -131,15 +131,16 @@ class TextFileCorpus:
         return self.read.texts
 
 
-def left_out_summary(corpora: dict[str, CorpusView]) -> dict[str, dict]:
-    """Per corpus kind whose read left rows out: its rows, how many were left out and why
-    (``plan.json``'s ``left_out``; every row is in the run's ``left_out.jsonl``)."""
+def left_out_summary(sources: dict) -> dict[str, dict]:
+    """Per corpus kind whose read left rows out: its file, rows, how many were left out and why
+    (``plan.json``'s ``left_out``; every row is in the run's ``left_out.jsonl``). ``sources``:
+    the run's corpora by kind (:class:`mmcse.training.data.Source` or the corpus itself)."""
     summary = {}
-    for kind, corpus in corpora.items():
-        read = getattr(corpus, "read", None)  # a sentence file; a corpus table's own
-        if read is not None and read.dropped:  # extract-text recorded in its errors.jsonl
+    for kind, source in sources.items():
+        read = _sentence_file_read(source)
+        if read is not None and read.dropped:
             summary[kind] = {
-                "source": str(corpus.path),
+                "source": str(read.records.source),
                 "rows": read.records.num_rows,
                 "left_out": len(read.dropped),
                 "by_reason": read.dropped_by_reason(),
@@ -147,20 +148,27 @@ def left_out_summary(corpora: dict[str, CorpusView]) -> dict[str, dict]:
     return summary
 
 
-def write_left_out(path: Path, corpora: dict[str, CorpusView]) -> None:
-    """Every row the reads of ``corpora`` left out, one JSON object a line (corpus kind, file,
+def write_left_out(path: Path, sources: dict) -> None:
+    """Every row the reads of ``sources`` left out, one JSON object a line (corpus kind, file,
     where in it, why) at ``path``; no file when none was left out."""
     lines = []
-    for kind, corpus in corpora.items():
-        read = getattr(corpus, "read", None)
+    for kind, source in sources.items():
+        read = _sentence_file_read(source)
         for row, reason in read.dropped if read is not None else ():
-            where = read.records.where(row)
-            record = {"corpus": kind, "source": str(corpus.path), "where": where, "why": reason}
+            where, file = read.records.where(row), str(read.records.source)
+            record = {"corpus": kind, "source": file, "where": where, "why": reason}
             lines.append(json.dumps(record, ensure_ascii=False))
     if lines:
         write_text_atomically(path, "\n".join(lines) + "\n")
     else:
         path.unlink(missing_ok=True)
+
+
+def _sentence_file_read(source) -> corpusfiles.Sentences | None:
+    """The read of a sentence file; None for a corpus table (extract-text recorded what it left
+    out in its own errors.jsonl) or one in memory."""
+    corpus = getattr(source, "corpus", source)
+    return corpus.read if isinstance(corpus, TextFileCorpus) else None
 
 
 def corpus_stem(path: Path | str) -> str:

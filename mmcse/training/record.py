@@ -279,7 +279,7 @@ class RunRecord:
                     run.clear()  # no stale best/, last/ or results beside the new run
                 run.metrics.write_text("")
                 write_json(run.config, cfg.to_dict())
-            write_left_out(run.left_out, self.corpora)
+            write_left_out(run.left_out, self.data.sources)
             plan = self.plan_record()
             write_json(run.plan, plan, default=str)
             logger.info(describe_plan(plan))
@@ -311,13 +311,9 @@ class RunRecord:
             "extended_from": self.extended_from,
             "checkpoint_bytes": self.checkpoint_bytes(),
             "keep_last_checkpoint": cfg.keep_last_checkpoint,
-            "left_out": left_out_summary(self.corpora),
+            "left_out": left_out_summary(self.data.sources),
             **mixing_plan(self.data, plan),
         }
-
-    @property
-    def corpora(self) -> dict:
-        return {kind: source.corpus for kind, source in self.data.sources.items()}
 
     @property
     def save_every(self) -> int:
