@@ -6,6 +6,8 @@
       config.json            the resolved TrainConfig
       plan.json              what the run will do (printed at start)
       metrics.jsonl          one record per log window and per dev evaluation (append-only)
+      left_out.jsonl         every corpus row the read policy left out (only when one was):
+                             corpus, file, line or row, why; plan.json's left_out counts them
       tensorboard/           the same scalars for TensorBoard (--report-to tensorboard)
       best/                  a checkpoint: the best one by STS-B dev
       last/                  a checkpoint: the resumable one (adds trainer_state.pt)
@@ -105,6 +107,7 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
+LEFT_OUT_FILE = "left_out.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 BEST_DIR = "best"
 LAST_DIR = "last"
@@ -144,6 +147,7 @@ RUN_ENTRIES = (
     RETRIEVAL_FILE,
     ALIGN_UNIFORM_FILE,
     CURVES_PLOT,
+    LEFT_OUT_FILE,
 )
 CHECKPOINTS = (BEST_DIR, LAST_DIR)
 
@@ -331,6 +335,10 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.path / METRICS_FILE
+
+    @property
+    def left_out(self) -> Path:
+        return self.path / LEFT_OUT_FILE
 
     @property
     def tensorboard(self) -> Path:

@@ -27,7 +27,10 @@ that folder) and for a corpus table whose folder is read-only (shared data; a fo
 write permission bits counts even for root). ``off`` tokenises in memory
 and writes nothing; an entry that cannot be written (disk full) is used from memory with a warning.
 Another corpus, tokenizer or max length gives another name, so an entry never changes once
-written; entries of older corpora stay until removed (``mmcse cache ls`` lists them, ``mmcse
+written. A corpus's fingerprint sees what it holds: a corpus table's manifest, a sentence file's
+bytes, a Parquet file's, a ``datasets`` dataset's files too (an arrow file rewritten in place
+keeps ``datasets``' own fingerprint: :func:`mmcse.corpusfiles.dataset_fingerprint`), so an
+edited corpus is never trained from the entry of its old tokens; entries of older corpora stay until removed (``mmcse cache ls`` lists them, ``mmcse
 cache rm`` removes one).
 
 Writers

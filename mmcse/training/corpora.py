@@ -5,6 +5,7 @@ later one), or encoded in memory with ``token_cache = "off"``."""
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import cached_property
 from pathlib import Path
@@ -18,13 +19,14 @@ from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.cache.tokenizer import encode_rows, tokenizer_fingerprint
 from mmcse.cache.tokens import TokenKey, TokenTable, cached_tokens, entry_path
 from mmcse.errors import MmcseError
+from mmcse.files import write_text_atomically
 from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF
 
 logger = logging.getLogger(__name__)
 
 #: how :class:`TextFileCorpus` turns a sentence file's bytes into sentences; change it whenever that
 #: changes (decoding, stripping, skipping): token-cache entries of sentence files are keyed by it
-SENTENCE_FILE_READER = "corpusfiles-1/strip/max10000"
+SENTENCE_FILE_READER = "corpusfiles-2/strip/max10000/cr/tsv-unquoted"
 #: what a corpus may be, for errors
 CORPUS_FORMS = f"give a corpus table folder or a sentence file: {corpusfiles.FORMATS}"
 
@@ -89,7 +91,7 @@ class TextFileCorpus:
 
     @cached_property
     def read(self) -> corpusfiles.Sentences:
-        read = corpusfiles.read_sentences(self.path, self.text_field, self.bad_lines)
+        read = corpusfiles.read_sentences(self.path, self.text_field, self.bad_lines, split=None)
         if not read.texts:
             raise MmcseError(f"corpus {self.path} has no sentences ({read.summary() or 'empty'})")
         if read.dropped:
@@ -97,7 +99,7 @@ class TextFileCorpus:
             logger.warning(
                 f"corpus {self.path}: {read.summary()} of {read.records.num_rows} rows, "
                 f"e.g. {read.records.where(row)}: {reason} (--bad-lines refuse to refuse such "
-                "a file)"
+                "a file; a run lists every one in its left_out.jsonl)"
             )
         return read
 
@@ -126,6 +128,46 @@ class TextFileCorpus:
     @property
     def texts(self) -> list[str]:
         return self.read.texts
+
+
+def left_out_summary(sources: dict) -> dict[str, dict]:
+    """Per corpus kind whose read left rows out: its file, rows, how many were left out and why
+    (``plan.json``'s ``left_out``; every row is in the run's ``left_out.jsonl``). ``sources``:
+    the run's corpora by kind (:class:`mmcse.training.data.Source` or the corpus itself)."""
+    summary = {}
+    for kind, source in sources.items():
+        read = _sentence_file_read(source)
+        if read is not None and read.dropped:
+            summary[kind] = {
+                "source": str(read.records.source),
+                "rows": read.records.num_rows,
+                "left_out": len(read.dropped),
+                "by_reason": read.dropped_by_reason(),
+            }
+    return summary
+
+
+def write_left_out(path: Path, sources: dict) -> None:
+    """Every row the reads of ``sources`` left out, one JSON object a line (corpus kind, file,
+    where in it, why) at ``path``; no file when none was left out."""
+    lines = []
+    for kind, source in sources.items():
+        read = _sentence_file_read(source)
+        for row, reason in read.dropped if read is not None else ():
+            where, file = read.records.where(row), str(read.records.source)
+            record = {"corpus": kind, "source": file, "where": where, "why": reason}
+            lines.append(json.dumps(record, ensure_ascii=False))
+    if lines:
+        write_text_atomically(path, "\n".join(lines) + "\n")
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _sentence_file_read(source) -> corpusfiles.Sentences | None:
+    """The read of a sentence file; None for a corpus table (extract-text recorded what it left
+    out in its own errors.jsonl) or one in memory."""
+    corpus = getattr(source, "corpus", source)
+    return corpus.read if isinstance(corpus, TextFileCorpus) else None
 
 
 def corpus_stem(path: Path | str) -> str:

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from mmcse.errors import MmcseError
 from mmcse.files import write_text_atomically
-from mmcse.rundir import RunDir
+from mmcse.rundir import LEFT_OUT_FILE, RunDir
 from mmcse.training.plan import batch_words, describe_checkpoints, whole_corpus_batches
 
 logger = logging.getLogger(__name__)
@@ -227,6 +227,12 @@ def describe_plan(plan: dict[str, Any]) -> str:
         f"({plan['steps_per_epoch']} steps) x {plan['epochs']} epoch(s) -> {plan['total_steps']} "
         "steps" + (f" (max_steps {plan['max_steps']})" if plan["max_steps"] else ""),
     ]
+    for kind, left in (plan.get("left_out") or {}).items():
+        reasons = ", ".join(f"{n:,} {why}" for why, n in left["by_reason"].items())
+        lines.append(
+            f"  left out: {left['left_out']:,} of {left['rows']:,} {kind} rows ({reasons}), "
+            f"every one in {LEFT_OUT_FILE}"
+        )
     if plan.get("batches_in_run"):
         taken = " + ".join(f"{n} {kind}" for kind, n in plan["batches_in_run"].items())
         lines.append(f"  this run: {taken} batches in {plan['total_steps']} steps")

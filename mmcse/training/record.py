@@ -33,6 +33,7 @@ from mmcse.evaluation.sts import eval_data_dir
 from mmcse.files import atomic_dir, write_json
 from mmcse.rundir import FINAL, Checkpoint, RunDir
 from mmcse.training import checkpoint as ckpt
+from mmcse.training.corpora import left_out_summary, write_left_out
 from mmcse.training.evaluation_steps import eval_steps
 from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics
 from mmcse.training.plan import TOKENIZER_FILES, checkpoint_sizes, mixing_plan
@@ -278,6 +279,7 @@ class RunRecord:
                     run.clear()  # no stale best/, last/ or results beside the new run
                 run.metrics.write_text("")
                 write_json(run.config, cfg.to_dict())
+            write_left_out(run.left_out, self.data.sources)
             plan = self.plan_record()
             write_json(run.plan, plan, default=str)
             logger.info(describe_plan(plan))
@@ -309,6 +311,7 @@ class RunRecord:
             "extended_from": self.extended_from,
             "checkpoint_bytes": self.checkpoint_bytes(),
             "keep_last_checkpoint": cfg.keep_last_checkpoint,
+            "left_out": left_out_summary(self.data.sources),
             **mixing_plan(self.data, plan),
         }
 

@@ -134,12 +134,13 @@ def test_token_file_with_split_list_reports_images_without_captions(tmp_path):
 
 
 def test_local_csv_and_tsv_with_a_bad_row(tmp_path):
-    for suffix, sep in ((".csv", ","), (".tsv", "\t")):
+    """A CSV row is named by its row, a TSV one (read line by line) by its line."""
+    for suffix, sep, where in ((".csv", ",", "row 3"), (".tsv", "\t", "line 4")):
         lines = [f"image{sep}caption", f"a.jpg{sep}first", f"a.jpg{sep}second", f"b.png{sep}"]
         (tmp_path / f"c{suffix}").write_text("\n".join(lines) + "\n")
         records = load_dataset("local", DataSource(tmp_path, tmp_path / f"c{suffix}"), "train")
         assert [(r.image_id, r.captions) for r in records.images] == [("a", ("first", "second"))]
-        assert [(e.id, e.reason) for e in records.errors] == [("row 3", "blank")]
+        assert [(e.id, e.reason) for e in records.errors] == [(where, "blank")]
 
 
 def test_local_jsonl_broken_line_is_an_error_not_a_crash(tmp_path):

@@ -31,7 +31,7 @@ TRAINER_STATE_KEYS = ["step", "epoch", "next_index", "optimizer", "scheduler", "
 PLAN_KEYS = ["method", "device", "precision", "world_size", "sentences", "mixing", "global_batch",
              "batches_per_epoch", "steps_per_epoch", "epochs", "max_steps", "total_steps",
              "eval_data", "eval_steps", "evals", "final_eval", "save_every", "resumed_from_step",
-             "capture", "extended_from", "checkpoint_bytes", "keep_last_checkpoint",
+             "capture", "extended_from", "checkpoint_bytes", "keep_last_checkpoint", "left_out",
              "mixing_rule", "batches_in_run"]  # fmt: skip
 #: run info's keys
 INFO_KEYS = ["config", "method", "step", "total_steps", "finished", "stsb_dev", "pooler",
@@ -194,6 +194,7 @@ def test_the_plan_record_and_run_info_say_what_the_run_is(student_parts, tiny_mo
     assert plan["capture"] == "off (--capture auto on cpu): eager step"
     assert plan["mixing_rule"] == "text batches only" and plan["batches_in_run"] == {"text": 6}
     assert plan["checkpoint_bytes"]["last"] > plan["checkpoint_bytes"]["best"] > 0
+    assert plan["left_out"] == {}  # corpora in memory: nothing read, nothing left out
 
     info = record.run_info(3, 70.0)
     assert info["config"] == record.cfg.to_dict() and info["method"] == {"name": "simcse"}
