@@ -32,6 +32,12 @@ from mmcse.pooling import (
     student_pooling,
 )
 from mmcse.rundir import Checkpoint
+from mmcse.students import (
+    Architecture,
+    architecture,
+    choose_attention,
+    unregistered,
+)
 
 
 @dataclass
@@ -76,14 +82,28 @@ class SentenceEncoder(nn.Module):
         if pooler in (None, "auto"):  # the run's / the student's own pooling
             pooler = resolve_pooler(None, source)[0]
         config = AutoConfig.from_pretrained(source)
+        entry = student_architecture(config.to_dict())
         if dropout is not None:  # SimCSE's augmentation is the encoder's own dropout
-            for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-                if hasattr(config, key):
-                    setattr(config, key, dropout)
-        if attn_implementation == VARLEN:
-            register_varlen()
-        kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+            for key in entry.dropout_fields:
+                setattr(config, key, dropout)
+        kwargs = {}
+        if attn_implementation:  # checked here too: transformers' own check is a traceback
+            attention = choose_attention(entry, attn_implementation)[0]
+            if attention == VARLEN:
+                register_varlen()
+            kwargs["attn_implementation"] = attention
         return cls(AutoModel.from_pretrained(source, config=config, **kwargs), pooler)
+
+    @property
+    def architecture(self) -> Architecture:
+        """The student's registry entry (:mod:`mmcse.students`)."""
+        return student_architecture(self.backbone.config.to_dict())
+
+    @property
+    def packs(self) -> bool:
+        """Whether a packed batch encodes as a padded one for this student and its attention
+        (evaluation pads otherwise)."""
+        return self.architecture.packs_with(self.backbone.config._attn_implementation)
 
     @property
     def hidden_size(self) -> int:
@@ -146,6 +166,35 @@ class SentenceEncoder(nn.Module):
         state = {k: v.detach().cpu().contiguous().clone() for k, v in heads.items()}
         save_file(state, str(checkpoint.heads))
         checkpoint.write_info(run_info)
+
+
+def transformers_attention(model_type: str) -> tuple[str, ...]:
+    """The attention implementations transformers' model class of ``model_type`` declares
+    (``varlen`` runs through its attention interface), sdpa first."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        model_class = MODEL_MAPPING[CONFIG_MAPPING[model_type]]
+    except (KeyError, ValueError):
+        return ("eager",)
+    declared = {
+        "sdpa": getattr(model_class, "_supports_sdpa", False),
+        "eager": True,
+        "flex_attention": getattr(model_class, "_supports_flex_attn", False),
+        "varlen": getattr(model_class, "_supports_attention_backend", False),
+    }
+    return tuple(name for name, has in declared.items() if has)
+
+
+def student_architecture(config: dict) -> Architecture:
+    """The registry's entry for a student's config (a dict), else an unregistered one with the
+    attention transformers has for its ``model_type``."""
+    model_type = str(config.get("model_type") or "unknown")
+    entry = architecture(model_type)
+    if entry is not None:
+        return entry
+    return unregistered(model_type, transformers_attention(model_type), config)
 
 
 # ---- which pooling a model directory is encoded with ------------------------------------------
