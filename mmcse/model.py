@@ -34,8 +34,11 @@ from mmcse.pooling import (
 from mmcse.rundir import Checkpoint
 from mmcse.students import (
     Architecture,
+    StudentChoice,
     architecture,
     choose_attention,
+    choose_student,
+    student_config,
     unregistered,
 )
 
@@ -103,7 +106,7 @@ class SentenceEncoder(nn.Module):
     def packs(self) -> bool:
         """Whether a packed batch encodes as a padded one for this student and its attention
         (evaluation pads otherwise)."""
-        return self.architecture.packs_with(self.backbone.config._attn_implementation)
+        return backbone_packs(self.backbone)
 
     @property
     def hidden_size(self) -> int:
@@ -195,6 +198,24 @@ def student_architecture(config: dict) -> Architecture:
     if entry is not None:
         return entry
     return unregistered(model_type, transformers_attention(model_type), config)
+
+
+def backbone_packs(backbone: nn.Module) -> bool:
+    """Whether packing is proven for an HF backbone's architecture and attention."""
+    config = backbone.config
+    return student_architecture(config.to_dict()).packs_with(config._attn_implementation)
+
+
+def check_student(
+    model: str, attention: str, packing: bool, dropout: float
+) -> StudentChoice | None:
+    """The run's attention, packing and dropout checked against ``--model``'s architecture
+    before it loads (:func:`mmcse.students.choose_student`; one ``error:`` line when refused);
+    None for a hub id not downloaded yet (its load checks the attention)."""
+    config = student_config(model)
+    if not config:
+        return None
+    return choose_student(student_architecture(config), config, attention, packing, dropout)
 
 
 # ---- which pooling a model directory is encoded with ------------------------------------------

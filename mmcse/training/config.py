@@ -306,7 +306,8 @@ class TrainConfig:
             "panel": PANEL_MODEL,
             "min": 0,
             "below": 1,
-            "help": "encoder dropout (the views' noise)",
+            "help": "encoder dropout (the views' noise), set on the student's own dropout "
+            "fields (README: Students)",
         },
     )
     device: str = field(
@@ -327,11 +328,12 @@ class TrainConfig:
         },
     )
     attn_implementation: str = field(
-        default="sdpa",
+        default="auto",
         metadata={
             "panel": PANEL_SPEED,
-            "choices": ATTN_IMPLEMENTATIONS,
-            "help": "encoder attention (eager: HF's)",
+            "choices": ("auto", *ATTN_IMPLEMENTATIONS),
+            "help": "encoder attention (auto: sdpa where the student has it, else eager; "
+            "eager: HF's)",
         },
     )
     compile_encoder: bool = field(
