@@ -202,7 +202,7 @@ class StudentChoice:
             "registered": self.architecture.registered,
             "attention": self.attention,
             "attention_source": self.attention_source,
-            "packs": self.architecture.packs_with(self.attention),
+            "packing_proven": self.architecture.packs_with(self.attention),
             "dropout": self.dropout,
             "dropout_fields": list(self.dropout_fields),
             "config_dropout": self.config_dropout,
