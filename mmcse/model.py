@@ -75,9 +75,12 @@ class SentenceEncoder(nn.Module):
         dropout: float | None = None,
         attn_implementation: str | None = None,
     ) -> SentenceEncoder:
-        """``attn_implementation``: ``"sdpa"`` (PyTorch's fused attention kernels; the same
-        function as ``"eager"``, HF's reference matmul–softmax–matmul), ``"flex_attention"``,
-        ``"varlen"`` (packed batches only, CUDA: :mod:`mmcse.packing`), ``None`` = HF default."""
+        """``attn_implementation``: ``"auto"`` (sdpa where the student's architecture has it,
+        else eager: :mod:`mmcse.students`), ``"sdpa"`` (PyTorch's fused attention kernels; the
+        same function as ``"eager"``, HF's reference matmul–softmax–matmul),
+        ``"flex_attention"``, ``"varlen"`` (packed batches only, CUDA: :mod:`mmcse.packing`),
+        ``None`` = HF default; one the architecture lacks is refused in one line.
+        ``dropout``: set on the architecture's own dropout fields (the registry's)."""
         from transformers import AutoConfig, AutoModel
 
         quiet_transformers()

@@ -292,3 +292,28 @@ def choose_student(
             "(SimCSE's positives) are the same vector (SimCSE's no-dropout ablation)"
         )
     return StudentChoice(entry, chosen, source, effective, fields, config_dropout, tuple(warnings))
+
+
+#: marks the packed attentions a CUDA test proves (``pytest -m cuda``), the others a CPU test
+GPU_MARK = "*"
+
+
+def students_table() -> str:
+    """The README's "Students" table, one row per registered architecture."""
+    rows = [
+        "| student (`model_type`) | attention (`auto` first) | `--packing` | pooler default "
+        "| `--dropout` sets | notes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in STUDENTS.names():
+        entry = STUDENTS.get(name)
+        attention = [default_attention(entry)]
+        attention += [a for a in entry.attention if a not in attention]
+        packed = [f"{a}{GPU_MARK if a in (FLEX, VARLEN) else ''}"
+                  for a in entry.packed_attention or entry.attention]  # fmt: skip
+        packing = f"proven: {', '.join(packed)}" if entry.packs else "refused"
+        rows.append(
+            f"| {entry.name} (`{name}`) | {', '.join(attention)} | {packing} | `{entry.pooler}` "
+            f"| {', '.join(f'`{f}`' for f in entry.dropout_fields)} | {entry.notes} |"
+        )
+    return "\n".join(rows)

@@ -163,6 +163,29 @@ def test_a_packed_step_equals_the_padded_one(model_type, attention, tiny_student
     assert_same_step(student, padded, packed)
 
 
+GPU_PACKED = [
+    (t, a) for t in TYPES for a in ("flex_attention", "varlen") if STUDENTS.get(t).packs_with(a)
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("model_type", "attention"), GPU_PACKED)
+def test_a_packed_forward_equals_the_padded_one_on_cuda(model_type, attention, tiny_student):
+    """The GPU attentions the registry says a student packs with (FlexAttention has no backward
+    on CPU; varlen is CUDA only), against its padded sdpa forward (tests/test_packing.py's
+    tolerance)."""
+    folder = tiny_student(model_type)
+    reference = encoder_of(folder, "sdpa", "avg").cuda().eval()
+    encoder = encoder_of(folder, attention, "avg").cuda().eval()
+    padded, packed = token_batch(load_tokenizer(str(folder)), build_method("simcse"), "text")
+    with torch.no_grad():
+        want = reference(
+            input_ids=padded.input_ids.cuda(), attention_mask=padded.attention_mask.cuda()
+        ).sentence
+        got = encoder(packed=packed.packed.map(lambda t: t.cuda())).sentence[: len(TEXTS)]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("model_type", [t for t in TYPES if not student_packs(t)])
 def test_packing_is_refused_where_it_cannot_hold(model_type, tiny_student):
     """The refusal is earned: the packed forward fails or differs from the padded one."""
@@ -337,3 +360,13 @@ def test_the_trained_student_exports_and_encodes_alike(model_type, trained, tmp_
 
 def test_unregistered_architecture_is_none():
     assert architecture("albert") is None and not student_packs("albert")
+
+
+def test_the_readme_lists_every_student():
+    from pathlib import Path
+
+    from mmcse.students import students_table
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Students\n", 1)[1].split("\n## ", 1)[0]
+    assert students_table() in section
