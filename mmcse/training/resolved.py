@@ -64,6 +64,12 @@ def resolve_run_config(
     if student is not None:
         for warning in student.warnings:
             logger.warning(warning)
+        if cfg.pooler == "cls" and not student.architecture.pooler_layer:
+            logger.warning(
+                "pooler cls: %s has no pooler layer, so cls reads the first token's last state "
+                "(as cls_before_pooler does)",
+                student.architecture.name,
+            )
         logger.info(student.describe())
         cfg = dataclasses.replace(cfg, attn_implementation=student.attention)
     capture = capture_mode(cfg, device, distributed)
