@@ -75,7 +75,6 @@ class Architecture:
 
 
 STUDENTS = Registry("student architecture")
-EVERY_ATTENTION = (SDPA, EAGER, FLEX, VARLEN)
 DEBERTA_REFUSAL = (
     "DeBERTa-v2/v3 multiplies its embeddings by the [batch, tokens] attention mask and builds its "
     "own attention mask from it, so the per-sentence mask a packed row needs cannot reach its "
@@ -83,22 +82,22 @@ DEBERTA_REFUSAL = (
 )
 
 for _entry in (
-    Architecture("bert", "BERT", EVERY_ATTENTION,
+    Architecture("bert", "BERT", ATTENTION_KINDS,
                  notes="also MiniLM, all-MiniLM, E5, BGE, GTE (BERT-shaped)"),
-    Architecture("roberta", "RoBERTa", EVERY_ATTENTION, positions_after_padding=True),
-    Architecture("xlm-roberta", "XLM-R", EVERY_ATTENTION, positions_after_padding=True,
+    Architecture("roberta", "RoBERTa", ATTENTION_KINDS, positions_after_padding=True),
+    Architecture("xlm-roberta", "XLM-R", ATTENTION_KINDS, positions_after_padding=True,
                  notes="SentencePiece (Unigram) tokenizer"),
-    Architecture("distilbert", "DistilBERT", EVERY_ATTENTION,
+    Architecture("distilbert", "DistilBERT", ATTENTION_KINDS,
                  dropout_fields=("dropout", "attention_dropout"), pooler_layer=False),
-    Architecture("electra", "ELECTRA", EVERY_ATTENTION, pooler_layer=False,
+    Architecture("electra", "ELECTRA", ATTENTION_KINDS, pooler_layer=False,
                  notes="the discriminator"),
     Architecture("mpnet", "MPNet", (EAGER,), positions_after_padding=True,
                  notes="all-mpnet-base-v2; eager attention only (transformers has no sdpa)"),
     Architecture("deberta-v2", "DeBERTa-v2/v3", (EAGER,), packing_refused=DEBERTA_REFUSAL,
                  pooler_layer=False,
-                 notes="eager attention only; packing refused (its relative attention reads "
-                 "the padding mask)"),
-    Architecture("modernbert", "ModernBERT", EVERY_ATTENTION, packed_attention=(SDPA, EAGER),
+                 notes="DeBERTa-v3 too; eager attention only; packing refused (its "
+                 "embeddings and attention read the padding mask)"),
+    Architecture("modernbert", "ModernBERT", ATTENTION_KINDS, packed_attention=(SDPA, EAGER),
                  dropout_fields=("embedding_dropout", "attention_dropout", "mlp_dropout"),
                  pooler_layer=False,
                  notes="its config has every dropout at 0: --dropout sets them; packs with "
