@@ -214,9 +214,10 @@ def check_student(
 ) -> StudentChoice | None:
     """The run's attention, packing and dropout checked against ``--model``'s architecture
     before it loads (:func:`mmcse.students.choose_student`; one ``error:`` line when refused);
-    None for a hub id not downloaded yet (its load checks the attention)."""
+    None for a hub id not downloaded yet, or a config without a ``model_type`` (its load
+    checks the attention, or reports the config)."""
     config = student_config(model)
-    if not config:
+    if not isinstance(config.get("model_type"), str):
         return None
     return choose_student(student_architecture(config), config, attention, packing, dropout)
 
