@@ -100,7 +100,10 @@ def _unigram_pieces(texts: list[str], specials: list[str], unk: str) -> list[tup
     """A SentencePiece-style Unigram vocabulary (XLM-R's and DeBERTa-v3's kind): (piece, score)."""
     from tokenizers import models, pre_tokenizers, trainers
 
-    trainer = trainers.UnigramTrainer(vocab_size=200, special_tokens=specials, unk_token=unk)
+    alphabet = len(set("".join(texts)))  # Unigram keeps every character: room for them all
+    trainer = trainers.UnigramTrainer(
+        vocab_size=len(specials) + alphabet + 200, special_tokens=specials, unk_token=unk
+    )
     trained = _trained(models.Unigram(), pre_tokenizers.Metaspace(), trainer, texts)
     return [tuple(piece) for piece in json.loads(trained.to_str())["model"]["vocab"]]
 
