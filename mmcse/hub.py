@@ -36,10 +36,36 @@ def quiet_transformers() -> None:
 
 
 def load_tokenizer(path_or_id: str):
+    """The model's tokenizer (transformers' fast one, from its ``tokenizer.json``; a folder that
+    ships only a SentencePiece model, as some DeBERTa-v3 checkpoints do, is converted, which
+    needs the ``sentencepiece`` package: refused in one line naming it when it is missing)."""
     from transformers import AutoTokenizer
 
     quiet_transformers()
-    return AutoTokenizer.from_pretrained(local_or_hub_id(path_or_id))
+    source = local_or_hub_id(path_or_id)
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (ImportError, ValueError):  # transformers then asks for tiktoken, a wrong lead
+        if not needs_sentencepiece(source):
+            raise
+        raise MmcseError(
+            f"{path_or_id}: its tokenizer ships as a SentencePiece model only (no "
+            "tokenizer.json); converting it needs `pip install sentencepiece`"
+        ) from None
+
+
+def needs_sentencepiece(folder: str | Path) -> bool:
+    """A local tokenizer folder with a SentencePiece ``*.model`` and no ``tokenizer.json``, on a
+    machine without the ``sentencepiece`` package that converts it."""
+    import importlib.util
+
+    folder = Path(folder)
+    return (
+        folder.is_dir()
+        and not (folder / "tokenizer.json").is_file()
+        and any(folder.glob("*.model"))
+        and importlib.util.find_spec("sentencepiece") is None
+    )
 
 
 def local_or_hub_id(path_or_id: str | Path) -> str:

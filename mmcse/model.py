@@ -32,6 +32,15 @@ from mmcse.pooling import (
     student_pooling,
 )
 from mmcse.rundir import Checkpoint
+from mmcse.students import (
+    Architecture,
+    StudentChoice,
+    architecture,
+    choose_attention,
+    choose_student,
+    student_config,
+    unregistered,
+)
 
 
 @dataclass
@@ -66,9 +75,12 @@ class SentenceEncoder(nn.Module):
         dropout: float | None = None,
         attn_implementation: str | None = None,
     ) -> SentenceEncoder:
-        """``attn_implementation``: ``"sdpa"`` (PyTorch's fused attention kernels; the same
-        function as ``"eager"``, HF's reference matmul–softmax–matmul), ``"flex_attention"``,
-        ``"varlen"`` (packed batches only, CUDA: :mod:`mmcse.packing`), ``None`` = HF default."""
+        """``attn_implementation``: ``"auto"`` (sdpa where the student's architecture has it,
+        else eager: :mod:`mmcse.students`), ``"sdpa"`` (PyTorch's fused attention kernels; the
+        same function as ``"eager"``, HF's reference matmul–softmax–matmul),
+        ``"flex_attention"``, ``"varlen"`` (packed batches only, CUDA: :mod:`mmcse.packing`),
+        ``None`` = HF default; one the architecture lacks is refused in one line.
+        ``dropout``: set on the architecture's own dropout fields (the registry's)."""
         from transformers import AutoConfig, AutoModel
 
         quiet_transformers()
@@ -76,14 +88,28 @@ class SentenceEncoder(nn.Module):
         if pooler in (None, "auto"):  # the run's / the student's own pooling
             pooler = resolve_pooler(None, source)[0]
         config = AutoConfig.from_pretrained(source)
+        entry = student_architecture(config.to_dict())
         if dropout is not None:  # SimCSE's augmentation is the encoder's own dropout
-            for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-                if hasattr(config, key):
-                    setattr(config, key, dropout)
-        if attn_implementation == VARLEN:
-            register_varlen()
-        kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+            for key in entry.dropout_fields:
+                setattr(config, key, dropout)
+        kwargs = {}
+        if attn_implementation:  # checked here too: transformers' own check is a traceback
+            attention = choose_attention(entry, attn_implementation)[0]
+            if attention == VARLEN:
+                register_varlen()
+            kwargs["attn_implementation"] = attention
         return cls(AutoModel.from_pretrained(source, config=config, **kwargs), pooler)
+
+    @property
+    def architecture(self) -> Architecture:
+        """The student's registry entry (:mod:`mmcse.students`)."""
+        return student_architecture(self.backbone.config.to_dict())
+
+    @property
+    def packs(self) -> bool:
+        """Whether a packed batch encodes as a padded one for this student and its attention
+        (evaluation pads otherwise)."""
+        return backbone_packs(self.backbone)
 
     @property
     def hidden_size(self) -> int:
@@ -146,6 +172,54 @@ class SentenceEncoder(nn.Module):
         state = {k: v.detach().cpu().contiguous().clone() for k, v in heads.items()}
         save_file(state, str(checkpoint.heads))
         checkpoint.write_info(run_info)
+
+
+def transformers_attention(model_type: str) -> tuple[str, ...]:
+    """The attention implementations transformers' model class of ``model_type`` declares
+    (``varlen`` runs through its attention interface), sdpa first."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        model_class = MODEL_MAPPING[CONFIG_MAPPING[model_type]]
+    except (KeyError, ValueError):
+        return ("eager",)
+    declared = {
+        "sdpa": getattr(model_class, "_supports_sdpa", False),
+        "eager": True,
+        "flex_attention": getattr(model_class, "_supports_flex_attn", False),
+        "varlen": getattr(model_class, "_supports_attention_backend", False),
+    }
+    return tuple(name for name, has in declared.items() if has)
+
+
+def student_architecture(config: dict) -> Architecture:
+    """The registry's entry for a student's config (a dict), else an unregistered one with the
+    attention transformers has for its ``model_type``."""
+    model_type = str(config.get("model_type") or "unknown")
+    entry = architecture(model_type)
+    if entry is not None:
+        return entry
+    return unregistered(model_type, transformers_attention(model_type), config)
+
+
+def backbone_packs(backbone: nn.Module) -> bool:
+    """Whether packing is proven for an HF backbone's architecture and attention."""
+    config = backbone.config
+    return student_architecture(config.to_dict()).packs_with(config._attn_implementation)
+
+
+def check_student(
+    model: str, attention: str, packing: bool, dropout: float
+) -> StudentChoice | None:
+    """The run's attention, packing and dropout checked against ``--model``'s architecture
+    before it loads (:func:`mmcse.students.choose_student`; one ``error:`` line when refused);
+    None for a hub id not downloaded yet, or a config without a ``model_type`` (its load
+    checks the attention, or reports the config)."""
+    config = student_config(model)
+    if not isinstance(config.get("model_type"), str):
+        return None
+    return choose_student(student_architecture(config), config, attention, packing, dropout)
 
 
 # ---- which pooling a model directory is encoded with ------------------------------------------

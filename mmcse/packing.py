@@ -86,9 +86,10 @@ def rows_needed(lengths: Sequence[int] | np.ndarray, width: int) -> int:
 
 def position_offset(backbone: torch.nn.Module) -> int:
     """The first position id of a sentence: ``padding_idx + 1`` for RoBERTa-style embeddings
-    (positions counted from after the pad id), else 0."""
+    (RoBERTa, XLM-R, MPNet: positions counted from after the pad id, their embeddings keep
+    ``padding_idx``), else 0."""
     embeddings = getattr(backbone, "embeddings", None)
-    if embeddings is not None and hasattr(embeddings, "create_position_ids_from_input_ids"):
+    if embeddings is not None and getattr(embeddings, "padding_idx", None) is not None:
         return int(embeddings.padding_idx) + 1
     return 0
 
@@ -195,23 +196,49 @@ def _segment_starts(segments: np.ndarray, size: int) -> np.ndarray:
 # ---- attention inside each sentence ---------------------------------------------------------
 
 
-def attention_arguments(packed: PackedTokens, implementation: str, dtype: torch.dtype) -> dict:
+def attention_arguments(
+    packed: PackedTokens, implementation: str, dtype: torch.dtype, window: int | None = None
+) -> dict:
     """The keyword arguments of a packed backbone call that keep attention inside each sentence,
-    for the encoder's ``attn_implementation``."""
+    for the encoder's ``attn_implementation``. ``window``: a local-attention half-window
+    (ModernBERT's ``sliding_window``): its sliding layers get a mask that also keeps each query
+    within ``window`` tokens, as transformers' padded mask does (sdpa and eager only)."""
     if implementation == VARLEN:
         register_varlen()
         return {"cu_seqlens": packed.cu_seqlens, "max_seqlen": packed.width}
     if implementation == "flex_attention":
         return {"attention_mask": document_block_mask(packed.segments)}
     same = packed.segments[:, None, :, None] == packed.segments[:, None, None, :]  # [R,1,W,W]
-    if implementation == "sdpa":
-        return {"attention_mask": same}
-    if implementation == "eager":  # HF's reference attention adds its mask to the scores
-        additive = torch.zeros(same.shape, dtype=dtype, device=same.device)
-        return {"attention_mask": additive.masked_fill(~same, torch.finfo(dtype).min)}
+    if implementation in ("sdpa", "eager"):
+        if window is None:
+            return {"attention_mask": _attention_mask(same, implementation, dtype)}
+        column = torch.arange(packed.width, device=same.device)
+        near = (column[:, None] - column[None, :]).abs() <= window  # within a sentence: as padded
+        masks = {"full_attention": same, "sliding_attention": same & near}
+        return {
+            "attention_mask": {
+                k: _attention_mask(m, implementation, dtype) for k, m in masks.items()
+            }
+        }
     raise MmcseError(
         f"attention {implementation!r} cannot run packed; use one of {', '.join(PACKED_ATTENTION)}"
     )
+
+
+def _attention_mask(same: Tensor, implementation: str, dtype: torch.dtype) -> Tensor:
+    """sdpa's boolean mask, or eager's additive one (HF's reference attention adds its mask)."""
+    if implementation == "sdpa":
+        return same
+    additive = torch.zeros(same.shape, dtype=dtype, device=same.device)
+    return additive.masked_fill(~same, torch.finfo(dtype).min)
+
+
+def local_window(config) -> int | None:
+    """A config's local-attention half-window when some of its layers attend locally
+    (ModernBERT: ``layer_types`` with ``sliding_attention``), else None."""
+    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    return getattr(config, "sliding_window", None)
 
 
 def document_block_mask(segments: Tensor):
@@ -296,6 +323,6 @@ def packed_forward(backbone, packed: PackedTokens, pooler: str, output_hidden_st
         position_ids=packed.position_ids + offset if offset else packed.position_ids,
         output_hidden_states=output_hidden_states,
         return_dict=True,
-        **attention_arguments(packed, implementation, dtype),
+        **attention_arguments(packed, implementation, dtype, local_window(backbone.config)),
     )
     return PackedOutputs(out, packed, backbone, hidden_layers(pooler))

@@ -89,3 +89,31 @@ def test_eval_of_a_hub_id_with_no_network_is_one_probe_and_one_line(
     code, stderr = run_main(["eval", "--model", HUB_ID], monkeypatch, capsys)
     assert_one_error(code, stderr, HUB_ID, "cannot be reached")
     assert len(no_network) == 1  # one short probe, not the hub client's retries
+
+
+def test_a_sentencepiece_only_tokenizer_loads_or_names_the_package(tmp_path):
+    """A DeBERTa-v3-style folder with ``spm.model`` and no ``tokenizer.json`` (built offline with
+    protobuf): converted where ``sentencepiece`` is installed, else one line naming it (not
+    transformers' fallback asking for tiktoken)."""
+    import importlib.util
+
+    from transformers.utils import sentencepiece_model_pb2_new as spm
+
+    from mmcse.hub import load_tokenizer
+
+    model = spm.ModelProto()
+    model.trainer_spec.model_type, model.trainer_spec.unk_id = 1, 1  # Unigram
+    for piece, kind in [("[PAD]", 3), ("[UNK]", 2), ("[CLS]", 3), ("[SEP]", 3), ("▁a", 1),
+                        ("▁man", 1), ("a", 1), ("m", 1), ("n", 1)]:  # fmt: skip
+        entry = model.pieces.add()
+        entry.piece, entry.score, entry.type = piece, -1.0, kind
+    (tmp_path / "spm.model").write_bytes(model.SerializeToString())
+    (tmp_path / "config.json").write_text('{"model_type": "deberta-v2"}')
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "DebertaV2Tokenizer", "vocab_file": "spm.model"}'
+    )
+    if importlib.util.find_spec("sentencepiece") is not None:
+        assert load_tokenizer(str(tmp_path))("a man")["input_ids"]
+        return
+    with pytest.raises(MmcseError, match="pip install sentencepiece"):
+        load_tokenizer(str(tmp_path))

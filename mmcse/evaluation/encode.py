@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from mmcse.errors import MmcseError
+from mmcse.model import backbone_packs
 from mmcse.packing import PackedTokens, pack_tokens, packed_forward
 from mmcse.pooling import StModule, needs_hidden_states, pool
 from mmcse.precision import autocast_for, evaluation_precision
@@ -128,9 +129,11 @@ def encode_sentences(
     ``device=None`` uses the device the encoder is on; a given device moves the encoder there.
     Inputs longer than ``max_length`` tokens (default: the encoder's ``max_length``, a
     sentence-transformers model's ``max_seq_length``, else what tokenizer and model allow) are
-    truncated. ``packing``: each batch packed end to end (:mod:`mmcse.packing`), else padded.
+    truncated. ``packing``: each batch packed end to end (:mod:`mmcse.packing`) where packing
+    is proven for the student (:mod:`mmcse.students`), else padded.
     """
     backbone = getattr(encoder, "backbone", encoder)
+    packing = packing and backbone_packs(backbone)
     pooler = pooler or getattr(encoder, "pooler", "cls_before_pooler")
     post_pooling = getattr(encoder, "post_pooling", None)  # a model's own Dense/Normalize
     if device is None:

@@ -206,6 +206,8 @@ def verify_settings(run: RunDir, record: dict[str, Any], settings: dict[str, Any
     now, then = jsonable(settings), record["settings"]
     if now.get("pooler") == "auto":  # resolves from the same model to what the record holds
         now["pooler"] = then.get("pooler")
+    if now.get("attn_implementation") == "auto":  # likewise (mmcse.students)
+        now["attn_implementation"] = then.get("attn_implementation")
     skip = RESUMABLE_CHANGES + (EXTENDING if run.last.finished() else ())
     differ = sorted(k for k in set(now) | set(then) if k not in skip and now.get(k) != then.get(k))
     if differ:

@@ -393,7 +393,8 @@ class TrainConfig:
             "scope": SCOPE_RUN,
             "min": 0,
             "below": 1,
-            "help": "encoder dropout (the views' noise)",
+            "help": "encoder dropout (the views' noise), set on the student's own dropout "
+            "fields (README: Students)",
         },
     )
     device: str = field(
@@ -416,12 +417,13 @@ class TrainConfig:
         },
     )
     attn_implementation: str = field(
-        default="sdpa",
+        default="auto",
         metadata={
             "panel": PANEL_SPEED,
-            "scope": SCOPE_RUN,
-            "choices": ATTN_IMPLEMENTATIONS,
-            "help": "encoder attention (eager: HF's)",
+            "scope": SCOPE_SETUP,
+            "choices": ("auto", *ATTN_IMPLEMENTATIONS),
+            "help": "encoder attention (auto: sdpa where the student has it, else eager; "
+            "eager: HF's)",
         },
     )
     compile_encoder: bool = field(

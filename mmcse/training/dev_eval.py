@@ -36,6 +36,7 @@ from mmcse.evaluation.encode import (
     token_budget_batches,
 )
 from mmcse.evaluation.sts import load_stsb_dev, resolve_downstream, score_task
+from mmcse.model import backbone_packs
 from mmcse.training.stop import EvaluationStopped
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,8 @@ class DevEvaluator:
     ):
         """``max_tokens``: padded tokens per batch (default: :func:`dev_tokens_per_batch` of
         the device ``encoder`` is on); ``packing``: each batch's sentences packed end to end
-        (:mod:`mmcse.packing`), else padded."""
+        (:mod:`mmcse.packing`) where packing is proven for the student, else padded."""
+        packing = packing and backbone_packs(encoder.backbone)
         self.task, sentences = load_stsb_dev(resolve_downstream(data_dir))
         self.rows = {sentence: row for row, sentence in enumerate(sentences)}
         limit = model_max_length(tokenizer, encoder.backbone)

@@ -3,8 +3,9 @@
 =====================  ==================  ====================================================
 field                  flag                effect
 =====================  ==================  ====================================================
-``attn_implementation``  ``--attn-implementation``  ``sdpa`` (default, every device: no GPU
-                                           measurement has chosen another yet): PyTorch's fused
+``attn_implementation``  ``--attn-implementation``  ``auto`` (default): ``sdpa`` where the
+                                           student has it, else ``eager``
+                                           (:mod:`mmcse.students`); ``sdpa``: PyTorch's fused
                                            attention kernels; ``eager``: HF's reference
                                            attention; ``flex_attention`` (GPU for training);
                                            ``varlen`` (CUDA, packed, no attention dropout).

@@ -134,7 +134,7 @@ class Trainer:
             precision=self.precision, capture=self.capture, method=self.method,
             pooler_source=self.pooler_source, student=self.student, tokenizer=self.tokenizer,
             aux=self.aux, data=self.data, auxiliary_sets=auxiliary_sets, updates=self.updates,
-            window=self.window,
+            window=self.window, student_plan=self.resolved.student_record(),
         )  # fmt: skip
 
     def _wrapped_student(self) -> nn.Module:

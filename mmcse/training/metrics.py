@@ -237,6 +237,8 @@ def describe_plan(plan: dict[str, Any]) -> str:
         taken = " + ".join(f"{n} {kind}" for kind, n in plan["batches_in_run"].items())
         lines.append(f"  this run: {taken} batches in {plan['total_steps']} steps")
     lines += [f"  note: {note}" for note in whole_corpus_batches(plan)]
+    if plan.get("student"):
+        lines.append(f"  {plan['student']['summary']}")
     if plan.get("recipes_mixing"):
         lines.append(f"  note: {recipes_mixing_note(plan['recipes_mixing'])}")
     lines += [

@@ -88,6 +88,7 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
     check_terms(cfg, method)
     check_eval_data(cfg)
     check_model(cfg.model, cfg.max_seq_length)
+    check_student_settings(cfg)
     check_output_dir(cfg, resuming=resuming)
     data = check_join(cfg, method)
     from mmcse.training.plan import plan_run, plan_warnings, preview  # torch is loaded by now
@@ -387,6 +388,14 @@ def check_eval_data(cfg: TrainConfig) -> None:
 
 
 # ---- the student ---------------------------------------------------------------------------
+
+
+def check_student_settings(cfg: TrainConfig) -> None:
+    """The attention, packing and dropout the student's architecture allows
+    (:func:`mmcse.model.check_student`), before the data is joined and the model loads."""
+    from mmcse.model import check_student  # torch is loaded by now
+
+    check_student(cfg.model, cfg.attn_implementation, cfg.packing, cfg.dropout)
 
 
 def check_model(name: str, max_seq_length: int | None = None) -> None:

@@ -197,8 +197,11 @@ class RunRecord:
         auxiliary_sets: dict,
         updates: Updates,
         window: LossWindow,
+        student_plan: dict | None = None,
     ) -> None:
-        """``capture``: the resolved capture mode (``off``, ``forward``, ``whole``); ``aux``:
+        """``student_plan``: the student's architecture, attention and dropout as chosen
+        (:meth:`mmcse.students.StudentChoice.record`); ``capture``: the resolved capture mode
+        (``off``, ``forward``, ``whole``); ``aux``:
         the method's auxiliary task (VisualCSE's images: its heads and examples) or None;
         ``auxiliary_sets``: its feature sets by role, as preflight opened them."""
         self.cfg, self.plan, self.resuming = cfg, plan, resuming
@@ -207,6 +210,7 @@ class RunRecord:
         self.student, self.tokenizer, self.aux = student, tokenizer, aux
         self.data, self.auxiliary_sets = data, auxiliary_sets
         self.updates, self.window = updates, window
+        self.student_plan = student_plan
         self.heads = nn.ModuleDict({"heads": student.heads})
         if aux is not None:  # e.g. VisualCSE's patch embedding and image head
             self.heads["aux"] = aux.heads
@@ -308,6 +312,7 @@ class RunRecord:
             "save_every": self.save_every,
             "resumed_from_step": self.resumed_from,
             "capture": self.capture_note(),
+            "student": self.student_plan,
             "extended_from": self.extended_from,
             "checkpoint_bytes": self.checkpoint_bytes(),
             "keep_last_checkpoint": cfg.keep_last_checkpoint,

@@ -3,6 +3,9 @@ device leave open is decided here, and the trainer, the run's record and the ben
 result (:class:`ResolvedRun`) instead of deciding again.
 
 - the pooler: ``auto`` becomes the student's own pooling, else the method's;
+- the student (:mod:`mmcse.students`): ``--attn-implementation auto`` becomes the fastest its
+  architecture has, and ``--packing``/``--dropout`` are checked against it (refused in one line
+  before the model loads); what was chosen is recorded (plan.json ``student``);
 - capture (:func:`mmcse.training.fastpath.capture_mode`): off, the forward, or the whole update;
 - padding: a captured run pads every batch to ``max_seq_length`` (one shape per batch kind, one
   graph), so dynamic padding is turned off;
@@ -19,10 +22,11 @@ import torch
 
 from mmcse.errors import MmcseError
 from mmcse.methods import Method
-from mmcse.model import resolve_pooler
+from mmcse.model import check_student, resolve_pooler
 from mmcse.pooling import DEFAULT_POOLER
 from mmcse.precision import precision_name
 from mmcse.rundir import resolve_model_dir
+from mmcse.students import StudentChoice
 from mmcse.training.config import TrainConfig
 from mmcse.training.fastpath import capture_mode
 
@@ -39,6 +43,14 @@ class ResolvedRun:
     capture: str
     #: the precision as run info records it (``"bf16 autocast"``, ``"fp32"``, ...)
     precision: str
+    #: the student's architecture, attention and dropout (None: a hub id not downloaded yet)
+    student: StudentChoice | None = None
+
+    def student_record(self) -> dict | None:
+        """plan.json's ``student``: the choice and its line in the plan."""
+        if self.student is None:
+            return None
+        return {**self.student.record(), "summary": self.student.describe()}
 
 
 def resolve_run_config(
@@ -48,11 +60,24 @@ def resolve_run_config(
     records), and what was decided with it."""
     pooler, pooler_source = resolve_training_pooler(cfg, method)
     cfg = dataclasses.replace(cfg, pooler=pooler)
+    student = check_student(cfg.model, cfg.attn_implementation, cfg.packing, cfg.dropout)
+    if student is not None:
+        for warning in student.warnings:
+            logger.warning(warning)
+        if cfg.pooler == "cls" and not student.architecture.pooler_layer:
+            logger.warning(
+                "pooler cls: %s has no pooler layer, so cls reads the first token's last state "
+                "(as cls_before_pooler does)",
+                student.architecture.name,
+            )
+        logger.info(student.describe())
+        cfg = dataclasses.replace(cfg, attn_implementation=student.attention)
     capture = capture_mode(cfg, device, distributed)
     if capture != "off" and cfg.dynamic_padding:  # one shape per batch kind: one graph
         logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
         cfg = dataclasses.replace(cfg, dynamic_padding=False)
-    return cfg, ResolvedRun(pooler_source, capture, precision_name(device, cfg.precision))
+    precision = precision_name(device, cfg.precision)
+    return cfg, ResolvedRun(pooler_source, capture, precision, student)
 
 
 def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from mmcse.training.fastpath import compile_encoder, fused_adamw
 
 def test_defaults_and_validation():
     cfg = TrainConfig()
-    assert cfg.attn_implementation == "sdpa" and cfg.dynamic_padding and cfg.fused_adamw
+    assert cfg.attn_implementation == "auto" and cfg.dynamic_padding and cfg.fused_adamw
     assert not cfg.compile_encoder and not cfg.tf32
     with pytest.raises(MmcseError, match="--attn-implementation"):
         TrainConfig(attn_implementation="flash")
@@ -107,7 +107,7 @@ def test_bad_attention_flag_is_one_error_line(monkeypatch, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--attn-implementation" in err[0], err
-    assert "must be one of sdpa, eager, flex_attention, varlen, not 'flash'" in err[0]
+    assert "must be one of auto, sdpa, eager, flex_attention, varlen, not 'flash'" in err[0]
 
 
 # ---- STS-B dev evaluation prepared once per run ----------------------------------------------

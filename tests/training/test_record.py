@@ -31,7 +31,8 @@ TRAINER_STATE_KEYS = ["step", "epoch", "next_index", "optimizer", "scheduler", "
 PLAN_KEYS = ["method", "device", "precision", "world_size", "sentences", "mixing", "global_batch",
              "batches_per_epoch", "steps_per_epoch", "epochs", "max_steps", "total_steps",
              "eval_data", "eval_steps", "evals", "final_eval", "save_every", "resumed_from_step",
-             "capture", "extended_from", "checkpoint_bytes", "keep_last_checkpoint", "left_out",
+             "capture", "student", "extended_from", "checkpoint_bytes", "keep_last_checkpoint",
+             "left_out",
              "mixing_rule", "batches_in_run"]  # fmt: skip
 #: run info's keys
 INFO_KEYS = ["config", "method", "step", "total_steps", "finished", "stsb_dev", "pooler",
