@@ -216,6 +216,8 @@ class RunRecord:
         self.extended_from = ckpt.extension_of(cfg.to_dict()) if resuming else None
         #: the step a resumed run continues after (None: a new run), set by :meth:`restore`
         self.resumed_from: int | None = None
+        #: whether the resumed step's evaluation is still to do (the resume runs it first)
+        self.resumed_eval_pending = False
         self.environment: dict | None = None
         self.writer = BackgroundWriter()
         self.snapshots = HostSnapshots()
@@ -245,8 +247,10 @@ class RunRecord:
         state = RunState(
             step=saved["step"], epoch=saved["epoch"], next_index=saved["next_index"],
             best_dev=saved["best_dev"], best_step=saved["best_step"],
+            eval_pending=saved.get("eval_pending", False),  # absent from last/ before issue 41
         )  # fmt: skip
         self.resumed_from = state.step
+        self.resumed_eval_pending = state.eval_pending
         if self.extended_from:
             self._extend_schedule(state.step)
         return state
@@ -270,7 +274,7 @@ class RunRecord:
         if dist.is_main():
             run.path.mkdir(parents=True, exist_ok=True)
             if resumed is not None:
-                truncate_metrics(run.metrics, resumed)
+                truncate_metrics(run.metrics, resumed, evaluated=not self.resumed_eval_pending)
                 if self.extended_from:  # the run's settings now: a later resume compares them
                     write_json(run.config, cfg.to_dict())
             else:
@@ -402,6 +406,17 @@ class RunRecord:
                 )
 
     @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The run folder held by this process while it trains into it (rank 0 holds it for
+        every rank): a second process that would train there is refused in one line
+        (:class:`mmcse.rundir.RunLock`, released by the kernel if this one is killed)."""
+        if not dist.is_main():
+            yield
+            return
+        with self.run_dir.lock():
+            yield
+
+    @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """The training loop's span: however it ends (a stop signal, an error), the checkpoint
         in flight is on disk before the run goes on or exits; a clean end leaves the waiting to
@@ -434,6 +449,7 @@ class RunRecord:
                 "best_dev": state.best_dev,
                 "best_step": state.best_step,
                 "aux": updates["aux"],
+                "eval_pending": state.eval_pending,
             }
             self.save(self.run_dir.last, state.step, state.best_dev, saved)
         if dist.is_distributed():
@@ -480,7 +496,12 @@ class RunRecord:
         )
 
     def interrupted_message(self, state: RunState) -> str:
+        redo = (
+            "; its dev evaluation was cut short and --resume runs it first"
+            if state.eval_pending
+            else ""
+        )
         return (
-            f"interrupted after step {state.step} of {self.total}; last/ saved. "
+            f"interrupted after step {state.step} of {self.total}; last/ saved{redo}. "
             f"Continue with: mmcse train --resume {self.out}"
         )

@@ -398,6 +398,23 @@ def test_non_empty_output_dir_is_refused_then_overwritten(
     assert (out / "notes.txt").read_text() == "mine"  # only what a run writes is replaced
 
 
+def test_a_run_folder_another_process_trains_into_is_refused(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    """Two processes would write one run (two ``recipes run`` of a table into one folder):
+    the second is refused in one line before it writes anything; once the first is gone the
+    folder is free."""
+    from mmcse.rundir import RunDir
+
+    out = tmp_path / "run"
+    args = train_args(tiny_model, tiny_world, out, "--overwrite")
+    with RunDir(out).lock():  # what a training process holds (its own open file description)
+        refused(args, monkeypatch, capsys, str(out), "is in use", "--output-dir")
+        assert list(out.iterdir()) == []
+    code, errors, err = run_main(args, monkeypatch, capsys)
+    assert code == 0 and not errors, err
+
+
 def test_output_dir_that_is_a_file_is_refused(
     tiny_model, tiny_world, tmp_path, monkeypatch, capsys
 ):

@@ -24,9 +24,10 @@ from mmcse.training.plan import RunPlan
 from mmcse.training.record import RunRecord
 from mmcse.training.run_state import RunState
 
-#: trainer_state.pt's keys, in the order runs before issue 30 wrote them (old last/ dirs resume)
+#: trainer_state.pt's keys, in the order runs before issue 30 wrote them (old last/ dirs resume),
+#: and eval_pending (issue 41; a last/ without it resumes as evaluated)
 TRAINER_STATE_KEYS = ["step", "epoch", "next_index", "optimizer", "scheduler", "grad_scaler",
-                      "rng", "window", "best_dev", "best_step", "aux"]  # fmt: skip
+                      "rng", "window", "best_dev", "best_step", "aux", "eval_pending"]  # fmt: skip
 #: plan.json's keys as the trainer wrote them before issue 30 (reports and tests read them)
 PLAN_KEYS = ["method", "device", "precision", "world_size", "sentences", "mixing", "global_batch",
              "batches_per_epoch", "steps_per_epoch", "epochs", "max_steps", "total_steps",
