@@ -42,6 +42,7 @@ from mmcse.recipes.runs import (
     RESTART,
     RESUME,
     check_method,
+    check_students,
     departure_note,
     departures,
     recorded_scores,
@@ -211,7 +212,8 @@ def plan_table(
     dry_run: bool = False,
 ) -> TablePlan:
     """Each recipe's seeds and their states, and the cache sets missing. A folder that cannot
-    be its seed's run is refused here, before anything trains; a dry run lists it instead.
+    be its seed's run is refused here, before anything trains; a dry run lists it instead, and
+    refuses a student that does not load (:func:`~mmcse.recipes.runs.check_students`).
     ``single``: the one recipe's own folder (``recipes run NAME --output-dir DIR``)."""
     plans = []
     for name in selection.names:
@@ -234,6 +236,8 @@ def plan_table(
             if not _overridden(n.key, given) and not (n.path / MANIFEST_NAME).is_file()
         ]
         plans.append(RecipePlan(recipe, recipe_spec, seeds_dir, seeds, needs, refused))
+    if dry_run:  # what every seed's start checks, once per student
+        check_students([(p.recipe.name, cfg) for p in plans for cfg, _ in p.seeds])
     return TablePlan(selection, Path(root), plans)
 
 

@@ -3,7 +3,8 @@ device leave open is decided here, and the trainer, the run's record and the ben
 result (:class:`ResolvedRun`) instead of deciding again.
 
 - the pooler: ``auto`` becomes the student's own pooling, else the method's;
-- capture (:func:`mmcse.training.fastpath.capture_mode`): off, the forward, or the whole update;
+- capture (:func:`mmcse.training.fastpath.capture_mode`): off, the forward, or the whole update
+  (the forward when the auxiliary update must step parameters its loss does not reach);
 - padding: a captured run pads every batch to ``max_seq_length`` (one shape per batch kind, one
   graph), so dynamic padding is turned off;
 - the precision's name, as run info records it.
@@ -25,6 +26,7 @@ from mmcse.precision import precision_name
 from mmcse.rundir import resolve_model_dir
 from mmcse.training.config import TrainConfig
 from mmcse.training.fastpath import capture_mode
+from mmcse.training.updates import auxiliary_decays_unreached
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,10 @@ def resolve_run_config(
     pooler, pooler_source = resolve_training_pooler(cfg, method)
     cfg = dataclasses.replace(cfg, pooler=pooler)
     capture = capture_mode(cfg, device, distributed)
+    if capture == "whole" and auxiliary_decays_unreached(method, cfg):
+        reason = "the auxiliary update decays what it does not reach: only the eager one can"
+        logger.info("capture: the forward only (%s)", reason)
+        capture = "forward"
     if capture != "off" and cfg.dynamic_padding:  # one shape per batch kind: one graph
         logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
         cfg = dataclasses.replace(cfg, dynamic_padding=False)

@@ -216,7 +216,7 @@ def test_a_run_without_keep_last_checkpoint_drops_last_and_still_reads_finished(
 
 
 def test_a_tables_dry_run_says_runs_missing_sets_disk_and_trains_nothing(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, hub_ids_resolve
 ):
     out = tmp_path / "runs"
     args = ["recipes", "run", "mcse:table1", "--dry-run", "--seeds", "0,1",
@@ -257,7 +257,9 @@ def test_time_estimate_reads_a_gpu_runs_measured_step_time(tmp_path):
     assert "time: no estimate" in plan_table(plan.selection, spec, tmp_path / "runs").describe()
 
 
-def test_a_dry_run_lists_a_seed_folder_the_run_would_refuse(tmp_path, monkeypatch, capsys):
+def test_a_dry_run_lists_a_seed_folder_the_run_would_refuse(
+    tmp_path, monkeypatch, capsys, hub_ids_resolve
+):
     name = "simcse/wiki/bert"
     used = tmp_path / "runs" / name / "seed1"
     used.mkdir(parents=True)

@@ -721,6 +721,39 @@ def test_features_of_a_random_weight_teacher_are_a_warning(
 # ---- recipes and ablations: refused up front as the real run refuses -----------------------
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["recipes", "run", "mcse:table1"],
+        ["recipes", "run", "mcse/wiki+flickr/bert"],
+        ["ablate", "--recipe", "mcse/wiki+flickr/bert", "--drop", "image_text"],
+    ],
+)
+def test_every_dry_run_checks_its_students_load(
+    command, tmp_path, monkeypatch, capsys, no_model_load
+):
+    """Offline, a recipe's hub-id student cannot load: the dry run says so in one line instead
+    of planning runs that would each fail at their start (as ``train --dry-run`` does)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = [*command, "--dry-run", "--seeds", "0", "--cache-root", str(tmp_path / "cache"),
+            "--output-dir", str(tmp_path / "runs")]  # fmt: skip
+    refused(args, monkeypatch, capsys, "mcse/wiki+flickr/bert", "bert-base-uncased",
+            "HF_HUB_OFFLINE")  # fmt: skip
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_tables_dry_run_checks_each_student_once(tmp_path, monkeypatch, capsys):
+    from mmcse.training import preflight
+
+    asked = []
+    monkeypatch.setattr(preflight, "check_hub_id", lambda name, flag: asked.append(name))
+    args = ["recipes", "run", "mcse:table1", "--dry-run", "--cache-root", str(tmp_path / "c"),
+            "--output-dir", str(tmp_path / "runs")]  # fmt: skip
+    code, errors, err = run_main(args, monkeypatch, capsys)
+    assert code == 0 and not errors, err
+    assert sorted(asked) == ["bert-base-uncased", "roberta-base"]  # 50 runs, 2 students
+
+
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_recipe_unknown_method_arg_is_refused_in_the_dry_run_as_in_the_run(
     dry_run, mcse_cache, tiny_model, tmp_path, monkeypatch, capsys, no_model_load
