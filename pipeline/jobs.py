@@ -17,6 +17,7 @@ from typing import Any
 
 from mmcse.devices import default_device_name
 from mmcse.errors import MmcseError
+from pipeline.workers import decode_workers
 
 #: the registered teachers (:mod:`pipeline.teachers`, its table) each extract command takes,
 #: named in its --help (importing the registry would load torch for --help)
@@ -171,9 +172,9 @@ class ImagesJob(RunFlags, TeacherFlags, DataFlags):
     max_pixels: int = setting(89_478_485, "Refuse images decoding larger than this many pixels.")
 
     def run(self) -> Written:
-        from pipeline.extract import clamp_workers, default_workers, extract_images
+        from pipeline.extract import extract_images
 
-        workers = default_workers() if self.workers is None else clamp_workers(self.workers)
+        workers = decode_workers(self.workers)
         options = self.run_options(workers=workers, decode=self.decode, max_pixels=self.max_pixels)
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         target = _path(self.out) or Path("cache") / self.dataset / self.split
@@ -311,7 +312,7 @@ class LabelledFlags:
     classes: int | None = setting(None, "random subset of this many classes")
     per_class: int | None = setting(None, "random subset of files per class")
     seed: int = setting(0, "seed of the random class/file subset")
-    workers: int = setting(4, "decoding processes")
+    workers: int = setting(4, "decoding processes (more than the CPUs: lowered to them)")
 
     def name(self, source: str) -> str:
         return self.dataset or Path(source).resolve().name
@@ -338,6 +339,7 @@ class ImageTensorsJob(LabelledFlags):
     def run(self) -> str:
         from pipeline import nonling_cache as nc
 
+        workers = decode_workers(self.workers)  # before any file is read
         if self.source_format == "cifar":
             examples = nc.cifar_batches(self.source, self.split)
         elif self.source_format != "folder":
@@ -350,7 +352,7 @@ class ImageTensorsJob(LabelledFlags):
             )
         m = nc.write_image_tensors(
             examples, self.out, dataset=self.name(self.source), split=self.split, size=self.size,
-            shard_rows=self.shard_rows, workers=self.workers,
+            shard_rows=self.shard_rows, workers=workers,
         )  # fmt: skip
         return f"{self.out}: {m.num_rows} images, {len(m.extra['classes'])} classes"
 
@@ -380,6 +382,7 @@ class AudioJob(LabelledFlags):
         from pipeline import nonling_cache as nc
         from pipeline.fbank import FbankConfig
 
+        workers = decode_workers(self.workers)  # before any file is read
         examples = nc.class_folder(
             self.source, nc.AUDIO_SUFFIXES, self.classes, self.per_class, self.seed,
             by=self.class_pick,
@@ -390,6 +393,6 @@ class AudioJob(LabelledFlags):
         )
         m = nc.write_audio_fbanks(
             examples, self.out, dataset=self.name(self.source), split=self.split, cfg=cfg,
-            dtype=self.dtype, shard_rows=self.shard_rows, workers=self.workers, classes=classes,
+            dtype=self.dtype, shard_rows=self.shard_rows, workers=workers, classes=classes,
         )  # fmt: skip
         return f"{self.out}: {m.num_rows} clips, {len(m.extra['classes'])} classes"
