@@ -107,6 +107,8 @@ def select(arguments: Sequence[str]) -> Selection:
     for argument in arguments:
         if argument in PAPER_TABLES:
             names += PAPER_TABLES[argument].rows
+        elif ":" in argument:  # a table's name (recipe names have none)
+            raise MmcseError(unknown_table(argument))
         elif any(c in argument for c in PATTERN_CHARS):
             matched = [n for n in RECIPES.names() if fnmatch.fnmatchcase(n, argument)]
             if not matched:
@@ -119,6 +121,18 @@ def select(arguments: Sequence[str]) -> Selection:
             names.append(get_recipe(argument).name)  # an unknown name: the registry's error
     table = PAPER_TABLES.get(arguments[0]) if len(arguments) == 1 else None
     return Selection(tuple(arguments), tuple(dict.fromkeys(names)), table)
+
+
+def unknown_table(name: str) -> str:
+    """The refusal of a table name that is none: the tables, the closest first."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(PAPER_TABLES), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (
+        f"no table {name!r}; {hint}the tables: {', '.join(PAPER_TABLES)} "
+        "(mmcse recipes list --tables)"
+    )
 
 
 def paper_order(name: str) -> tuple[int, str]:

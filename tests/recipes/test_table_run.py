@@ -55,6 +55,17 @@ def test_names_patterns_and_tables_select_recipes_in_the_papers_order():
         select(["nosuch/*"])
 
 
+def test_an_unknown_table_lists_the_tables_not_the_recipes(monkeypatch, capsys):
+    with pytest.raises(MmcseError) as refused:
+        select(["mcse:table99"])
+    message = str(refused.value)
+    assert "no table 'mcse:table99'; did you mean mcse:table" in message
+    assert all(name in message for name in PAPER_TABLES)
+    assert "simcse/wiki/bert" not in message  # tables, not the recipe catalogue
+    assert run_cli(monkeypatch, "recipes", "run", "mcse:table99", "--dry-run") == 2
+    assert "no table 'mcse:table99'" in capsys.readouterr().err
+
+
 def test_every_table_names_registered_recipes_with_published_rows():
     for table in PAPER_TABLES.values():
         for name in table.rows:

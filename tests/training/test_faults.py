@@ -415,6 +415,18 @@ def test_a_run_folder_another_process_trains_into_is_refused(
     assert code == 0 and not errors, err
 
 
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_varlen_attention_off_cuda_is_one_line(
+    device, tiny_model, tiny_world, tmp_path, monkeypatch, capsys, no_model_load
+):
+    """It died at the first forward in ``aten::_flash_attention_forward`` (CPU backend)."""
+    monkeypatch.setattr("mmcse.training.preflight.default_device_name", lambda: "cpu")
+    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--packing", "--dropout", "0",
+                      "--attn-implementation", "varlen", "--device", device)  # fmt: skip
+    refused(args, monkeypatch, capsys, "varlen runs on CUDA only", "on cpu", "sdpa")
+    assert not (tmp_path / "run").exists()
+
+
 def test_output_dir_that_is_a_file_is_refused(
     tiny_model, tiny_world, tmp_path, monkeypatch, capsys
 ):
