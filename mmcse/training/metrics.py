@@ -241,6 +241,8 @@ def describe_plan(plan: dict[str, Any]) -> str:
         f"({plan['steps_per_epoch']} steps) x {plan['epochs']} epoch(s) -> {plan['total_steps']} "
         "steps" + (f" (max_steps {plan['max_steps']})" if plan["max_steps"] else ""),
     ]
+    if plan.get("packing"):
+        lines.append(f"  batches: {plan['packing']}")
     if plan.get("batches_in_run"):
         taken = " + ".join(f"{n} {kind}" for kind, n in plan["batches_in_run"].items())
         lines.append(f"  this run: {taken} batches in {plan['total_steps']} steps")

@@ -35,7 +35,7 @@ from mmcse.rundir import FINAL, Checkpoint, RunDir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.evaluation_steps import eval_steps
 from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics
-from mmcse.training.plan import TOKENIZER_FILES, checkpoint_sizes, mixing_plan
+from mmcse.training.plan import TOKENIZER_FILES, batch_sizes, checkpoint_sizes, mixing_plan
 from mmcse.training.preflight import input_fingerprints
 from mmcse.training.run_state import RunState
 
@@ -314,7 +314,20 @@ class RunRecord:
             "checkpoint_bytes": self.checkpoint_bytes(),
             "keep_last_checkpoint": cfg.keep_last_checkpoint,
             **mixing_plan(self.data, plan),
+            # issue 41: what the steps train with, as the printed plan says it
+            "batch_sizes": batch_sizes(plan.global_batch, self.data.sources),
+            "packing": self.packing_note(),
         }
+
+    def packing_note(self) -> str:
+        """How a batch's sentences reach the encoder (:mod:`mmcse.packing`)."""
+        cfg = self.cfg
+        rows = f"rows of {cfg.max_seq_length} tokens"
+        if cfg.packing:
+            return f"packed: each batch's sentences end to end in {rows} (no padding)"
+        if cfg.dynamic_padding:
+            return "padded to the longest sentence of each batch"
+        return f"padded to {cfg.max_seq_length} tokens"
 
     @property
     def save_every(self) -> int:
