@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from datetime import UTC
@@ -446,6 +447,11 @@ class RunDir:
         for name in CHECKPOINTS:
             recover_dir(self.path / name)
 
+    def lock(self) -> RunLock:
+        """Hold this folder as the one process training into it (:class:`RunLock`); creates
+        the folder."""
+        return RunLock(self.path)
+
     def clear(self) -> None:
         """Remove what an earlier run wrote here (:data:`RUN_ENTRIES` and checkpoint litter);
         anything else in the folder is left alone."""
@@ -455,6 +461,44 @@ class RunDir:
                 shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
+
+
+class RunLock:
+    """One writer per run folder: an exclusive ``flock`` on the folder itself, held while a
+    process trains into it. A second process that would train there (a second ``recipes run``
+    of the same table, a ``--resume`` of a running run) is refused in one line. The kernel
+    releases the lock when its holder exits however it exits (SIGKILL, a crash), so a killed
+    run leaves nothing stuck, and nothing is written into the folder for it. Where ``flock``
+    does not exist (Windows) nothing is locked."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.fd = Path(path), None
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise MmcseError(
+                f"{self.path} is in use: another process is training into it; wait for it to "
+                "end (or stop it), or give another --output-dir"
+            ) from None
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 # ---- recorded results -------------------------------------------------------------------------

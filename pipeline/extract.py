@@ -35,7 +35,6 @@ the rank that completes the image set writes the corpus and the caption features
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -67,6 +66,7 @@ from pipeline.errors_log import (
 )
 from pipeline.images import CPU_DECODER, DEFAULT_MAX_PIXELS, DecodeDataset, collate_decoded
 from pipeline.shards import ShardPlan, run_shards
+from pipeline.workers import decode_workers
 
 logger = logging.getLogger(__name__)
 
@@ -78,39 +78,13 @@ SENTENCES_DIR = "sentences"
 DROPPED_CAPTIONS_PART = "captions-dropped"
 
 
-def default_workers() -> int:
-    return min(8, machine_workers())
-
-
-def machine_workers() -> int:
-    """The decode processes this machine allows: the CPUs this process may run on (torch's
-    DataLoader suggests no more); decoding is CPU-bound, so more only compete."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def clamp_workers(workers: int) -> int:
-    """``--workers`` as the machine allows: more than :func:`machine_workers` is lowered to it,
-    with a warning (torch's DataLoader would otherwise die part-way with a traceback)."""
-    allowed = machine_workers()
-    if workers > allowed:
-        logger.warning(
-            f"--workers {workers} is more than this machine allows ({allowed} CPUs for this "
-            f"process); decoding with {allowed} workers"
-        )
-        return allowed
-    return workers
-
-
 @dataclass(frozen=True)
 class RunOptions:
     """How to run (not what to compute): sharding, batching, devices, failure policy."""
 
     shard_size: int = DEFAULT_SHARD_SIZE
     batch_size: int = DEFAULT_BATCH_SIZE
-    workers: int = field(default_factory=default_workers)
+    workers: int = field(default_factory=lambda: decode_workers(None))
     dtype: str = "float32"  # storage dtype of the features
     strict: bool = False
     rank: int = 0

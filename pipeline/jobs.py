@@ -17,6 +17,7 @@ from typing import Any
 
 from mmcse.devices import default_device_name
 from mmcse.errors import MmcseError
+from pipeline.workers import decode_workers
 
 #: the registered teachers (:mod:`pipeline.teachers`, its table) each extract command takes,
 #: named in its --help (importing the registry would load torch for --help)
@@ -179,9 +180,9 @@ class ImagesJob(RunFlags, TeacherFlags, DataFlags):
     max_pixels: int = setting(89_478_485, "Refuse images decoding larger than this many pixels.")
 
     def run(self) -> Written:
-        from pipeline.extract import clamp_workers, default_workers, extract_images
+        from pipeline.extract import extract_images
 
-        workers = default_workers() if self.workers is None else clamp_workers(self.workers)
+        workers = decode_workers(self.workers)
         options = self.run_options(workers=workers, decode=self.decode, max_pixels=self.max_pixels)
         records, model = self.records(self.dataset), self.build_teacher(self.teacher)
         target = _path(self.out) or Path("cache") / self.dataset / self.split
@@ -371,7 +372,7 @@ class LabelledFlags:
     classes: int | None = setting(None, "random subset of this many classes")
     per_class: int | None = setting(None, "random subset of files per class")
     seed: int = setting(0, "seed of the random class/file subset")
-    workers: int = setting(4, "decoding processes")
+    workers: int = setting(4, "decoding processes (more than the CPUs: lowered to them)")
 
     def name(self, source: str) -> str:
         return self.dataset or Path(source).resolve().name
@@ -398,6 +399,7 @@ class ImageTensorsJob(LabelledFlags):
     def run(self) -> str:
         from pipeline import nonling_cache as nc
 
+        workers = decode_workers(self.workers)  # before any file is read
         if self.source_format == "cifar":
             examples = nc.cifar_batches(self.source, self.split)
         elif self.source_format != "folder":
@@ -415,7 +417,7 @@ class ImageTensorsJob(LabelledFlags):
             split=self.split,
             size=self.size,
             shard_rows=self.shard_rows,
-            workers=self.workers,
+            workers=workers,
         )
         return f"{self.out}: {m.num_rows} images, {len(m.extra['classes'])} classes"
 
@@ -445,6 +447,7 @@ class AudioJob(LabelledFlags):
         from pipeline import nonling_cache as nc
         from pipeline.fbank import FbankConfig
 
+        workers = decode_workers(self.workers)  # before any file is read
         examples = nc.class_folder(
             self.source,
             nc.AUDIO_SUFFIXES,
@@ -465,7 +468,7 @@ class AudioJob(LabelledFlags):
             cfg=cfg,
             dtype=self.dtype,
             shard_rows=self.shard_rows,
-            workers=self.workers,
+            workers=workers,
             classes=classes,
         )
         return f"{self.out}: {m.num_rows} clips, {len(m.extra['classes'])} classes"

@@ -117,6 +117,15 @@ def tiny_world(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture
+def hub_ids_resolve(monkeypatch):
+    """A hub id passes the student check as if the hub answered (there is no network here): for
+    dry runs of recipes whose own students are hub ids. Nothing is downloaded or loaded."""
+    from mmcse.training import preflight
+
+    monkeypatch.setattr(preflight, "check_hub_id", lambda name, flag="--model": None)
+
+
+@pytest.fixture
 def no_model_load(monkeypatch):
     """Loading the student fails the test: a refusal must come before any model work."""
     from mmcse.model import SentenceEncoder

@@ -191,7 +191,9 @@ TINY: dict[str, Tiny] = {
     ),
     "mmcse recipes list --tables": Tiny(shows=("mcse:table1", "dalr:table1", "simcse/wiki/bert")),
     "mmcse recipes run mcse:table1 --output-dir runs/table1 --dry-run": Tiny(
-        # the tiny cache has no coco/train set: the plan lists its commands and trains nothing
+        # the tiny cache has no coco/train set: the plan lists its commands and trains nothing;
+        # the dry run checks the students load (offline here: the tiny one stands in)
+        add=("--model", "{student}"),
         shows=("10 recipe(s) x seeds 0,1,2,3,4 = 50 run(s)", "run first:", "disk: about"),
         absent=("runs/table1",),
     ),

@@ -75,6 +75,37 @@ def test_every_path_of_a_run(tmp_path):
     assert not run.path.exists()  # naming a path creates nothing
 
 
+# holds a run folder as a training process does, until killed
+HOLDER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from mmcse.rundir import RunDir
+with RunDir(sys.argv[1]).lock():
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_one_process_trains_into_a_run_folder_and_a_killed_one_leaves_it_free(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    script = HOLDER.format(root=str(Path(__file__).resolve().parents[1]))
+    args = [sys.executable, "-c", script, str(run)]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout.readline() == "held\n"
+            with pytest.raises(MmcseError, match="is in use: another process is training"):
+                RunDir(run).lock()
+        finally:
+            holder.send_signal(signal.SIGKILL)  # no clean-up: the kernel drops the lock
+    with RunDir(run).lock():
+        assert list(run.iterdir()) == []  # nothing written for the lock
+    RunDir(run).lock().release()  # released on leaving
+
+
 def test_seed_and_ablation_folders(tmp_path):
     seeds = SeedsDir(tmp_path / "mcse")
     assert seeds.seed(3) == RunDir(tmp_path / "mcse" / "seed3")

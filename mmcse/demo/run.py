@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mmcse.demo.world import generate
+from mmcse.errors import MmcseError
 from mmcse.rundir import RunDir
 from mmcse.tiny import build_tiny_bert
 from mmcse.training.config import TrainConfig
@@ -181,6 +182,7 @@ def run_demo(out: str | Path, steps: int = 300, device: str = "auto") -> str:
     """``mmcse demo`` into ``out``; returns the comparison table, the dev curves and what it
     wrote (the steps are logged as they run)."""
     out, started = Path(out), time.perf_counter()
+    check_demo_folder(out)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     threads = torch.get_num_threads()
     if device == "cpu":
@@ -191,6 +193,28 @@ def run_demo(out: str | Path, steps: int = 300, device: str = "auto") -> str:
         torch.set_num_threads(threads)
     elapsed = time.perf_counter() - started
     return f"{report}\nruns in {out}/simcse and {out}/mcse ({elapsed:.0f} s)"
+
+
+#: what a demo folder holds at its top (an earlier demo is replaced, anything else refused)
+DEMO_ENTRIES = frozenset(
+    {"data", "cache", "student-init", *METHODS, "comparison.md", "comparison.json", "curves.png"}
+)
+
+
+def check_demo_folder(out: Path) -> None:
+    """``out`` is new, empty, or an earlier demo (replaced, and the log says so); a folder that
+    holds anything else is refused before anything is written."""
+    if out.exists() and not out.is_dir():
+        raise MmcseError(f"{out} is a file, not a folder; give the demo another folder")
+    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    other = sorted(held - DEMO_ENTRIES)
+    if other:
+        raise MmcseError(
+            f"{out} holds {', '.join(other[:4])}, which no demo wrote; give the demo an empty "
+            "or new folder (it replaces an earlier demo's)"
+        )
+    if held:
+        logger.warning("%s holds an earlier demo: replacing it", out)
 
 
 def _run(out: Path, steps: int, device: str) -> str:

@@ -20,6 +20,13 @@ authors' released BERT-base commands (their READMEs). RoBERTa-base: Table C.1 gi
 5e-7 and audio 2e-7; the VisualCSE README command runs image lr 1e-7 with ω = 0.2 (and prints
 the Table 1 row), the AudioCSE README command audio lr 2e-7 (= Table C.1) with ω = 0.02. The
 recipes follow one source each (:mod:`mmcse.recipes.catalogue`).
+
+The image (audio) optimizer is the released one: AdamW over every parameter of the model (the
+encoder, the text heads, the task's heads; ``image_optimizer_scope="model"``), its gradients
+cleared as the run's ``zero_grad`` says (the released ``model.zero_grad()`` zeroes them: a
+parameter the image loss does not reach then steps on a zero gradient, i.e. is only decayed, at
+``image_weight_decay`` > 0). ``image_optimizer_scope="task"`` covers the encoder and the task's
+heads only. At weight decay 0 (every released command and recipe) both give the same numbers.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from mmcse.nonling.task import (
     AUDIO_KIND,
     IMAGE_KIND,
     OBJECTIVES,
+    OPTIMIZER_SCOPES,
     NonLinguisticSettings,
     NonLinguisticTask,
 )
@@ -92,6 +100,8 @@ class VisualCSE(NonLinguisticMixin, SimCSE):
     image_temperature: float = 0.07
     image_objective: str = OBJECTIVES[0]  # the released --new_supcon objective
     image_weight_decay: float = 0.0
+    #: released: the image optimizer covers every model parameter (``trainers.py``)
+    image_optimizer_scope: str = OPTIMIZER_SCOPES[0]
     image_size: int = 224
     vit_init: str = "auto"  # auto: in21k ViT of the student's width if any; random; or a dir/id
 
@@ -107,6 +117,7 @@ class VisualCSE(NonLinguisticMixin, SimCSE):
             temperature=self.image_temperature,
             objective=self.image_objective,
             weight_decay=self.image_weight_decay,
+            optimizer_scope=self.image_optimizer_scope,
             image_size=self.image_size,
             init=self.vit_init,
         )
@@ -140,6 +151,8 @@ class AudioCSE(NonLinguisticMixin, SimCSE):
     audio_temperature: float = 0.07
     audio_objective: str = OBJECTIVES[0]  # the released --new_supcon objective
     audio_weight_decay: float = 0.0
+    #: released: the audio optimizer covers every model parameter (``trainers.py``)
+    audio_optimizer_scope: str = OPTIMIZER_SCOPES[0]
     audio_patch_size: int = 24  # the paper's 211 tokens; SSAST's own patches are 16
     audio_freq_mask: int = 48  # released: torchaudio FrequencyMasking(48)
     audio_time_mask: int = 192  # released: torchaudio TimeMasking(192)
@@ -157,6 +170,7 @@ class AudioCSE(NonLinguisticMixin, SimCSE):
             temperature=self.audio_temperature,
             objective=self.audio_objective,
             weight_decay=self.audio_weight_decay,
+            optimizer_scope=self.audio_optimizer_scope,
             patch_size=self.audio_patch_size,
             freq_mask=self.audio_freq_mask,
             time_mask=self.audio_time_mask,

@@ -53,6 +53,10 @@ IMAGE_KIND = IMAGE_TENSOR_KIND  # the cache contract's names (mmcse.cache.kinds)
 AUDIO_KIND = AUDIO_FBANK_KIND
 #: registered losses the task can run; the first is the released code's (``--new_supcon``)
 OBJECTIVES = ("class_rank_cross_entropy", "supcon", "simclr")
+#: what the task's own AdamW covers (:func:`mmcse.training.updates.auxiliary_parameters`):
+#: ``model``, every parameter of the model (the released image/audio optimizer); ``task``, the
+#: encoder and the task's heads
+OPTIMIZER_SCOPES = ("model", "task")
 #: objectives that read class labels (an unlabelled set can only run ``simclr``)
 LABELLED_OBJECTIVES = ("class_rank_cross_entropy", "supcon")
 
@@ -68,6 +72,7 @@ class NonLinguisticSettings:
         lr, batch_size, temperature, objective, weight_decay, max_grad_norm: the image update's
             optimisation (Table C.1; ``objective``: one of :data:`OBJECTIVES`; the update reads
             ``lr``, ``weight_decay`` and ``max_grad_norm``).
+        optimizer_scope: what the update's AdamW covers, one of :data:`OPTIMIZER_SCOPES`.
         image_size: crop size of the image views (ViT's 224).
         patch_size: audio patch size (the image patch size is ViT's 16).
         init: image patch embedding init: ``auto``, ``random`` or a ViT dir / hub id.
@@ -86,6 +91,7 @@ class NonLinguisticSettings:
     objective: str = OBJECTIVES[0]
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    optimizer_scope: str = OPTIMIZER_SCOPES[0]  # released: image_optimizer over the model
     image_size: int = 224
     patch_size: int = 24
     init: str = "auto"
@@ -98,6 +104,10 @@ class NonLinguisticSettings:
             raise ValueError(f"kind must be {IMAGE_KIND!r} or {AUDIO_KIND!r}, not {self.kind!r}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
+        if self.optimizer_scope not in OPTIMIZER_SCOPES:
+            raise ValueError(
+                f"optimizer scope must be one of {OPTIMIZER_SCOPES}, not {self.optimizer_scope!r}"
+            )
         if min(self.freq_mask, self.time_mask) < 0:
             raise ValueError("SpecAugment mask parameters must be 0 (off) or positive")
         if self.batch_size < 2:

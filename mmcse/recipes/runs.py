@@ -31,7 +31,7 @@ from mmcse.training.config import (
     TrainConfig,
     same_setting,
 )
-from mmcse.training.preflight import check_output_path, check_terms, checked_method
+from mmcse.training.preflight import check_model, check_output_path, check_terms, checked_method
 
 logger = logging.getLogger(__name__)
 
@@ -87,23 +87,45 @@ def describe_plan(
     hint = pooling_hint(recipe, spec)
     lines += [hint] if hint else []
     base = recipe.config(spec.cache_root, seed=seeds[0], output_dir="-").to_dict() if seeds else {}
+    students = []
     for label, out, row_overrides in rows:
         row_spec = spec.with_overrides(row_overrides)
         row = recipe.config(RecipeRunSpec(spec.cache_root, overrides=row_overrides), seed=0,
                             output_dir="-")  # fmt: skip
         check_method(row, label)  # what the real run refuses, the dry run refuses
+        named = label if label == recipe.name else f"{recipe.name} {label}"  # an ablation row
+        students.append((named, recipe.config(row_spec, seed=0, output_dir="-")))
         for seed in seeds:
             cfg = recipe.config(row_spec, seed=seed, output_dir=SeedsDir(out).seed(seed).path)
             cfg = cfg.to_dict()
             diff = {k: v for k, v in cfg.items() if k not in PER_RUN_SETTINGS and base.get(k) != v}
             shown = ", ".join(f"{k}={v}" for k, v in diff.items()) or "recipe config"
             lines.append(f"  {label} seed {seed} -> {cfg['output_dir']}: {shown}")
+    check_students(students)
     try:
         recipe.check_cache(spec.cache_root, set(spec.overrides))
         lines.append(f"cache under {spec.cache_root}: every set the recipe reads is there")
     except MmcseError as exc:
         lines.append(f"cache: {exc}")
     return "\n".join(lines)
+
+
+def check_students(runs: list[tuple[str, TrainConfig]]) -> None:
+    """Every student these runs train loads — its config and tokenizer on disk (room for
+    ``max_seq_length``), or a hub id cached or reachable now — checked once per distinct
+    student, as ``train --dry-run`` checks its one (:func:`mmcse.training.preflight.check_model`):
+    a dry run does not plan runs that would each fail at their start. ``runs``: (label, config);
+    the error names the labels of the runs that student would have trained."""
+    users: dict[tuple[str, int], list[str]] = {}
+    for label, cfg in runs:
+        users.setdefault((cfg.model, cfg.max_seq_length), []).append(label)
+    for (model, max_seq_length), labels in users.items():
+        try:
+            check_model(model, max_seq_length)
+        except MmcseError as exc:
+            names = list(dict.fromkeys(labels))
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise MmcseError(f"{shown}: {exc}") from None
 
 
 def check_method(cfg: TrainConfig, label: str) -> None:

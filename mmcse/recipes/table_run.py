@@ -23,7 +23,7 @@ import fnmatch
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,10 @@ from mmcse.recipes.runs import (
     RESTART,
     RESUME,
     check_method,
+    check_students,
     departure_note,
     departures,
+    pooling_hint,
     recorded_scores,
     run_recipe,
     seed_configs,
@@ -61,6 +63,8 @@ PATTERN_CHARS = "*?["
 WELCH_COLUMN = "p (Welch, Avg.)"
 SOURCE_COLUMN = "source"
 MISSING, PARTIAL, OVERRIDDEN = " [missing]", " [partial]", " [overridden]"
+#: a row trained on features of a teacher with random weights (it distils from noise)
+RANDOM_TEACHER = " [random teacher]"
 
 
 # ---- what to run -----------------------------------------------------------------------------
@@ -106,6 +110,8 @@ def select(arguments: Sequence[str]) -> Selection:
     for argument in arguments:
         if argument in PAPER_TABLES:
             names += PAPER_TABLES[argument].rows
+        elif ":" in argument:  # a table's name (recipe names have none)
+            raise MmcseError(unknown_table(argument))
         elif any(c in argument for c in PATTERN_CHARS):
             matched = [n for n in RECIPES.names() if fnmatch.fnmatchcase(n, argument)]
             if not matched:
@@ -118,6 +124,18 @@ def select(arguments: Sequence[str]) -> Selection:
             names.append(get_recipe(argument).name)  # an unknown name: the registry's error
     table = PAPER_TABLES.get(arguments[0]) if len(arguments) == 1 else None
     return Selection(tuple(arguments), tuple(dict.fromkeys(names)), table)
+
+
+def unknown_table(name: str) -> str:
+    """The refusal of a table name that is none: the tables, the closest first."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(PAPER_TABLES), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (
+        f"no table {name!r}; {hint}the tables: {', '.join(PAPER_TABLES)} "
+        "(mmcse recipes list --tables)"
+    )
 
 
 def paper_order(name: str) -> tuple[int, str]:
@@ -186,10 +204,24 @@ class TablePlan:
         if refused:
             lines.append(f"{len(refused)} seed folder(s) the run would refuse:")
             lines += [f"  {why}" for why in refused]
+        if not single:  # what a one-recipe dry run says of its recipe, for each
+            lines += self._setting_lines()
         lines += self._cache_lines()
         lines += disk_lines(self)
         lines.append(time_estimate(self))
         return "\n".join(lines)
+
+    def _setting_lines(self) -> list[str]:
+        """Each recipe's departures from its own setting and its pooling note (a student that
+        ships its own pooling trained with the recipe's)."""
+        lines = []
+        for plan in self.recipes:
+            note = departure_note(departures(plan.recipe, plan.spec))
+            hint = pooling_hint(plan.recipe, plan.spec)
+            lines += [f"  {plan.recipe.name}: {text}" for text in (note, hint) if text]
+        if not lines:
+            return ["settings: every recipe's own (no overrides)"]
+        return ["settings:", *lines]
 
     def _cache_lines(self) -> list[str]:
         missing = [(r.recipe.name, n) for r in self.recipes for n in r.missing]
@@ -211,7 +243,8 @@ def plan_table(
     dry_run: bool = False,
 ) -> TablePlan:
     """Each recipe's seeds and their states, and the cache sets missing. A folder that cannot
-    be its seed's run is refused here, before anything trains; a dry run lists it instead.
+    be its seed's run is refused here, before anything trains; a dry run lists it instead, and
+    refuses a student that does not load (:func:`~mmcse.recipes.runs.check_students`).
     ``single``: the one recipe's own folder (``recipes run NAME --output-dir DIR``)."""
     plans = []
     for name in selection.names:
@@ -234,6 +267,8 @@ def plan_table(
             if not _overridden(n.key, given) and not (n.path / MANIFEST_NAME).is_file()
         ]
         plans.append(RecipePlan(recipe, recipe_spec, seeds_dir, seeds, needs, refused))
+    if dry_run:  # what every seed's start checks, once per student
+        check_students([(p.recipe.name, cfg) for p in plans for cfg, _ in p.seeds])
     return TablePlan(selection, Path(root), plans)
 
 
@@ -377,6 +412,8 @@ class TableRow:
     seeds: tuple[int, ...]
     per_seed: dict[int, dict | None]  # finished seeds only: their STS test numbers
     changes: dict[str, Any]
+    #: feature sets of its finished seeds that came from teachers with random weights
+    random_teachers: list[str] = field(default_factory=list)
 
     @property
     def scored(self) -> list[dict]:
@@ -387,6 +424,7 @@ class TableRow:
         if not self.scored:
             return name + MISSING
         marks = PARTIAL if len(self.scored) < len(self.seeds) else ""
+        marks += RANDOM_TEACHER if self.random_teachers else ""
         return name + marks + (OVERRIDDEN if self.changes else "")
 
     def row(self, p_text: str) -> Row:
@@ -408,20 +446,37 @@ class TableRow:
         }
 
 
-def read_rows(plan: TablePlan) -> list[TableRow]:
-    """What the seed folders hold now: each finished seed's recorded STS test numbers."""
+def read_rows(plan: TablePlan, random_teachers: RandomTeachers | None = None) -> list[TableRow]:
+    """What the seed folders hold now: each finished seed's recorded STS test numbers (and,
+    ``random_teachers`` given, the feature sets of random-weight teachers it read)."""
     rows = []
     for recipe in plan.recipes:
-        per_seed = {
-            cfg.seed: recorded_scores(RunDir(cfg.output_dir))
+        finished = [
+            cfg
             for cfg, state in recipe.seeds
             if state != REFUSED and RunDir(cfg.output_dir).finished()  # refused: other settings
-        }
+        ]
+        per_seed = {cfg.seed: recorded_scores(RunDir(cfg.output_dir)) for cfg in finished}
         seeds = tuple(cfg.seed for cfg, _ in recipe.seeds)
+        random = [] if random_teachers is None else [
+            key for cfg in finished for key in random_teachers(Path(cfg.output_dir))
+        ]  # fmt: skip
+        changes = departures(recipe.recipe, recipe.spec)
         rows.append(
-            TableRow(recipe.recipe, seeds, per_seed, departures(recipe.recipe, recipe.spec))
+            TableRow(recipe.recipe, seeds, per_seed, changes, sorted(dict.fromkeys(random)))
         )
     return rows
+
+
+def random_teacher_note(label: str, keys: list[str]) -> str:
+    return (
+        f"{label}{RANDOM_TEACHER}: trained on features of teachers with random weights "
+        f"({', '.join(keys)}): it distils from noise and reproduces no published number."
+    )
+
+
+#: a run folder → the feature sets it read that came from teachers with random weights
+RandomTeachers = Callable[[Path], list[str]]
 
 
 @dataclass
@@ -434,11 +489,12 @@ class PaperTableResult:
     record: dict[str, Any]
 
 
-def table_rows(plan: TablePlan) -> PaperTableResult:
+def table_rows(plan: TablePlan, random_teachers: RandomTeachers | None = None) -> PaperTableResult:
     """The table in the paper's order: each recipe's mean ± std over its finished seeds, a
     Welch p against the row the paper tests it against (only with ≥ 2 seeds a side), then its
-    published rows; missing, partial and overridden rows marked."""
-    ours = read_rows(plan)
+    published rows; missing, partial, overridden rows and rows trained on random-weight
+    teachers' features marked (``random_teachers``: a run folder's such feature sets)."""
+    ours = read_rows(plan, random_teachers)
     by_name = {r.recipe.name: r for r in ours}
     against = plan.selection.against
     rows, measured, notes = [], [], []
@@ -448,6 +504,8 @@ def table_rows(plan: TablePlan) -> PaperTableResult:
         rows += [published_row(p) for p in row.recipe.published]
         if row.changes:
             notes.append(f"{row.recipe.name}: {departure_note(row.changes)}")
+        if row.random_teachers:
+            notes.append(random_teacher_note(row.recipe.name, row.random_teachers))
     missing = [r.recipe.name for r in ours if not r.scored]
     partial = [r.recipe.name for r in ours if r.scored and len(r.scored) < len(r.seeds)]
     if missing:

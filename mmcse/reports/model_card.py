@@ -188,9 +188,12 @@ def _score_lines(results: dict | None) -> list[str]:
     values = [f"{results[t]:.2f}" if results[t] is not None else "-" for t in tasks]
     values.append(f"{results['avg']:.2f}" if results.get("avg") is not None else "-")
     details = results.get("details", {})
+    protocol = {**details, **(details.get("protocol") or {})}  # an old flat file: details
+    data = protocol.get("data")
+    where = f", SentEval folder `{shown_path(data)}`" if data else ", SentEval folder not recorded"
     return [
         "SentEval STS, Spearman x 100 ('all' setting), as `mmcse eval` reported "
-        f"(mode {details.get('mode', '?')}, pooler {details.get('pooler', '?')}):",
+        f"(mode {protocol.get('mode', '?')}, pooler {protocol.get('pooler', '?')}{where}):",
         "",
         "| " + " | ".join(titles) + " |",
         "|" + "|".join("---:" for _ in titles) + "|",

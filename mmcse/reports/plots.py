@@ -212,6 +212,20 @@ def plot_align_uniform(
     return _save(align_uniform_figure(points, base), path)
 
 
+def label_offsets(points: dict[str, tuple[float, float]]) -> list[tuple[int, int]]:
+    """Each point's label offset (points): the usual up-right, moved a line further down for
+    every earlier point within :data:`MIN_AU_SPAN`/10 of it, so close runs' labels do not print
+    over each other."""
+    near_u, near_a = MIN_AU_SPAN["uniformity"] / 10, MIN_AU_SPAN["alignment"] / 10
+    offsets: list[tuple[int, int]] = []
+    placed: list[tuple[float, float]] = []
+    for uniform, align in points.values():
+        crowd = sum(abs(uniform - u) < near_u and abs(align - a) < near_a for u, a in placed)
+        offsets.append((5, 5 - 11 * crowd))
+        placed.append((uniform, align))
+    return offsets
+
+
 def align_uniform_figure(
     points: dict[str, tuple[float, float]], base: tuple[str, tuple[float, float]] | None = None
 ):
@@ -222,15 +236,17 @@ def align_uniform_figure(
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 5))
-    for label, (uniform, align) in points.items():
-        ax.scatter(uniform, align, s=40)
-        ax.annotate(label, (uniform, align), textcoords="offset points", xytext=(5, 5), fontsize=8)
     shown = list(points.values())
-    if base is not None:
+    if base is not None:  # under the runs: a run at the base model's point stays visible
         label, (uniform, align) = base
-        ax.scatter(uniform, align, s=70, marker="X", color="grey", label=label)
+        ax.scatter(uniform, align, s=70, marker="X", color="grey", label=label, zorder=1)
         ax.legend(fontsize=8, loc="best")
         shown.append((uniform, align))
+    for (label, (uniform, align)), offset in zip(
+        points.items(), label_offsets(points), strict=True
+    ):
+        ax.scatter(uniform, align, s=40, zorder=3)
+        ax.annotate(label, (uniform, align), textcoords="offset points", xytext=offset, fontsize=8)
     for values, span, set_lim in (
         ([u for u, _ in shown], MIN_AU_SPAN["uniformity"], ax.set_xlim),
         ([a for _, a in shown], MIN_AU_SPAN["alignment"], ax.set_ylim),

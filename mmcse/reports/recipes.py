@@ -9,6 +9,7 @@ writes their tables (:mod:`mmcse.reports.compare` for markdown, :mod:`mmcse.repo
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from mmcse.files import write_json
@@ -33,15 +34,18 @@ from mmcse.recipes.runs import (
 from mmcse.recipes.summary import published_row
 from mmcse.recipes.table_run import (
     FINISHED,
+    RANDOM_TEACHER,
     SOURCE_COLUMN,
     WELCH_COLUMN,
     TablePlan,
     plan_table,
+    random_teacher_note,
     run_table,
     select,
     table_rows,
 )
 from mmcse.reports.compare import markdown_table
+from mmcse.reports.runs import Run
 from mmcse.reports.tables import BEST_RULE, render, write_tables
 
 
@@ -57,10 +61,21 @@ def recipe_tables(outcome: RecipeOutcome) -> str:
     """Write a recipe run's tables (results.md/.csv/.tex, as ``mmcse compare``) beside its
     record; return the markdown table with its notes."""
     rows, notes = outcome.rows, outcome.notes
+    seeds = [outcome.seeds_dir.seed(seed).path for seed in outcome.runs.seeds]
+    random = sorted({key for path in seeds for key in Run(path).random_teachers()})
+    if random:  # flagged as mmcse compare and a table run flag it
+        rows = [_random_flagged(row) for row in rows]
+        notes = [*notes, random_teacher_note("this run", random)]
     this_run = [i for i, r in enumerate(rows) if r.label.startswith("this run")]
     write_tables(rows, COLUMNS, outcome.seeds_dir.tables, ("source",), this_run, notes=notes)
     table = markdown_table(rows, extra_columns=("source",))
     return table + "".join(f"\n\n{n}" for n in notes)
+
+
+def _random_flagged(row):
+    return (
+        replace(row, label=row.label + RANDOM_TEACHER) if row.label.startswith("this run") else row
+    )
 
 
 def ablation_markdown(ablation: Ablation) -> str:
@@ -140,7 +155,7 @@ def paper_table(plan: TablePlan, fmt: str = "md", write: bool = True) -> str:
     title; ``write``: also as .md/.csv/.tex (as ``mmcse compare`` writes them) and .json (per
     seed) under ``<root>/tables/``, and where they went. No best is marked: rows of different
     settings and students do not compete; the p column tests the paper's pairs."""
-    result = table_rows(plan)
+    result = table_rows(plan, random_teachers=lambda path: Run(path).random_teachers())
     extra = (SOURCE_COLUMN, WELCH_COLUMN)
     source = f" ({plan.selection.table.source})" if plan.selection.table else ""
     title = f"Table {plan.selection.label}{source}: mean ± std over the finished seeds"

@@ -308,7 +308,18 @@ def find_group(argument: str | Path) -> Group:
     overrides = record.get("overrides") if isinstance(record.get("overrides"), dict) else {}
     recipe = record.get("recipe")  # what SeedsDir.recipe_name reads, from the record in hand
     name = recipe.get("name") if isinstance(recipe, dict) else None
-    return Group(path.name, path, runs, name, overrides)
+    return Group(recipe_label(path, seeds_dir, name), path, runs, name, overrides)
+
+
+def recipe_label(path: Path, seeds_dir: Path, recipe: str | None) -> str:
+    """A group's label: its folder's name; for a ``recipes run`` folder the recipe's name, which
+    says the method (SimCSE's and MCSE's ``<root>/<method>/wiki+coco/bert`` share the rest) —
+    beside the folder's name where the user chose that folder."""
+    if not recipe:
+        return path.name
+    where = seeds_dir.absolute().as_posix()
+    own = recipe if where.endswith("/" + recipe) else f"{seeds_dir.name} ({recipe})"
+    return own if path == seeds_dir else f"{own}/{path.name}"
 
 
 def find_groups(arguments) -> list[Group]:

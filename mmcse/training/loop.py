@@ -24,7 +24,7 @@ backward are compiled and the update stays eager (:class:`mmcse.training.update.
 The run's progress (step, epoch, position, best dev) is one :class:`~mmcse.training.run_state.RunState`
 that the loop advances; bookkeeping — the run directory, the plan record, run info, checkpoints,
 resuming — is :mod:`mmcse.training.record`'s, given that state and the objects it saves. SIGINT
-stops after the step (last/ saved).
+stops after the step (last/ saved); a dev evaluation it cut short is run first by the resume.
 """
 
 from __future__ import annotations
@@ -168,22 +168,42 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> RunResult:
-        """From the run's state (a resumed run's next batch) to its last step."""
+        """From the run's state (a resumed run's next batch) to its last step, the run folder
+        held meanwhile (one process trains into it at a time: :meth:`RunRecord.held`)."""
+        with self.record.held():
+            log = self.record.open_log()
+            title = f"train {self.cfg.method}"
+            progress = Progress(self.total, self.state.step, title, dist.is_main())
+            with self.record.writing(), StopRequest() as stop, log, progress:
+                self.window.start_clock()  # steps/s from here: not setup, nor a save's steps
+                if self.state.eval_pending:  # a stop came before or during its evaluation
+                    self._evaluate_resumed_step(log, progress, stop)
+                self._train(log, progress, stop)
+            return self.record.finish(self.state)
+
+    def _train(self, log: MetricsLog, progress: Progress, stop: StopRequest) -> None:
         cfg, state = self.cfg, self.state
-        log = self.record.open_log()
-        progress = Progress(self.total, state.step, f"train {cfg.method}", dist.is_main())
-        with self.record.writing(), StopRequest() as stop, log, progress:
-            first = state.epoch
-            for epoch in range(first, cfg.epochs):
-                skip = state.next_index if epoch == first else 0
-                for index, batch, waited in self.batches(epoch, skip):
-                    if state.step >= self.total:
-                        break
-                    parts, host = self.step(batch)
-                    state.advance(epoch, index)
-                    self.window.add_step(state.step, batch.kind, parts, host, waited)
-                    self._after_step(log, progress, stop)
-        return self.record.finish(state)
+        first = state.epoch
+        for epoch in range(first, cfg.epochs):
+            skip = state.next_index if epoch == first else 0
+            for index, batch, waited in self.batches(epoch, skip):
+                if state.step >= self.total:
+                    break
+                parts, host = self.step(batch)
+                state.advance(epoch, index)
+                self.window.add_step(state.step, batch.kind, parts, host, waited)
+                self._after_step(log, progress, stop)
+
+    def _evaluate_resumed_step(
+        self, log: MetricsLog, progress: Progress, stop: StopRequest
+    ) -> None:
+        """The evaluation a stop signal left undone at last/'s step, before the next step:
+        the resumed run scores (and keeps best/ of) every step an uninterrupted run does."""
+        logger.info("resume: running the dev evaluation of step %d first", self.state.step)
+        self._evaluate(log, progress, stop)
+        if stop.agreed(True):  # stopped again: last/ says what is still to do
+            self.record.save_last(self.state)
+            self._interrupted()
 
     def _after_step(self, log: MetricsLog, progress: Progress, stop: StopRequest) -> None:
         """Logging, evaluation and checkpoints due after this step; stops on a SIGINT."""
@@ -270,17 +290,23 @@ class Trainer:
         self, log: MetricsLog, progress: Progress, stop: StopRequest | None = None
     ) -> None:
         """Score STS-B dev on rank 0; keep the best checkpoint. No eval data → keep the last.
-        A stop signal ends the evaluation between its batches: no score, no best/ (``stop``)."""
+        A stop signal (``stop``) before it or between its batches ends it: no score, no best/,
+        and the run's state says it is still to do (a resume runs it first)."""
         started, state = time.perf_counter(), self.state
         score, stopped = None, False
         if dist.is_main():
             if self.record.eval_dir is not None:
                 asked = None if stop is None else (lambda: stop.requested)
                 try:
+                    if asked is not None and asked():
+                        raise EvaluationStopped("a stop signal came before the evaluation")
                     score = self._dev_evaluator()(self.encoder, stop=asked)
                 except EvaluationStopped:
                     stopped = True
-                    logger.warning("dev eval at step %d stopped unfinished", state.step)
+                    logger.warning(
+                        "dev eval at step %d not finished (a stop signal): a resume runs it",
+                        state.step,
+                    )
             if not stopped and state.improves(score):
                 state.keep_best(score)
                 self.record.save_best(state)
@@ -300,6 +326,7 @@ class Trainer:
                     f"STS-B dev at step {state.step}: {score:.2f} (best {self._dev_text()}); "
                     f"evaluated in {seconds:.1f} s, not counted in steps/s or eta"
                 )
+        state.eval_pending = stopped  # rank 0's word: only it saves last/
         if dist.is_distributed():
             torch.distributed.barrier()
         self.window.exclude(time.perf_counter() - started)

@@ -49,6 +49,12 @@ class LossWindow:
         self.latest: dict[str, float] = {}  # non-loss host values (e.g. an auxiliary lr): last one
         self.totals: list[Tensor] = []  # per-step weighted loss, to name a non-finite step
         self.steps: list[tuple[int, str]] = []  # (step, batch kind)
+        self.start_clock()
+
+    def start_clock(self) -> None:
+        """Time the window from now: steps/s counts the steps taken since (a resumed window's
+        steps from before its save were timed by the run that took them)."""
+        self.timed_steps = 0
         self.data_wait = 0.0
         self.excluded = 0.0  # eval / checkpoint seconds inside the window
         self.started = time.perf_counter()
@@ -73,6 +79,7 @@ class LossWindow:
                 self.totals.append(values[0].clone())
         self.latest.update(host or {})
         self.steps.append((step, kind))
+        self.timed_steps += 1
         self.data_wait += data_wait
 
     def _unstacked(self) -> None:
@@ -115,7 +122,7 @@ class LossWindow:
         record.update(
             text_batches=kinds.count("text"),
             caption_batches=kinds.count("caption"),
-            steps_per_s=len(self.steps) / elapsed,
+            steps_per_s=self.timed_steps / elapsed,
             data_wait_share=self.data_wait / elapsed,
         )
         self.reset()
@@ -194,8 +201,9 @@ class MetricsLog:
             self.tensorboard.close()
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Keep the records up to ``last_step`` (a resumed run rewrites what came after its save)."""
+def truncate_metrics(path: Path, last_step: int, evaluated: bool = True) -> None:
+    """Keep the records up to ``last_step`` (a resumed run rewrites what came after its save);
+    ``evaluated`` False: ``last_step``'s evaluation is redone, so a record of it goes too."""
     if not path.is_file():
         return
     kept = []
@@ -204,7 +212,9 @@ def truncate_metrics(path: Path, last_step: int) -> None:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut by the kill
             continue
-        if record.get("step", 0) <= last_step:
+        step = record.get("step", 0)
+        redone = step == last_step and not evaluated and "stsb_dev" in record
+        if step <= last_step and not redone:
             kept.append(line)
     write_text_atomically(path, "".join(line + "\n" for line in kept))
 
@@ -233,6 +243,8 @@ def describe_plan(plan: dict[str, Any]) -> str:
             f"  left out: {left['left_out']:,} of {left['rows']:,} {kind} rows ({reasons}), "
             f"every one in {LEFT_OUT_FILE}"
         )
+    if plan.get("packing"):
+        lines.append(f"  batches: {plan['packing']}")
     if plan.get("batches_in_run"):
         taken = " + ".join(f"{n} {kind}" for kind, n in plan["batches_in_run"].items())
         lines.append(f"  this run: {taken} batches in {plan['total_steps']} steps")

@@ -122,6 +122,13 @@ def describe_preview(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def batch_sizes(global_batch: int, sources: dict) -> dict[str, int]:
+    """The sentences a step of each batch kind trains on (all ranks): the global batch, or a
+    corpus smaller than that whole (plan.json's ``batch_sizes``; ``global_batch`` is what
+    was asked)."""
+    return {kind: min(global_batch, len(source)) for kind, source in sources.items()}
+
+
 def batch_words(plan: dict[str, Any]) -> str:
     """The batch size the run really trains with: ``--batch-size`` (x world size), or, for a
     corpus smaller than that, the corpus itself (``12 (the whole text corpus; --batch-size

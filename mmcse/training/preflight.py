@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.corpusfiles import detect_format, is_hf_name
-from mmcse.devices import check_device
+from mmcse.devices import check_device, default_device_name
 from mmcse.errors import MmcseError
 from mmcse.hub import check_hub_id, load_tokenizer, local_or_hub_id
 from mmcse.pooling import check_pooler as known_pooler
@@ -82,6 +82,7 @@ def preflight(cfg: TrainConfig, *, resuming: bool | None = None) -> Checked:
     check_inputs(cfg)
     check_device(cfg.device)  # a GPU name loads torch to look
     check_distributed_env()  # the first check that loads torch
+    check_attention_device(cfg)
     method = checked_method(cfg.method, cfg.method_args)
     check_roles(cfg, method)
     check_unread_roles(cfg, method)
@@ -385,6 +386,19 @@ def check_eval_data(cfg: TrainConfig) -> None:
             f"--eval-data: {exc} (give the SentEval folder holding downstream/STS, "
             "or --eval-data '' to train without evaluation)"
         ) from None
+
+
+def check_attention_device(cfg: TrainConfig) -> None:
+    """``--attn-implementation varlen`` is CUDA's kernel (``torch.nn.attention.varlen``): on
+    another device it would die at the first forward in a traceback."""
+    if cfg.attn_implementation != "varlen":
+        return
+    device = default_device_name() if cfg.device == "auto" else cfg.device
+    if not device.startswith("cuda"):
+        raise MmcseError(
+            f"--attn-implementation varlen runs on CUDA only, and this run trains on {device}; "
+            "use --attn-implementation sdpa or flex_attention"
+        )
 
 
 # ---- the student ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from mmcse.training import checkpoint as ckpt
 from mmcse.training.corpora import left_out_summary, write_left_out
 from mmcse.training.evaluation_steps import eval_steps
 from mmcse.training.metrics import MetricsLog, describe_plan, truncate_metrics
-from mmcse.training.plan import TOKENIZER_FILES, checkpoint_sizes, mixing_plan
+from mmcse.training.plan import TOKENIZER_FILES, batch_sizes, checkpoint_sizes, mixing_plan
 from mmcse.training.preflight import input_fingerprints
 from mmcse.training.run_state import RunState
 
@@ -221,6 +221,8 @@ class RunRecord:
         self.extended_from = ckpt.extension_of(cfg.to_dict()) if resuming else None
         #: the step a resumed run continues after (None: a new run), set by :meth:`restore`
         self.resumed_from: int | None = None
+        #: whether the resumed step's evaluation is still to do (the resume runs it first)
+        self.resumed_eval_pending = False
         self.environment: dict | None = None
         self.writer = BackgroundWriter()
         self.snapshots = HostSnapshots()
@@ -250,8 +252,10 @@ class RunRecord:
         state = RunState(
             step=saved["step"], epoch=saved["epoch"], next_index=saved["next_index"],
             best_dev=saved["best_dev"], best_step=saved["best_step"],
+            eval_pending=saved.get("eval_pending", False),  # absent from last/ before issue 41
         )  # fmt: skip
         self.resumed_from = state.step
+        self.resumed_eval_pending = state.eval_pending
         if self.extended_from:
             self._extend_schedule(state.step)
         return state
@@ -275,7 +279,7 @@ class RunRecord:
         if dist.is_main():
             run.path.mkdir(parents=True, exist_ok=True)
             if resumed is not None:
-                truncate_metrics(run.metrics, resumed)
+                truncate_metrics(run.metrics, resumed, evaluated=not self.resumed_eval_pending)
                 if self.extended_from:  # the run's settings now: a later resume compares them
                     write_json(run.config, cfg.to_dict())
             else:
@@ -318,7 +322,20 @@ class RunRecord:
             "keep_last_checkpoint": cfg.keep_last_checkpoint,
             "left_out": left_out_summary(self.data.sources),
             **mixing_plan(self.data, plan),
+            # issue 41: what the steps train with, as the printed plan says it
+            "batch_sizes": batch_sizes(plan.global_batch, self.data.sources),
+            "packing": self.packing_note(),
         }
+
+    def packing_note(self) -> str:
+        """How a batch's sentences reach the encoder (:mod:`mmcse.packing`)."""
+        cfg = self.cfg
+        rows = f"rows of {cfg.max_seq_length} tokens"
+        if cfg.packing:
+            return f"packed: each batch's sentences end to end in {rows} (no padding)"
+        if cfg.dynamic_padding:
+            return "padded to the longest sentence of each batch"
+        return f"padded to {cfg.max_seq_length} tokens"
 
     @property
     def save_every(self) -> int:
@@ -410,6 +427,17 @@ class RunRecord:
                 )
 
     @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The run folder held by this process while it trains into it (rank 0 holds it for
+        every rank): a second process that would train there is refused in one line
+        (:class:`mmcse.rundir.RunLock`, released by the kernel if this one is killed)."""
+        if not dist.is_main():
+            yield
+            return
+        with self.run_dir.lock():
+            yield
+
+    @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
         """The training loop's span: however it ends (a stop signal, an error), the checkpoint
         in flight is on disk before the run goes on or exits; a clean end leaves the waiting to
@@ -442,6 +470,7 @@ class RunRecord:
                 "best_dev": state.best_dev,
                 "best_step": state.best_step,
                 "aux": updates["aux"],
+                "eval_pending": state.eval_pending,
             }
             self.save(self.run_dir.last, state.step, state.best_dev, saved)
         if dist.is_distributed():
@@ -488,7 +517,12 @@ class RunRecord:
         )
 
     def interrupted_message(self, state: RunState) -> str:
+        redo = (
+            "; its dev evaluation was cut short and --resume runs it first"
+            if state.eval_pending
+            else ""
+        )
         return (
-            f"interrupted after step {state.step} of {self.total}; last/ saved. "
+            f"interrupted after step {state.step} of {self.total}; last/ saved{redo}. "
             f"Continue with: mmcse train --resume {self.out}"
         )

@@ -6,7 +6,8 @@ result (:class:`ResolvedRun`) instead of deciding again.
 - the student (:mod:`mmcse.students`): ``--attn-implementation auto`` becomes the fastest its
   architecture has, and ``--packing``/``--dropout`` are checked against it (refused in one line
   before the model loads); what was chosen is recorded (plan.json ``student``);
-- capture (:func:`mmcse.training.fastpath.capture_mode`): off, the forward, or the whole update;
+- capture (:func:`mmcse.training.fastpath.capture_mode`): off, the forward, or the whole update
+  (the forward when the auxiliary update must step parameters its loss does not reach);
 - padding: a captured run pads every batch to ``max_seq_length`` (one shape per batch kind, one
   graph), so dynamic padding is turned off;
 - the precision's name, as run info records it.
@@ -29,6 +30,7 @@ from mmcse.rundir import resolve_model_dir
 from mmcse.students import StudentChoice
 from mmcse.training.config import TrainConfig
 from mmcse.training.fastpath import capture_mode
+from mmcse.training.updates import auxiliary_decays_unreached
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,10 @@ def resolve_run_config(
         logger.info(student.describe())
         cfg = dataclasses.replace(cfg, attn_implementation=student.attention)
     capture = capture_mode(cfg, device, distributed)
+    if capture == "whole" and auxiliary_decays_unreached(method, cfg):
+        reason = "the auxiliary update decays what it does not reach: only the eager one can"
+        logger.info("capture: the forward only (%s)", reason)
+        capture = "forward"
     if capture != "off" and cfg.dynamic_padding:  # one shape per batch kind: one graph
         logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
         cfg = dataclasses.replace(cfg, dynamic_padding=False)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 @dataclass
 class RunState:
     """A run's progress: optimizer steps taken, the position of the next batch (its epoch and
-    its index in that epoch's batch order) and the best dev score with the step that had it."""
+    its index in that epoch's batch order), the best dev score with the step that had it, and
+    whether this step's evaluation is still to do."""
 
     step: int = 0
     epoch: int = 0
@@ -18,6 +19,9 @@ class RunState:
     next_index: int = 0
     best_dev: float | None = None
     best_step: int | None = None
+    #: the evaluation due after ``step`` did not finish (a stop signal came before or during
+    #: it): a resume runs it first, so the resumed run's metrics equal an uninterrupted run's
+    eval_pending: bool = False
 
     def advance(self, epoch: int, index: int) -> None:
         """One optimizer step taken on the batch at ``index`` of ``epoch``'s batch order."""

@@ -3,7 +3,8 @@ saved, the way to resume is logged and :class:`TrainingInterrupted` ends the run
 
 A dev evaluation in progress (up to a minute and more on a CPU) does not make the signal wait:
 it checks the request between its batches and stops (:class:`EvaluationStopped`); its score is
-dropped, and ``last/`` is the step before it. Every interrupted exit logs how to resume: one
+dropped, ``last/`` holds the step it evaluated and records the evaluation as still to do, and a
+resume runs it before the next step (so a resumed run's metrics equal an uninterrupted run's). Every interrupted exit logs how to resume: one
 during the final evaluation (the training's checkpoints are on disk; ``--resume`` scores best/),
 and one from a second signal (the hint names the step ``last/`` holds, or that there is none).
 

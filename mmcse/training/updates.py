@@ -6,9 +6,11 @@
 1. VisualCSE/AudioCSE's image (audio) update, when the method has an auxiliary task
    (:class:`AuxiliaryUpdate`): a batch of the task's own examples, its views, the task's forward
    (:mod:`mmcse.nonling.task`), and its own AdamW — the task's lr, weight decay and clipping
-   (Table C.1), the run's ε and decay style (the released trainer builds both optimizers with
-   the same ``adam_epsilon``, both ``transformers.AdamW``, ``trainers.py:504``) — over the
-   encoder and the task's heads, at a cosine lr over the run without warm-up. Under several
+   (Table C.1), the run's ε, decay style and gradient clearing (the released trainer builds
+   both optimizers with the same ``adam_epsilon``, both ``transformers.AdamW``,
+   ``trainers.py:504``, and clears both with ``model.zero_grad()``) — over the parameters of
+   :func:`auxiliary_parameters` (released: every parameter of the model), at a cosine lr over
+   the run without warm-up. Under several
    processes each rank samples its own batch and the gradients are averaged across ranks before
    the update (the authors' image step is single-process); under fp16 its own loss scaler, as the
    released ``image_scaler``.
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mmcse.errors import MmcseError
 from mmcse.precision import grad_scaler_for
 from mmcse.training.adamw import AdamWSettings, FlatParameters, adamw_groups, decay_exempt
 from mmcse.training.fastpath import (
@@ -127,6 +130,7 @@ class AuxiliaryUpdate:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         steps = state["steps_taken"]
         if state["optimizer"] is not None:
+            self._check_scope(state["optimizer"])
             groups = len(state["optimizer"]["param_groups"])
             lr = self.core.settings.lr
             self.core.load_state_dict({
@@ -137,6 +141,24 @@ class AuxiliaryUpdate:
         elif state.get("scaler") and not self.core.captured:
             self.core.scaler.load_state_dict(state["scaler"])
         self.core.set_steps(steps)
+
+    def _check_scope(self, saved: dict) -> None:
+        """A last/ saved over other parameters (before issue 41 the update covered the encoder
+        and the task's heads only) is refused naming the switch that resumes it."""
+        saved_count = parameter_count(saved)
+        own = parameter_count(self.core.state_dict()["optimizer"])
+        if saved_count != own:
+            scope = self.task.settings.optimizer_scope
+            other = "task" if scope == "model" else "model"
+            raise MmcseError(
+                f"last/'s {self.prefix} optimizer covers {saved_count} parameters, this run's "
+                f"{own} ({self.prefix}_optimizer_scope={scope}): resume with --method-arg "
+                f"{self.prefix}_optimizer_scope={other}"
+            )
+
+
+def parameter_count(optimizer_state: dict) -> int:
+    return sum(len(group["params"]) for group in optimizer_state["param_groups"])
 
 
 class Updates:
@@ -179,31 +201,56 @@ class Updates:
 
 
 def auxiliary_settings(task: Any, cfg: Any) -> AdamWSettings:
-    """The auxiliary update's AdamW: the task's lr, weight decay and clipping, the run's ε and
-    decay style."""
+    """The auxiliary update's AdamW: the task's lr, weight decay and clipping, the run's ε,
+    decay style and gradient clearing (``zero_grad``)."""
     s = task.settings
     return AdamWSettings(
         lr=s.lr, weight_decay=s.weight_decay, eps=cfg.adam_eps, eps_style=cfg.adam_eps_style,
         max_grad_norm=s.max_grad_norm, decay_style=cfg.weight_decay_style,
+        zero_grad=cfg.zero_grad,
     )  # fmt: skip
+
+
+def auxiliary_modules(task: Any, student: Any = None) -> list[nn.Module]:
+    """What the auxiliary AdamW covers, by the task's ``optimizer_scope``: ``model`` — the
+    released image/audio optimizer's ``self.model.named_parameters()``: the encoder, the
+    student's text heads (``student``; e.g. SimCSE's MLP) and the task's heads; ``task`` — the
+    encoder and the task's heads. Under ``zero_grad="zeros"`` a parameter the task's loss does
+    not reach (the word embeddings, the text heads) steps on a zero gradient once it has had one:
+    its moments stay 0, so only weight decay moves it."""
+    text_heads = list(student.heads.values()) if student is not None else []
+    if task.settings.optimizer_scope == "task":
+        text_heads = []
+    return [task.encoder, *text_heads, task.heads]
+
+
+def auxiliary_decays_unreached(method: Any, cfg: Any) -> bool:
+    """Whether the auxiliary update decays parameters its loss does not reach (weight decay >
+    0 over zeroed gradients): then it stays eager, as the captured update steps only what its
+    batches reach (:class:`mmcse.training.update.CapturedUpdate`)."""
+    settings = getattr(method, "nonlinguistic_settings", None)
+    if settings is None or settings().weight == 0:
+        return False
+    return settings().weight_decay > 0 and cfg.zero_grad == "zeros"
 
 
 def auxiliary_update(
     task: Any, cfg: Any, device: torch.device | str, total: int | None = None,
-    capture: str = "off", whole: dict | None = None,
+    capture: str = "off", whole: dict | None = None, student: Any = None,
 ) -> AuxiliaryUpdate:  # fmt: skip
-    """The auxiliary task's update over the encoder and the task's heads (one AdamW group), its
-    cosine lr spanning ``total`` steps (None: constant). ``whole``: see :func:`build_update`
+    """The auxiliary task's update over :func:`auxiliary_modules` (one AdamW group), its cosine
+    lr spanning ``total`` steps (None: constant). ``whole``: see :func:`build_update`
     (``module`` and ``loss_of`` are the task's)."""
     device = torch.device(device)
-    groups = [[*task.encoder.parameters(), *task.heads.parameters()]]
+    modules = auxiliary_modules(task, student)
+    params = list({id(p): p for m in modules for p in m.parameters()}.values())  # each once
     settings = auxiliary_settings(task, cfg)
     if capture == "whole":
         whole = {**(whole or {}), "module": task.viewed, "autocast": task.autocast,
                  "loss_of": lambda terms: sum(terms.values())}  # fmt: skip
     core = build_update(
-        capture, groups, settings, CosineSchedule(total), device=device,
-        exempt=decay_exempt(task.encoder) | decay_exempt(task.heads),
+        capture, [params], settings, CosineSchedule(total), device=device,
+        exempt=frozenset().union(*(decay_exempt(m) for m in modules)),
         scaler=grad_scaler_for(device, cfg.precision), average=True, whole=whole,
     )  # fmt: skip
     return AuxiliaryUpdate(task, core, device)
@@ -232,7 +279,7 @@ def build_updates(
         whole = {"flat": flat, "compile_fn": partial(capture_fn, device=device)}
     auxiliary = None
     if task is not None:
-        auxiliary = auxiliary_update(task, cfg, device, total, capture_mode, whole)
+        auxiliary = auxiliary_update(task, cfg, device, total, capture_mode, whole, student)
     text_whole = None
     if whole is not None:
         text_whole = {**whole, "module": student, "autocast": autocast,

@@ -263,7 +263,7 @@ class Cfg:  # the fields auxiliary_task and auxiliary_update read from a TrainCo
     def __init__(self, features, adam_eps=1e-8, adam_eps_style="transformers"):
         self.features, self.seed, self.precision = features, 3, "auto"
         self.adam_eps, self.adam_eps_style = adam_eps, adam_eps_style
-        self.weight_decay_style = "transformers"
+        self.weight_decay_style, self.zero_grad = "transformers", "none"
 
 
 def changed(before: dict, module: torch.nn.Module) -> bool:

@@ -542,9 +542,9 @@ def _draft_for(size: tuple[int, int], short_side: int) -> tuple[int, int]:
 
 def test_too_many_workers_are_clamped_with_a_warning(tmp_path, monkeypatch, capsys):
     """``--workers 10000`` used to die in torch's DataLoader with a traceback."""
-    from pipeline import extract
+    from pipeline import workers
 
-    monkeypatch.setattr(extract, "machine_workers", lambda: 1)
+    monkeypatch.setattr(workers, "machine_workers", lambda: 1)
     from support.cli import run_main_output
 
     source = _synthetic_images(tmp_path / "imgs", 2)

@@ -768,3 +768,40 @@ def test_the_console_summary_counts_what_errors_jsonl_holds(tmp_path, monkeypatc
         f"left out: 3 in all, every one in {out / 'errors.jsonl'}: 1 captions (blank), "
         "1 captions-dropped (image left out (see its own row)), 1 image-resnet50 (not a readable image)"
     )
+
+
+# ---- decode workers: one owner for every job that decodes in workers ---------------------------
+
+
+def _labelled_images(root: Path) -> Path:
+    for label in ("cat", "dog"):
+        (root / label).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (40, 40), (60 * i, 90, 30)).save(root / label / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("command", ["extract-image-tensors", "extract-audio"])
+def test_negative_workers_are_one_line(command, tmp_path, monkeypatch, capsys):
+    """``--workers -1`` died in torch's DataLoader with a traceback."""
+    source = _labelled_images(tmp_path / "src")
+    code, stderr = run_main([command, str(source), str(tmp_path / "out"), "--workers", "-1"],
+                            monkeypatch, capsys)  # fmt: skip
+    assert_one_error(code, stderr, "--workers -1", "0 (decode in this process)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_image_tensor_workers_are_clamped_as_extract_images_are(tmp_path, monkeypatch, capsys):
+    from pipeline import workers
+
+    monkeypatch.setattr(workers, "machine_workers", lambda: 1)
+    source = _labelled_images(tmp_path / "src")
+    args = ["extract-image-tensors", str(source), str(tmp_path / "out"), "--size", "32",
+            "--workers", "10000"]  # fmt: skip
+    code, stderr = run_main(args, monkeypatch, capsys)
+    assert code == 0, stderr
+    assert [line for line in stderr if line.startswith("warning:")] == [
+        "warning: --workers 10000 is more than this machine allows (1 CPUs for this process); "
+        "decoding with 1 workers"
+    ]
+    assert FeatureSet.open(tmp_path / "out").manifest.num_rows == 4

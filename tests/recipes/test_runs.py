@@ -124,7 +124,9 @@ def test_ablation_title_seeds_missing_p_value_and_row_logs(no_training, tmp_path
         ["ablate", "--recipe", RECIPE, "--drop", "image_text", "--seeds", "0,1"],
     ],
 )
-def test_dry_run_prints_the_runs_and_trains_nothing(monkeypatch, tmp_path, capsys, command):
+def test_dry_run_prints_the_runs_and_trains_nothing(
+    monkeypatch, tmp_path, capsys, command, hub_ids_resolve
+):
     def refuse(cfg):
         raise AssertionError("a dry run trained")
 

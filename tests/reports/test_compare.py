@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -86,7 +87,8 @@ def test_means_stds_best_and_published_rows(runs):
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
     # the recipe's runs are shifted up by 2, but against one seed no difference is supported
     assert "**" not in table and cells[0][avg] == f"{np.mean([s['avg'] for s in seeds]):.2f} ± 0.09"
-    assert cells[0][0] == "mcse-recipe (n=2)" and "MCSE" in cells[1][-1] + cells[1][0]
+    assert cells[0][0] == "mcse-recipe (mcse/wiki+flickr/bert) (n=2)"  # the recipe: its method
+    assert "MCSE" in cells[1][-1] + cells[1][0]
     assert cells[2][0] == "simcse (1 seed: not compared)"
     assert "a row of 1 seed is not compared" in table
     assert cells[0][header.index("MR")] == "–" and cells[2][header.index("MR")] == "80.00"
@@ -95,13 +97,13 @@ def test_means_stds_best_and_published_rows(runs):
 def test_csv_and_latex(runs):
     text = compare_table([runs["recipe"], runs["single"]], "csv")
     records = list(csv.DictReader(io.StringIO(text)))
-    assert [r["label"] for r in records][::2] == ["mcse-recipe", "simcse"]
+    assert [r["label"] for r in records][::2] == ["mcse-recipe (mcse/wiki+flickr/bert)", "simcse"]
     mean = np.mean([sts_result(s, 2.0)["STS12"] for s in (0, 1)])
     assert float(records[0]["STS12 mean"]) == pytest.approx(mean, abs=1e-4)
     assert records[0]["best"] == "" and records[2]["MR mean"] == "80.0000"  # 1 seed: no best
     latex = compare_table([runs["recipe"], runs["single"]], "latex")
     assert latex.startswith(r"\begin{tabular}") and r"\textbf{" not in latex and r"$\pm$" in latex
-    assert "mcse-recipe (n=2)" in latex and latex.count(r"\\") >= 4
+    assert "mcse-recipe (mcse/wiki+flickr/bert) (n=2)" in latex and latex.count(r"\\") >= 4
 
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
@@ -274,6 +276,28 @@ def test_an_overridden_recipe_run_is_marked_beside_the_published_rows(tmp_path):
     assert result.rows[1].label.startswith("published")
     note = next(n for n in result.notes if "[overridden]" in n)
     assert "learning_rate=0.0001 (recipe: 3e-05)" in note
+
+
+def test_recipe_folders_of_two_methods_are_labelled_by_their_recipes(tmp_path):
+    """SimCSE's and MCSE's ``<root>/<method>/wiki+coco/bert`` used to be labelled alike
+    (``wiki+coco/bert [overridden]``): the label carries the recipe, so the method."""
+    folders = []
+    for method, score in (("simcse", 60.0), ("mcse", 70.0)):
+        name = f"{method}/wiki+coco/bert"
+        folder = tmp_path / "runs" / name
+        run = recorded_run(folder / "seed0", {"method": method})
+        run.write_results("sts", with_protocol({t: score for t in STS}), source="final")
+        write_json(SeedsDir(folder).results, {
+            "recipe": {"name": name},
+            "overrides": {"learning_rate": {"recipe": 3e-5, "run": 1e-4}},
+        })  # fmt: skip
+        folders.append(folder)
+    labels = [row.label for row in comparison(folders).rows if not row.label.startswith("pub")]
+    assert labels == ["simcse/wiki+coco/bert [overridden]", "mcse/wiki+coco/bert [overridden]"]
+    mine = tmp_path / "my-try"  # a folder the user named: its name, and the recipe's
+    shutil.copytree(folders[1], mine)
+    (row, *_) = comparison([mine / "seed0"]).rows
+    assert row.label == "my-try (mcse/wiki+coco/bert)/seed0 [overridden]"
 
 
 def test_compare_lists_where_the_environments_differ(tmp_path):

@@ -18,6 +18,7 @@ from support.runs import tiny_mcse_settings
 
 from mmcse.errors import MmcseError
 from mmcse.reports.export import export_run
+from mmcse.reports.model_card import shown_path
 from mmcse.reports.results import run_result
 from mmcse.rundir import Checkpoint, RunDir
 from mmcse.training.config import TrainConfig
@@ -82,6 +83,9 @@ def test_model_card_states_method_data_fingerprints_and_scores(tiny_run, tmp_pat
         assert entry["fingerprint"] in card
     assert f"{results['avg']:.2f}" in card and "STS-B" in card
     assert "library_name: sentence-transformers" in card
+    # the SentEval folder the scores came from (issue 41), as a published card shows a path
+    shown = shown_path(results["details"]["protocol"]["data"])
+    assert f"SentEval folder `{shown}`" in card and shown.endswith("senteval_mini/downstream")
 
 
 def test_export_refusals(tiny_run, tmp_path):

@@ -194,6 +194,18 @@ def test_each_loss_term_has_its_own_scale(tmp_path):
     assert low <= min(values) and max(values) <= high and high - low < 1.0  # not 0..20
 
 
+def test_align_uniform_labels_of_close_runs_do_not_overlap_and_the_base_hides_no_run():
+    """Two runs 0.015 apart printed their labels over each other; a run at the base model's
+    point sat under its grey cross."""
+    points = {"simcse-s0": (-2.300, 0.250), "mcse-s0": (-2.315, 0.260), "far": (-1.5, 0.4)}
+    fig = align_uniform_figure(points, ("bert (before fine-tuning)", (-2.300, 0.250)))
+    ax = fig.axes[0]
+    offsets = {t.get_text(): t.xyann for t in ax.texts}
+    assert offsets["simcse-s0"] != offsets["mcse-s0"] and offsets["far"] == offsets["simcse-s0"]
+    base, *runs = ax.collections  # the cross is drawn first, under every run
+    assert all(run.get_zorder() > base.get_zorder() for run in runs) and len(runs) == 3
+
+
 def test_align_uniform_plot_has_the_base_model_honest_ranges_and_readable_ticks():
     """Two runs 0.015 apart do not fill the plot; the base model's point is there, labelled;
     ticks are few and short."""

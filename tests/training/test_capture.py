@@ -135,7 +135,7 @@ def auxiliary_cfg(name: str, examples) -> SimpleNamespace:
     kind, _ = AUXILIARY[name]
     return SimpleNamespace(
         features={kind: str(examples)}, seed=3, precision="auto", adam_eps=1e-8,
-        adam_eps_style="transformers", weight_decay_style="transformers",
+        adam_eps_style="transformers", weight_decay_style="transformers", zero_grad="none",
     )  # fmt: skip
 
 

@@ -398,6 +398,35 @@ def test_non_empty_output_dir_is_refused_then_overwritten(
     assert (out / "notes.txt").read_text() == "mine"  # only what a run writes is replaced
 
 
+def test_a_run_folder_another_process_trains_into_is_refused(
+    tiny_model, tiny_world, tmp_path, monkeypatch, capsys
+):
+    """Two processes would write one run (two ``recipes run`` of a table into one folder):
+    the second is refused in one line before it writes anything; once the first is gone the
+    folder is free."""
+    from mmcse.rundir import RunDir
+
+    out = tmp_path / "run"
+    args = train_args(tiny_model, tiny_world, out, "--overwrite")
+    with RunDir(out).lock():  # what a training process holds (its own open file description)
+        refused(args, monkeypatch, capsys, str(out), "is in use", "--output-dir")
+        assert list(out.iterdir()) == []
+    code, errors, err = run_main(args, monkeypatch, capsys)
+    assert code == 0 and not errors, err
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_varlen_attention_off_cuda_is_one_line(
+    device, tiny_model, tiny_world, tmp_path, monkeypatch, capsys, no_model_load
+):
+    """It died at the first forward in ``aten::_flash_attention_forward`` (CPU backend)."""
+    monkeypatch.setattr("mmcse.training.preflight.default_device_name", lambda: "cpu")
+    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--packing", "--dropout", "0",
+                      "--attn-implementation", "varlen", "--device", device)  # fmt: skip
+    refused(args, monkeypatch, capsys, "varlen runs on CUDA only", "on cpu", "sdpa")
+    assert not (tmp_path / "run").exists()
+
+
 def test_output_dir_that_is_a_file_is_refused(
     tiny_model, tiny_world, tmp_path, monkeypatch, capsys
 ):
@@ -702,6 +731,39 @@ def test_features_of_a_random_weight_teacher_are_a_warning(
 
 
 # ---- recipes and ablations: refused up front as the real run refuses -----------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["recipes", "run", "mcse:table1"],
+        ["recipes", "run", "mcse/wiki+flickr/bert"],
+        ["ablate", "--recipe", "mcse/wiki+flickr/bert", "--drop", "image_text"],
+    ],
+)
+def test_every_dry_run_checks_its_students_load(
+    command, tmp_path, monkeypatch, capsys, no_model_load
+):
+    """Offline, a recipe's hub-id student cannot load: the dry run says so in one line instead
+    of planning runs that would each fail at their start (as ``train --dry-run`` does)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = [*command, "--dry-run", "--seeds", "0", "--cache-root", str(tmp_path / "cache"),
+            "--output-dir", str(tmp_path / "runs")]  # fmt: skip
+    refused(args, monkeypatch, capsys, "mcse/wiki+flickr/bert", "bert-base-uncased",
+            "HF_HUB_OFFLINE")  # fmt: skip
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_tables_dry_run_checks_each_student_once(tmp_path, monkeypatch, capsys):
+    from mmcse.training import preflight
+
+    asked = []
+    monkeypatch.setattr(preflight, "check_hub_id", lambda name, flag: asked.append(name))
+    args = ["recipes", "run", "mcse:table1", "--dry-run", "--cache-root", str(tmp_path / "c"),
+            "--output-dir", str(tmp_path / "runs")]  # fmt: skip
+    code, errors, err = run_main(args, monkeypatch, capsys)
+    assert code == 0 and not errors, err
+    assert sorted(asked) == ["bert-base-uncased", "roberta-base"]  # 50 runs, 2 students
 
 
 @pytest.mark.parametrize("dry_run", [True, False])

@@ -100,6 +100,34 @@ def test_window_state_survives_a_round_trip():
     }
 
 
+class FakeClock:
+    """``time.perf_counter`` that moves only when told (steps/s without real timings)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_steps_per_s_counts_only_the_steps_timed_since_the_clock_started(monkeypatch):
+    """A resumed window holds steps taken before its save; steps/s divides only the steps
+    taken since the resume by the time since (not 3 steps by one step's time)."""
+    clock = FakeClock()
+    monkeypatch.setattr(metrics_log, "time", clock)
+    saved = LossWindow()
+    add(saved, 1, "text", {"loss": torch.tensor(1.0)})
+    add(saved, 2, "text", {"loss": torch.tensor(1.0)})
+    resumed = LossWindow()
+    resumed.load_state_dict(saved.state_dict(), torch.device("cpu"))
+    clock.now += 50.0  # setup: not training time
+    resumed.start_clock()
+    add(resumed, 3, "text", {"loss": torch.tensor(1.0)})
+    clock.now += 4.0
+    record = resumed.flush()
+    assert record["text_batches"] == 3 and record["steps_per_s"] == pytest.approx(1 / 4.0)
+
+
 def test_trainer_windows_equal_the_mean_of_per_step_records(tiny_model, tiny_world, tmp_path):
     """Same seed, log_every 1 vs 4: each window record is the mean of its steps' records, each
     term over the steps that computed it, and counts the batches of each kind."""

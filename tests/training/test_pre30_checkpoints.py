@@ -28,7 +28,13 @@ from mmcse.training.loop import Trainer
 FIXTURES = Path(__file__).parent / "fixtures" / "pre30"
 BETAS = (0.9, 0.999)
 LR, WARMUP, SAVED_STEPS, TOTAL = 3e-5, 1, 3, 6
-IMAGE_ARGS = {"image_batch_size": 4, "image_size": 16, "vit_init": "random"}
+#: the auxiliary optimizer as these runs had it (before issue 41: the encoder and the task heads)
+IMAGE_ARGS = {
+    "image_batch_size": 4,
+    "image_size": 16,
+    "vit_init": "random",
+    "image_optimizer_scope": "task",
+}
 
 
 def image_set(root: Path) -> str:

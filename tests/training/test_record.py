@@ -24,16 +24,18 @@ from mmcse.training.plan import RunPlan
 from mmcse.training.record import RunRecord
 from mmcse.training.run_state import RunState
 
-#: trainer_state.pt's keys, in the order runs before issue 30 wrote them (old last/ dirs resume)
+#: trainer_state.pt's keys, in the order runs before issue 30 wrote them (old last/ dirs resume),
+#: and eval_pending (issue 41; a last/ without it resumes as evaluated)
 TRAINER_STATE_KEYS = ["step", "epoch", "next_index", "optimizer", "scheduler", "grad_scaler",
-                      "rng", "window", "best_dev", "best_step", "aux"]  # fmt: skip
-#: plan.json's keys as the trainer wrote them before issue 30 (reports and tests read them)
+                      "rng", "window", "best_dev", "best_step", "aux", "eval_pending"]  # fmt: skip
+#: plan.json's keys as the trainer wrote them before issue 30 (reports and tests read them), then
+#: issue 41's batch sizes as trained and packing
 PLAN_KEYS = ["method", "device", "precision", "world_size", "sentences", "mixing", "global_batch",
              "batches_per_epoch", "steps_per_epoch", "epochs", "max_steps", "total_steps",
              "eval_data", "eval_steps", "evals", "final_eval", "save_every", "resumed_from_step",
              "capture", "student", "extended_from", "checkpoint_bytes", "keep_last_checkpoint",
              "left_out",
-             "mixing_rule", "batches_in_run"]  # fmt: skip
+             "mixing_rule", "batches_in_run", "batch_sizes", "packing"]  # fmt: skip
 #: run info's keys
 INFO_KEYS = ["config", "method", "step", "total_steps", "finished", "stsb_dev", "pooler",
              "pooler_source", "fingerprints", "term_heads", "teachers", "environment"]  # fmt: skip
@@ -196,6 +198,8 @@ def test_the_plan_record_and_run_info_say_what_the_run_is(student_parts, tiny_mo
     assert plan["mixing_rule"] == "text batches only" and plan["batches_in_run"] == {"text": 6}
     assert plan["checkpoint_bytes"]["last"] > plan["checkpoint_bytes"]["best"] > 0
     assert plan["left_out"] == {}  # corpora in memory: nothing read, nothing left out
+    assert plan["batch_sizes"] == {"text": 4}
+    assert plan["packing"] == "padded to the longest sentence of each batch"
 
     info = record.run_info(3, 70.0)
     assert info["config"] == record.cfg.to_dict() and info["method"] == {"name": "simcse"}
@@ -273,3 +277,17 @@ def test_interruption_messages_name_the_step_and_what_last_holds(
     assert record.interrupted_message(RunState(step=5)) == (
         f"interrupted after step 5 of 6; last/ saved. {resume}"
     )
+
+
+def test_plan_json_records_the_batch_a_small_corpus_trains_with():
+    """plan.json said global_batch 100000 for a 12-sentence corpus (the printed plan: 12)."""
+    from mmcse.training.plan import batch_sizes
+
+    assert batch_sizes(100000, {"text": range(12), "caption": range(500)}) == {
+        "text": 12,
+        "caption": 500,
+    }
+    assert batch_sizes(64, {"text": range(12), "caption": range(500)}) == {
+        "text": 12,
+        "caption": 64,
+    }

@@ -27,6 +27,7 @@ from mmcse.training.loop import train
 from mmcse.training.stop import TrainingInterrupted
 
 ROOT = Path(__file__).resolve().parents[2]
+SENTEVAL_MINI = ROOT / "tests" / "fixtures" / "senteval_mini"
 TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
 
 # A child that trains and SIGKILLs itself: after writing the record of step N ("record"; its
@@ -94,6 +95,19 @@ def kill_child(cfg: dict, mode: str, n: int) -> None:
 def uninterrupted(tiny_model, tiny_world, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("straight") / "run"
     train(TrainConfig(**settings(tiny_model, tiny_world, out)))
+    return out
+
+
+def with_dev(tiny_model, tiny_world, out: Path) -> dict:
+    """Scored on STS-B dev at steps 3, 6 and 9 (a signal after step 3's record comes before
+    its evaluation) and 10."""
+    return settings(tiny_model, tiny_world, out, eval_data=str(SENTEVAL_MINI), eval_steps=3)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_with_dev(tiny_model, tiny_world, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("straight-dev") / "run"
+    train(TrainConfig(**with_dev(tiny_model, tiny_world, out)))
     return out
 
 
@@ -204,6 +218,24 @@ def test_sigterm_and_sigusr1_stop_after_the_step_save_and_resume(
     assert train(TrainConfig(**cfg), resume=True).steps == 10
     assert comparable(run) == comparable(uninterrupted)
     assert same_weights(run / BEST_DIR, uninterrupted / BEST_DIR)
+
+
+def test_sigterm_before_a_dev_evaluation_resumes_to_the_same_metrics(
+    tiny_model, tiny_world, tmp_path, uninterrupted_with_dev
+):
+    """SIGTERM during step 3, whose dev evaluation is due: the evaluation is left for the
+    resume, which runs it first (step 3's dev score, and best/ of it, as uninterrupted)."""
+    cfg = with_dev(tiny_model, tiny_world, tmp_path / "run")
+    proc = signal_child_at_step_3(cfg, signal.SIGTERM, tmp_path)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "its dev evaluation was cut short and --resume runs it first" in proc.stderr
+    run = Path(cfg["output_dir"])
+    assert not any("stsb_dev" in record for record in comparable(run))
+    assert train(TrainConfig(**cfg), resume=True).steps == 10
+    got, want = comparable(run), comparable(uninterrupted_with_dev)
+    assert [r["step"] for r in got if "stsb_dev" in r] == [3, 6, 9, 10]
+    assert got == want
+    assert same_weights(run / BEST_DIR, uninterrupted_with_dev / BEST_DIR)
 
 
 def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
@@ -348,15 +380,14 @@ sys.argv = ["mmcse", "train", "--config", config]
 cli.main()
 """
 
-SENTEVAL_MINI = ROOT / "tests" / "fixtures" / "senteval_mini"
-
 
 def test_sigint_during_a_dev_evaluation_stops_it_saves_last_and_prints_the_hint(
-    tiny_model, tiny_world, tmp_path
+    tiny_model, tiny_world, tmp_path, uninterrupted_with_dev
 ):
     """The evaluation stops at its next batch (no score, no best/ of it), last/ holds the
-    step it evaluated, and the exit says how to resume; the resumed run trains to the end."""
-    cfg = settings(tiny_model, tiny_world, tmp_path / "run", eval_data=str(SENTEVAL_MINI))
+    step it evaluated, and the exit says how to resume and that the resume redoes the
+    evaluation; the resumed run's records and best/ are the uninterrupted run's."""
+    cfg = with_dev(tiny_model, tiny_world, tmp_path / "run")
     config, ready, forwards = tmp_path / "train.json", tmp_path / "ready", tmp_path / "forwards"
     config.write_text(json.dumps(cfg))
     script = EVAL_SIGNALLED_CHILD.format(root=str(ROOT))
@@ -375,9 +406,12 @@ def test_sigint_during_a_dev_evaluation_stops_it_saves_last_and_prints_the_hint(
     assert "STS-B dev" not in err.split("SIGINT received")[1]  # no score of the cut evaluation
     run = Path(cfg["output_dir"])
     assert f"Continue with: mmcse train --resume {run}" in err and "Traceback" not in err
-    assert json.loads((run / "last" / RUN_INFO_FILE).read_text())["step"] == 5
+    assert "its dev evaluation was cut short and --resume runs it first" in err
+    assert json.loads((run / "last" / RUN_INFO_FILE).read_text())["step"] == 3
     assert not (run / BEST_DIR).exists()  # the first evaluation never finished
     assert train(TrainConfig(**cfg), resume=True).steps == 10
+    assert comparable(run) == comparable(uninterrupted_with_dev)
+    assert same_weights(run / BEST_DIR, uninterrupted_with_dev / BEST_DIR)
 
 
 def test_sigint_during_the_final_evaluation_prints_the_hint_and_resume_scores(
