@@ -146,13 +146,15 @@ def test_a_seed_folder_holds_this_seeds_run_whatever_its_session(name):
 
 
 def test_a_setting_resolved_at_setup_matches_what_it_was_resolved_to():
-    saved = saved_config(pooler="avg", dynamic_padding=False)  # what setup made of the defaults
+    # what setup made of the defaults
+    saved = saved_config(pooler="avg", dynamic_padding=False, attn_implementation="eager")
     assert setting_changes(saved, saved_config()) == {}
     assert setting_changes(saved, saved_config(pooler="cls")) == {"pooler": "cls"}
     assert setting_changes(saved_config(), saved_config(dynamic_padding=False)) == {
         "dynamic_padding": False
     }
-    assert {n for n in FIELDS if scope(n) == SCOPE_SETUP} == {"pooler", "dynamic_padding"}
+    setup_resolved = {"pooler", "dynamic_padding", "attn_implementation"}
+    assert {n for n in FIELDS if scope(n) == SCOPE_SETUP} == setup_resolved
     assert not same_setting("learning_rate", 1e-5, FIELDS["learning_rate"].default)
 
 
