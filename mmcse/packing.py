@@ -118,16 +118,20 @@ class PackedTokens:
     def width(self) -> int:
         return int(self.input_ids.shape[1])
 
+    def tensors(self) -> list[Tensor]:
+        """Every tensor of the batch (what a copy to a device must keep alive)."""
+        return [getattr(self, name) for name in self._tensor_fields()]
+
     def map(self, fn: Callable[[Tensor], Tensor]) -> PackedTokens:
         """The same batch with ``fn`` applied to every tensor (a copy to a device, pinning)."""
         return dataclasses.replace(
-            self,
-            **{
-                f.name: fn(getattr(self, f.name))
-                for f in dataclasses.fields(self)
-                if isinstance(getattr(self, f.name), Tensor)
-            },  # fmt: skip
+            self, **{name: fn(getattr(self, name)) for name in self._tensor_fields()}
         )
+
+    def _tensor_fields(self) -> list[str]:
+        return [
+            f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Tensor)
+        ]
 
     def unpack(self, states: Tensor) -> Tensor:
         """``[R, W, H]`` packed states → ``[copies·N, L, H]`` per sentence, padded layout (the
