@@ -14,8 +14,10 @@ field                  flag                effect
 ``compile_encoder``    ``--compile``       ``torch.compile`` of the encoder (off by default:
                                            the first steps compile; every new batch width may
                                            recompile, so pair it with ``--no-dynamic-padding``)
-``tf32``               ``--tf32``          TF32 tensor-core matmuls for ``--precision fp32`` on
-                                           CUDA (off by default: ~1e-3 relative error)
+``tf32``               ``--tf32``          TF32 tensor-core matmuls and cuDNN convolutions on
+                                           CUDA (~1e-3 relative error): on in every recipe (the
+                                           released runs' torch 1.7-1.11 default on Ampere+),
+                                           off for ``mmcse train`` (bf16 autocast by default)
 ``dynamic_padding``    ``--dynamic-padding``  pad each batch to its longest sentence (default);
                                            off: always ``max_seq_length`` (static shapes)
 ``packing``            ``--packing``       each batch's sentences, both dropout views, end to
@@ -85,6 +87,7 @@ import torch
 import torch._dynamo
 from torch import nn
 
+from mmcse.precision import set_fp32_arithmetic, tf32_settings
 from mmcse.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -102,10 +105,16 @@ def fused_adamw(cfg: TrainConfig, device: torch.device) -> bool | None:
     return True if cfg.fused_adamw and device.type == "cuda" else None
 
 
-def set_matmul_precision(cfg: TrainConfig, device: torch.device) -> None:
-    """TF32 for fp32 runs on CUDA when ``cfg.tf32``; full fp32 matmuls otherwise."""
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high" if cfg.tf32 else "highest")
+def set_matmul_precision(
+    cfg: TrainConfig, device: torch.device, apply=set_fp32_arithmetic
+) -> dict[str, str] | None:
+    """TF32 matmuls and cuDNN convolutions on CUDA when ``cfg.tf32``, full fp32 otherwise
+    (:func:`mmcse.precision.tf32_settings`); nothing off CUDA. Returns what was set; ``apply``:
+    the device adapter (a stand-in in the CPU tests)."""
+    settings = tf32_settings(device, cfg.tf32)
+    if settings is not None:
+        apply(settings)
+    return settings
 
 
 def compile_encoder(cfg: TrainConfig, encoder: torch.nn.Module) -> None:

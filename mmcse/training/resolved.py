@@ -52,7 +52,7 @@ def resolve_run_config(
     if capture != "off" and cfg.dynamic_padding:  # one shape per batch kind: one graph
         logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
         cfg = dataclasses.replace(cfg, dynamic_padding=False)
-    return cfg, ResolvedRun(pooler_source, capture, precision_name(device, cfg.precision))
+    return cfg, ResolvedRun(pooler_source, capture, precision_name(device, cfg.precision, cfg.tf32))
 
 
 def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:
