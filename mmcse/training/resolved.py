@@ -6,6 +6,8 @@ result (:class:`ResolvedRun`) instead of deciding again.
 - capture (:func:`mmcse.training.fastpath.capture_mode`): off, the forward, or the whole update;
 - padding: a captured run pads every batch to ``max_seq_length`` (one shape per batch kind, one
   graph), so dynamic padding is turned off;
+- packing (:func:`resolve_packing`): ``auto`` (``packing`` None) becomes on or off per device,
+  from what was measured (:data:`PACKING_AUTO`);
 - the precision's name, as run info records it.
 """
 
@@ -39,6 +41,15 @@ class ResolvedRun:
     capture: str
     #: the precision as run info records it (``"bf16 autocast"``, ``"fp32"``, ...)
     precision: str
+    #: why the run packs or pads (``"given"``, ``"auto on cpu"``, ...: :func:`resolve_packing`)
+    packing_source: str = "given"
+
+
+#: what ``--packing`` auto means per device type, from measurements: on for a CPU (the step
+#: 1.26x faster, packed ÷ padded 0.59-0.62 on Wiki and COCO lengths: BENCHMARKS.md "Packing");
+#: off for CUDA until the GPU check (``docs/benchmarks/gpu_check.py``) measures it; a device type
+#: not here (MPS) pads
+PACKING_AUTO = {"cpu": True, "cuda": False}
 
 
 def resolve_run_config(
@@ -52,7 +63,32 @@ def resolve_run_config(
     if capture != "off" and cfg.dynamic_padding:  # one shape per batch kind: one graph
         logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
         cfg = dataclasses.replace(cfg, dynamic_padding=False)
-    return cfg, ResolvedRun(pooler_source, capture, precision_name(device, cfg.precision, cfg.tf32))
+    packing, packing_source = resolve_packing(cfg, device)
+    cfg = dataclasses.replace(cfg, packing=packing)
+    precision = precision_name(device, cfg.precision, cfg.tf32)
+    return cfg, ResolvedRun(pooler_source, capture, precision, packing_source)
+
+
+def resolve_packing(cfg: TrainConfig, device: torch.device) -> tuple[bool, str]:
+    """``cfg.packing`` with auto (None) decided, and why: as given; on for varlen attention
+    (it runs packed batches only); off for a student that cannot pack; else
+    :data:`PACKING_AUTO` for the device."""
+    if cfg.packing is not None:
+        return cfg.packing, "given"
+    if cfg.attn_implementation == "varlen":
+        return True, "varlen attention runs packed only"
+    if not student_can_pack(cfg):
+        return False, "the student cannot pack"
+    packing = PACKING_AUTO.get(device.type, False)
+    logger.info("packing: %s (auto on %s)", "on" if packing else "off", device.type)
+    return packing, f"auto on {device.type}"
+
+
+def student_can_pack(cfg: TrainConfig) -> bool:
+    """Whether the student's architecture runs packed batches. The hook for the student
+    registry (issue 39: which architectures pack is proven or refused there): every student
+    packs until it answers."""
+    return True
 
 
 def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:
