@@ -73,7 +73,7 @@ def rng_states() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+        states["cuda"] = torch.cuda.get_rng_state_all()  # pragma: cuda
     return states
 
 
@@ -82,8 +82,8 @@ def set_rng_states(states: dict[str, Any]) -> None:
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
-        cuda = states["cuda"][: torch.cuda.device_count()]
-        torch.cuda.set_rng_state_all(cuda)
+        cuda = states["cuda"][: torch.cuda.device_count()]  # pragma: cuda
+        torch.cuda.set_rng_state_all(cuda)  # pragma: cuda
 
 
 def save_trainer_state(checkpoint: Path, state: dict[str, Any]) -> None:

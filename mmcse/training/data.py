@@ -28,7 +28,7 @@ from mmcse.cache.tokens import TokenTable
 from mmcse.devices import to_device
 from mmcse.errors import MissingIdsError, MmcseError
 from mmcse.methods.base import Method
-from mmcse.packing import PackedTokens, pack_tokens, rows_needed
+from mmcse.packing import PackedTokens, pack_tokens, packed_row_width, rows_needed
 from mmcse.training.batch_order import CAPTION, TEXT, BatchOrder
 from mmcse.training.config import TrainConfig
 from mmcse.training.corpora import CorpusView, corpus_tokens, open_corpus
@@ -254,10 +254,15 @@ class TrainData(BatchOrder):
 
     # -- packing ---------------------------------------------------------------------------
     def pack(self, kind: str, input_ids: Tensor, attention_mask: Tensor) -> PackedTokens:
-        """A batch's two dropout views packed into rows of ``max_seq_length`` tokens."""
+        """A batch's two dropout views packed into rows of :attr:`pack_width` tokens."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         rows = self.pack_budgets.get(kind)
-        return pack_tokens(input_ids, attention_mask, self.cfg.max_seq_length, pad, rows, copies=2)
+        return pack_tokens(input_ids, attention_mask, self.pack_width, pad, rows, copies=2)
+
+    @property
+    def pack_width(self) -> int:
+        """Tokens per packed row (:func:`mmcse.packing.packed_row_width`)."""
+        return packed_row_width(self.cfg.max_seq_length)
 
     def fix_pack_budgets(self, batches) -> dict[str, int]:
         """Fix each batch kind's packed rows once per run (static shapes: one captured graph
@@ -266,7 +271,7 @@ class TrainData(BatchOrder):
         lengths = {kind: src.lengths for kind, src in self.sources.items()}
         budgets: dict[str, int] = {}
         for kind, rows in batches:
-            need = rows_needed(lengths[kind][rows], self.cfg.max_seq_length)
+            need = rows_needed(lengths[kind][rows], self.pack_width)
             budgets[kind] = max(budgets.get(kind, 0), need)
         self.pack_budgets = budgets
         return budgets

@@ -189,4 +189,4 @@ def fresh_capture_cache() -> None:
 def begin_captured_step(device: torch.device) -> None:
     """Tell CUDA-graph replay that a new step starts (the last step's outputs are dead)."""
     if device.type == "cuda":
-        torch.compiler.cudagraph_mark_step_begin()
+        torch.compiler.cudagraph_mark_step_begin()  # pragma: cuda

@@ -115,7 +115,7 @@ def test_a_static_run_packs_every_batch_into_one_budget_per_kind(tiny_model, tin
     assert len(drawn) == trainer.total and {kind for kind, _ in drawn} == {"text", "caption"}
     for kind, budget in data.pack_budgets.items():
         lengths = data.sources[kind].lengths
-        needs = [rows_needed(lengths[rows], 24) for k, rows in drawn if k == kind]
+        needs = [rows_needed(lengths[rows], data.pack_width) for k, rows in drawn if k == kind]
         assert budget == max(needs)
     shapes = {}
     for kind, rows in drawn:
@@ -139,7 +139,7 @@ def test_an_eager_run_packs_each_batch_into_the_rows_it_needs(tiny_model, tiny_w
     kind, rows = next(trainer.run_batches())
     packed = trainer.data.batch(kind, rows, CPU).packed
     lengths = trainer.data.sources[kind].lengths[rows]
-    assert packed.rows == 2 * rows_needed(lengths, trainer.cfg.max_seq_length)
+    assert packed.rows == 2 * rows_needed(lengths, trainer.data.pack_width)
     off = TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path / "off", packing=False))
     assert Trainer(off).setup().data.batch(kind, rows, CPU).packed is None
     auto = TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path / "auto"))
