@@ -21,9 +21,11 @@ field                  flag                effect
 ``dynamic_padding``    ``--dynamic-padding``  pad each batch to its longest sentence (default);
                                            off: always ``max_seq_length`` (static shapes)
 ``packing``            ``--packing``       each batch's sentences, both dropout views, end to
-                                           end in rows of ``max_seq_length`` (default on:
-                                           :mod:`mmcse.packing`); the same numbers to fp32
-                                           rounding, 1.4-2x fewer tokens computed
+                                           end in rows of 64 tokens (:mod:`mmcse.packing`);
+                                           the same numbers to fp32 rounding, 1.4-2x fewer
+                                           tokens computed. auto (not given): on for a CPU,
+                                           off for CUDA until the GPU check measures it
+                                           (:func:`mmcse.training.resolved.resolve_packing`)
 ``capture``            ``--capture``       ``auto`` (default: on CUDA, off elsewhere), ``on``,
                                            ``off``: the whole step captured, below
 =====================  ==================  ====================================================
@@ -45,8 +47,8 @@ checks both for every method on CPU; measured on an H200: BENCHMARKS.md). On CPU
 nothing to replay, so ``auto`` leaves CPU runs eager.
 
 * Static shapes: capture pads every batch to ``max_seq_length`` (``dynamic_padding`` off; MCSEO's
-  object–phrase pairs to the corpus's most pairs per caption). Packed (the default), each batch
-  kind gets a fixed number of rows, the most any batch of the run's schedule needs (fixed at
+  object–phrase pairs to the corpus's most pairs per caption). Packed (auto on a CPU,
+  ``--packing`` on CUDA), each batch kind gets a fixed number of rows, the most any batch of the run's schedule needs (fixed at
   set-up, logged): one packed shape per batch kind, so still one graph per kind (checked on CPU
   with the ``aot_eager`` backend by ``tests/training/test_capture.py``/``test_whole_update.py``,
   which run packed by default; not yet measured on a GPU). A kept last partial batch of a
