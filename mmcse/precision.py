@@ -119,12 +119,12 @@ def tf32_settings(device: torch.device | str, tf32: bool) -> dict[str, str] | No
     return dict(TF32_SETTINGS[bool(tf32)]) if torch.device(device).type == "cuda" else None
 
 
-def set_fp32_arithmetic(settings: dict[str, str]) -> None:
+def set_fp32_arithmetic(settings: dict[str, str]) -> None:  # pragma: cuda
     """The thin adapter: torch's process-wide CUDA fp32 settings (:func:`tf32_settings`)."""
     import torch
 
-    torch.backends.cuda.matmul.fp32_precision = settings["matmul"]  # pragma: cuda
-    torch.backends.cudnn.conv.fp32_precision = settings["cudnn_conv"]  # pragma: cuda
+    torch.backends.cuda.matmul.fp32_precision = settings["matmul"]
+    torch.backends.cudnn.conv.fp32_precision = settings["cudnn_conv"]
 
 
 def describe_precision(precision: str, tf32: bool) -> str:

@@ -4,7 +4,7 @@
 tiny --captures off`` runs the same steps at a tiny size, eager, as the CPU suite does in
 ``tests/bench/test_gpu_check.py``: a captured step compiles for minutes on a shared CPU):
 
-1. ``pytest -m cuda``: every CUDA-only line (``# pragma: cuda``) run by its test;
+1. ``pytest -m cuda``: every CUDA-only line (its ``pragma: cuda`` comment) run by its test;
 2. SimCSE (Wiki lengths) and MCSE (COCO lengths) at BERT-base, batch 128, length 32, bf16, each
    with the forward or the whole update captured, padded and packed: step ms, MFU on real tokens
    (the FLOPs of the sentences' own tokens: what packing saves is not counted as work), the first
