@@ -204,6 +204,8 @@ def verify_settings(run: RunDir, record: dict[str, Any], settings: dict[str, Any
     now, then = jsonable(settings), record["settings"]
     if now.get("pooler") == "auto":  # resolves from the same model to what the record holds
         now["pooler"] = then.get("pooler")
+    if now.get("packing") is None:  # auto: resolves on the run's device to what the record holds
+        now["packing"] = then.get("packing")
     skip = RESUMABLE_CHANGES + (EXTENDING if run.last.finished() else ())
     differ = sorted(k for k in set(now) | set(then) if k not in skip and now.get(k) != then.get(k))
     if differ:
