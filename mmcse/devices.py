@@ -43,3 +43,18 @@ def pick_device(name: str):
         return torch.device(default_device_name())
     check_device(name)
     return torch.device(name)
+
+
+def to_device(batch, device, non_blocking: bool = False):
+    """``batch`` on ``device``: the one copy of a batch to a device (a training
+    :class:`~mmcse.training.data.Batch`, a :class:`~mmcse.packing.PackedTokens`, or anything
+    else that owns ``map``; a tensor; a tuple of them). On the CPU a host batch is returned as it
+    is. ``non_blocking``: the copy does not wait (pinned host memory, a side stream's copy)."""
+    import torch
+
+    device = torch.device(device)
+    if isinstance(batch, tuple):
+        return tuple(to_device(item, device, non_blocking) for item in batch)
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    return batch.map(lambda t: t.to(device, non_blocking=non_blocking))

@@ -3,8 +3,8 @@
 A padded batch computes ``sentences × longest`` tokens (BERT uncased, length ≤ 32, batches of
 128 on ``../shared/data``: 32 % padding on Wiki1M, 50-65 % on captions); every GEMM, LayerNorm,
 GELU and dropout runs on the padding too. Packed, the sentences of a batch (each dropout view
-included) are laid into ``rows`` rows of ``width`` tokens (``width`` = the run's
-``max_seq_length``, so no sentence ever straddles two rows), best fit, longest first; the unused
+included) are laid into ``rows`` rows of ``width`` tokens (:func:`packed_row_width`: a multiple
+of the run's ``max_seq_length``, so no sentence ever straddles two rows), best fit, longest first; the unused
 tail of a row is *fill* (the pad token). Any HF encoder runs it through its own extension points,
 no fork of model code:
 
@@ -50,6 +50,19 @@ VARLEN = "varlen"
 
 
 # ---- where each sentence goes ---------------------------------------------------------------
+
+#: the fewest tokens a packed training row holds: rows of ``max_seq_length`` (32) leave a COCO
+#: caption of 17 tokens alone with one of at most 15 (real ÷ computed 0.87 on COCO, 0.78 on
+#: Flickr30k at batch 64); rows of 64 hold 0.92-0.97 of real tokens on Wiki, COCO and Flickr30k
+#: (``docs/benchmarks/packing_budget.py``, BENCHMARKS.md). Attention stays inside each sentence,
+#: so a wider row only widens the masked attention (64 / (6 · hidden) of a layer's FLOPs)
+PACKED_ROW_TOKENS = 64
+
+
+def packed_row_width(max_length: int) -> int:
+    """The width of a training run's packed rows: the least multiple of ``max_length`` (so a
+    sentence never straddles two rows) that holds :data:`PACKED_ROW_TOKENS`."""
+    return max_length * max(1, -(-PACKED_ROW_TOKENS // max_length))
 
 
 def pack_rows(lengths: Sequence[int] | np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -119,16 +132,20 @@ class PackedTokens:
     def width(self) -> int:
         return int(self.input_ids.shape[1])
 
+    def tensors(self) -> list[Tensor]:
+        """Every tensor of the batch (what a copy to a device must keep alive)."""
+        return [getattr(self, name) for name in self._tensor_fields()]
+
     def map(self, fn: Callable[[Tensor], Tensor]) -> PackedTokens:
         """The same batch with ``fn`` applied to every tensor (a copy to a device, pinning)."""
         return dataclasses.replace(
-            self,
-            **{
-                f.name: fn(getattr(self, f.name))
-                for f in dataclasses.fields(self)
-                if isinstance(getattr(self, f.name), Tensor)
-            },  # fmt: skip
+            self, **{name: fn(getattr(self, name)) for name in self._tensor_fields()}
         )
+
+    def _tensor_fields(self) -> list[str]:
+        return [
+            f.name for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), Tensor)
+        ]
 
     def unpack(self, states: Tensor) -> Tensor:
         """``[R, W, H]`` packed states → ``[copies·N, L, H]`` per sentence, padded layout (the

@@ -1,7 +1,9 @@
 """The one precision policy: what ``--precision`` means for autocast, loss scaling and the name a
 run records (training, the VisualCSE/AudioCSE image/audio step and evaluation all ask here).
 
-``fp32``: no autocast. ``fp16``: fp16 autocast with a GradScaler (the released ``--fp16``
+``fp32``: no autocast; with ``tf32`` (every recipe's default: the released runs' torch 1.7–1.11
+did so on Ampere and later GPUs), CUDA matmuls and cuDNN convolutions take TF32 tensor cores
+(:func:`tf32_settings`; ``docs/fidelity.md``). ``fp16``: fp16 autocast with a GradScaler (the released ``--fp16``
 runs). ``bf16`` and ``auto``: bf16 autocast where the GPU supports it, else fp32. Autocast is
 CUDA only: a CPU always computes in fp32 (CPU autocast emulates the formats; ``mmcse bench
 precision`` measures it on purpose). Evaluation (``mmcse eval``, a run's dev and test scoring)
@@ -86,15 +88,58 @@ def grad_scaler_for(device: torch.device, precision: str) -> torch.amp.GradScale
     return torch.amp.GradScaler("cuda", enabled=enabled)
 
 
-def precision_name(device: torch.device, precision: str | None = None) -> str:
+def precision_name(device: torch.device, precision: str | None = None, tf32: bool = False) -> str:
     """What a run (or, with no ``precision``, an evaluation) on ``device`` computes in, as
-    recorded in its environment."""
+    recorded in its environment; ``tf32``: the run's setting (:func:`tf32_settings`)."""
     import torch
 
     dtype = autocast_dtype(device, precision or evaluation_precision())
     if dtype is None:
-        return "fp32"
-    return "fp16 autocast + GradScaler" if dtype == torch.float16 else "bf16 autocast"
+        name = "fp32"
+    else:
+        name = "fp16 autocast + GradScaler" if dtype == torch.float16 else "bf16 autocast"
+    if tf32 and tf32_settings(device, tf32) is not None:
+        name += " + TF32 matmuls" if dtype is not None else " (TF32 matmuls and convolutions)"
+    return name
+
+
+#: what a run sets on CUDA for fp32 matmuls and convolutions, by ``tf32``: torch's per-backend
+#: ``fp32_precision`` (``"tf32"``: TF32 tensor cores, ~1e-3 relative error; ``"ieee"``: full fp32)
+TF32_SETTINGS = {
+    True: {"matmul": "tf32", "cudnn_conv": "tf32"},
+    False: {"matmul": "ieee", "cudnn_conv": "ieee"},
+}
+
+
+def tf32_settings(device: torch.device | str, tf32: bool) -> dict[str, str] | None:
+    """The fp32 arithmetic a run on ``device`` sets (:data:`TF32_SETTINGS`); None off CUDA,
+    where nothing is set (TF32 is a CUDA tensor-core format)."""
+    import torch
+
+    return dict(TF32_SETTINGS[bool(tf32)]) if torch.device(device).type == "cuda" else None
+
+
+def set_fp32_arithmetic(settings: dict[str, str]) -> None:  # pragma: cuda
+    """The thin adapter: torch's process-wide CUDA fp32 settings (:func:`tf32_settings`)."""
+    import torch
+
+    torch.backends.cuda.matmul.fp32_precision = settings["matmul"]
+    torch.backends.cudnn.conv.fp32_precision = settings["cudnn_conv"]
+
+
+def describe_precision(precision: str, tf32: bool) -> str:
+    """What a run of ``precision`` computes in, in words, device by device (plans, dry runs)."""
+    words = {
+        "fp32": "plain fp32",
+        "fp16": "fp16 autocast + GradScaler on CUDA; fp32 on CPU",
+        "bf16": "bf16 autocast on CUDA; fp32 on CPU",
+        "auto": "bf16 autocast on CUDA; fp32 on CPU",
+    }[precision]
+    if precision == "fp32" and tf32:
+        words = "fp32, TF32 matmuls and cuDNN convolutions on CUDA (as torch 1.7-1.11 on Ampere+)"
+    elif tf32:
+        words += "; fp32 ops outside autocast in TF32 on CUDA"
+    return f"{precision} ({words})"
 
 
 def autocast_context(device: torch.device, precision: str):

@@ -12,12 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from support.packing import token_counts
 from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
 
 from mmcse.errors import MmcseError
 from mmcse.model import SentenceEncoder
 from mmcse.packing import (
+    attention_arguments,
     pack_rows,
     pack_tokens,
     position_offset,
@@ -153,3 +155,63 @@ def test_packed_forward_equals_padded_on_cuda(attention):
         padded = SentenceEncoder(reference, "avg")(input_ids=ids.cuda(), attention_mask=mask.cuda())
         out = SentenceEncoder(backbone, "avg")(packed=packed)
     torch.testing.assert_close(out.sentence[:7], padded.sentence, atol=1e-4, rtol=0)
+
+
+# ---- varlen and flex on the CPU: the kernel stood in for, the rest run ---------------------------
+
+
+def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=None):
+    """``torch.nn.attention.varlen.varlen_attn`` written out: attention within each
+    ``[cu[i], cu[i+1])`` segment of the flattened tokens (empty segments at the end)."""
+    out = torch.zeros_like(q)
+    for start, end in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+        if end > start:
+            seg = [t[start:end].transpose(0, 1) for t in (q, k, v)]  # [heads, n, D]
+            out[start:end] = F.scaled_dot_product_attention(*seg, scale=scale).transpose(0, 1)
+    return out
+
+
+def packed_example():
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0], [4, 0, 0, 0]])
+    return pack_tokens(ids, (ids > 0).long(), width=4, pad_id=0, copies=2)
+
+
+def test_varlen_attention_over_the_flattened_rows_equals_masked_sdpa(monkeypatch):
+    import torch.nn.attention.varlen as varlen
+
+    from mmcse.packing import varlen_attention
+
+    monkeypatch.setattr(varlen, "varlen_attn", reference_varlen_attn)
+    packed = packed_example()
+    rows, width, heads, dim = packed.rows, packed.width, 2, 8
+    q, k, v = (torch.randn(rows, heads, width, dim, generator=torch.Generator().manual_seed(i))
+               for i in range(3))  # fmt: skip
+    args = attention_arguments(packed, "varlen", torch.float32)
+    out, weights = varlen_attention(None, q, k, v, None, scaling=0.5, **args)
+    same = attention_arguments(packed, "sdpa", torch.float32)["attention_mask"]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=same, scale=0.5).transpose(1, 2)
+    assert weights is None and out.shape == (rows, width, heads, dim)
+    torch.testing.assert_close(out, want)
+
+
+def test_varlen_attention_refuses_dropout_and_unpacked_batches():
+    from mmcse.packing import varlen_attention
+
+    q = torch.zeros(1, 1, 4, 2)
+    with pytest.raises(MmcseError, match="packed batches only"):
+        varlen_attention(None, q, q, q, None)
+    with pytest.raises(MmcseError, match="no attention dropout"):
+        varlen_attention(None, q, q, q, None, dropout=0.1, cu_seqlens=torch.tensor([0, 4]))
+
+
+def test_the_flex_block_mask_keeps_attention_inside_each_segment():
+    from mmcse.packing import document_block_mask
+
+    packed = packed_example()
+    mask = document_block_mask(packed.segments)
+    rows, width = packed.segments.shape
+    b, q, kv = torch.meshgrid(torch.arange(rows), torch.arange(width), torch.arange(width),
+                              indexing="ij")  # fmt: skip
+    allowed = mask.mask_mod(b, torch.zeros_like(b), q, kv)
+    same = attention_arguments(packed, "sdpa", torch.float32)["attention_mask"][:, 0]
+    assert torch.equal(allowed, same)

@@ -148,3 +148,50 @@ def test_mmcse_eval_and_a_run_evaluate_under_their_precision_setting(monkeypatch
 
     monkeypatch.setattr(loop, "Trainer", FakeTrainer)
     assert loop.train(TrainConfig(eval_precision="bf16")) == "bf16"
+
+
+# ---- TF32: what a run sets on CUDA, checked on the CPU through the adapter's stand-in ------------
+
+
+@pytest.mark.parametrize("tf32, want", [(True, "tf32"), (False, "ieee")])
+def test_a_run_sets_tf32_matmuls_and_convolutions_on_cuda_only(tf32, want):
+    from mmcse.training.fastpath import set_matmul_precision
+
+    applied = []
+    cfg = TrainConfig(tf32=tf32)
+    assert set_matmul_precision(cfg, CUDA, applied.append) == {
+        "matmul": want,
+        "cudnn_conv": want,
+    }
+    assert applied == [{"matmul": want, "cudnn_conv": want}]
+    assert set_matmul_precision(cfg, CPU, applied.append) is None and len(applied) == 1
+
+
+def test_the_recorded_precision_names_tf32_where_it_is_set():
+    assert (
+        precision.precision_name(CUDA, "fp32", tf32=True) == "fp32 (TF32 matmuls and convolutions)"
+    )
+    assert precision.precision_name(CUDA, "fp32", tf32=False) == "fp32"
+    assert precision.precision_name(CPU, "fp32", tf32=True) == "fp32"  # no TF32 on a CPU
+    assert precision.precision_name(CUDA, "fp16", tf32=True) == (
+        "fp16 autocast + GradScaler + TF32 matmuls"
+    )
+
+
+def test_recipes_train_fp32_in_tf32_as_the_released_torch_and_plain_train_does_not():
+    from mmcse.recipes import RECIPES
+    from mmcse.recipes.recipe import RecipeRunSpec
+
+    assert TrainConfig().tf32 is False  # mmcse train: bf16 autocast on CUDA by default
+    recipes = [RECIPES.get(name) for name in RECIPES.names()]
+    assert recipes
+    for recipe in recipes:
+        cfg = recipe.config("cache", seed=0, output_dir="o")
+        assert cfg.tf32 is True, recipe.name
+        assert "TF32" in recipe.describe(), recipe.name  # `mmcse recipes show` says it
+        off = recipe.config(
+            RecipeRunSpec("cache", overrides={"tf32": False}), seed=0, output_dir="o"
+        )
+        assert off.tf32 is False  # --set tf32=false: full fp32 matmuls
+    mcse = RECIPES.get("mcse/wiki+flickr/bert").describe()
+    assert "precision   fp32 (fp32, TF32 matmuls and cuDNN convolutions on CUDA" in mcse

@@ -248,7 +248,8 @@ CI_COMMANDS = (
     'pip install torch==2.14.1 torchvision==0.29.1 -e ".[dev]"',
     "ruff check .",
     "ruff format --check .",
-    "python -m pytest",
+    "python -m pytest --cov --cov-report=json",
+    "python .ci/coverage_report.py",
 )
 
 

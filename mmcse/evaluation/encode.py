@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from mmcse.devices import to_device
 from mmcse.errors import MmcseError
 from mmcse.model import backbone_packs
 from mmcse.packing import PackedTokens, pack_tokens, packed_forward
@@ -59,13 +60,6 @@ def pack_or_pad(sequences: list[list[int]], pad_id: int, packing: bool):
     if not packing:
         return input_ids, attention_mask
     return pack_tokens(input_ids, attention_mask, int(input_ids.shape[1]), pad_id)
-
-
-def to_device(batch, device: torch.device):
-    """A batch of :func:`pack_or_pad` on ``device``."""
-    if isinstance(batch, PackedTokens):
-        return batch.map(lambda t: t.to(device))
-    return tuple(t.to(device) for t in batch)
 
 
 def forward_pooled(backbone: nn.Module, batch, pooler: str) -> torch.Tensor:

@@ -42,6 +42,7 @@ from typing import Any
 from mmcse.cache import Manifest
 from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.errors import MmcseError
+from mmcse.precision import describe_precision
 from mmcse.recipes.published import PUBLISHED, Published
 from mmcse.registry import Registry
 from mmcse.training.config import GivenSettings, TrainConfig, resolve_config
@@ -76,6 +77,9 @@ MCSE_CODE_TRAIN: dict[str, Any] = {
     "drop_last": False,
     "eval_last_step": True,
     "eval_precision": "fp32",  # utils.evaluate: no autocast
+    # torch 1.7.1/1.8.1 (MCSE, KDMCSE, DALR's pins) ran fp32 matmuls and cuDNN convolutions in
+    # TF32 on Ampere+ by default (their A100/3090 runs): docs/fidelity.md, "TF32"
+    "tf32": True,
 }
 #: SimCSE's HF-Trainer code, which VisualCSE/AudioCSE build on (transformers 4.5): ``--fp16``
 #: in their run scripts, ``TrainingArguments`` defaults ε = 1e-8, weight decay 0, no warm-up,
@@ -94,6 +98,7 @@ HF_TRAINER_TRAIN: dict[str, Any] = {
     "drop_last": False,
     "eval_last_step": False,
     "eval_precision": "fp32",  # the Trainer's SentEval evaluate: no autocast
+    "tf32": True,  # torch 1.10's default on Ampere+: fp32 ops outside fp16 autocast in TF32
 }
 MCSE_SEEDS = (0, 1, 2, 3, 4)  # MCSE's train_mix.py: "We used [0,1,2,3,4] in experiments"
 TEXT_CORPUS = "wiki1m"
@@ -398,7 +403,7 @@ class Recipe:
             f"  model       {self.model}",
             f"  data        {data} (caption policy {self.caption_policy})",
             f"  mixing      {cfg.mixing}",
-            f"  precision   {cfg.precision} {PRECISION_WORDS[cfg.precision]}",
+            f"  precision   {describe_precision(cfg.precision, cfg.tf32)}",
             f"  optimizer   AdamW lr {cfg.learning_rate:g}, eps {cfg.adam_eps:g} (placed as "
             f"{cfg.adam_eps_style}), weight decay {cfg.weight_decay:g} "
             f"({cfg.weight_decay_style}), grad clip {cfg.grad_clip:g}, gradients after a step: "
@@ -422,14 +427,6 @@ class Recipe:
             *(f"  note: {note}" for note in self.notes),
         ]
         return "\n".join(lines)
-
-
-PRECISION_WORDS = {
-    "fp32": "(plain fp32)",
-    "fp16": "(fp16 autocast + GradScaler on CUDA; fp32 on CPU)",
-    "bf16": "(bf16 autocast on CUDA; fp32 on CPU)",
-    "auto": "(bf16 autocast on CUDA; fp32 on CPU)",
-}
 
 
 def _is_overridden(key: str, overridden: set[str]) -> bool:

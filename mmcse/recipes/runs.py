@@ -20,6 +20,7 @@ from mmcse.environment import differences, record_notes
 from mmcse.errors import MmcseError
 from mmcse.files import atomic_dir_litter, read_json, write_json
 from mmcse.pooling import student_pooling
+from mmcse.precision import describe_precision
 from mmcse.recipes.layout import SeedsDir
 from mmcse.recipes.recipe import Recipe, RecipeRunSpec, check_unique_seeds
 from mmcse.recipes.summary import Row, delta, departure_note, published_row, scores_of, summarize
@@ -88,6 +89,8 @@ def describe_plan(
     lines += [hint] if hint else []
     base = recipe.config(spec.cache_root, seed=seeds[0], output_dir="-").to_dict() if seeds else {}
     students = []
+    if base:  # which arithmetic a run will use (TF32 on CUDA: docs/fidelity.md)
+        lines.append(f"precision: {describe_precision(base['precision'], base['tf32'])}")
     for label, out, row_overrides in rows:
         row_spec = spec.with_overrides(row_overrides)
         row = recipe.config(RecipeRunSpec(spec.cache_root, overrides=row_overrides), seed=0,

@@ -75,7 +75,7 @@ def rng_states() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+        states["cuda"] = torch.cuda.get_rng_state_all()  # pragma: cuda
     return states
 
 
@@ -84,8 +84,8 @@ def set_rng_states(states: dict[str, Any]) -> None:
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
-        cuda = states["cuda"][: torch.cuda.device_count()]
-        torch.cuda.set_rng_state_all(cuda)
+        cuda = states["cuda"][: torch.cuda.device_count()]  # pragma: cuda
+        torch.cuda.set_rng_state_all(cuda)  # pragma: cuda
 
 
 def save_trainer_state(checkpoint: Path, state: dict[str, Any]) -> None:
@@ -208,6 +208,8 @@ def verify_settings(run: RunDir, record: dict[str, Any], settings: dict[str, Any
         now["pooler"] = then.get("pooler")
     if now.get("attn_implementation") == "auto":  # likewise (mmcse.students)
         now["attn_implementation"] = then.get("attn_implementation")
+    if now.get("packing") is None:  # auto: resolves on the run's device to what the record holds
+        now["packing"] = then.get("packing")
     skip = RESUMABLE_CHANGES + (EXTENDING if run.last.finished() else ())
     differ = sorted(k for k in set(now) | set(then) if k not in skip and now.get(k) != then.get(k))
     if differ:

@@ -48,6 +48,8 @@ REPORT_TO = ("none", "tensorboard")
 CAPTURES = ("auto", "on", "off", "forward")
 #: ``token_cache`` values besides a folder: the default place (:func:`mmcse.cache.tokens.entry_path`), or no cache
 TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF = "auto", "off"
+#: ``--set packing=WORD``: auto (decided per device at set-up), on, off
+PACKING_WORDS = {"auto": None, "on": True, "off": False}
 #: encoder attention (:mod:`mmcse.packing`): ``flex_attention`` and ``varlen`` need a GPU for
 #: training (FlexAttention has no backward on CPU; varlen is CUDA-only and packed-only)
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "varlen")
@@ -470,13 +472,16 @@ class TrainConfig:
             "help": "pad a batch to its longest sentence, not max_seq_length",
         },
     )
-    packing: bool = field(
-        default=False,  # until a GPU step time decides (BENCHMARKS.md): CPU figures were mixed
+    #: None = auto: decided per device by mmcse.training.resolved.resolve_packing (on for CPU,
+    #: measured faster there; off for CUDA until the GPU check measures it: BENCHMARKS.md)
+    packing: bool | None = field(
+        default=None,
         metadata={
             "panel": PANEL_SPEED,
-            "scope": SCOPE_RUN,
-            "help": "pack each batch's sentences end to end in rows of max_seq_length "
-            "(no padding computed; the same numbers with dropout off)",
+            "scope": SCOPE_SETUP,
+            "help": "pack each batch's sentences end to end in rows of 64 tokens "
+            "(no padding computed; the same numbers with dropout off); not given (auto, "
+            "--set packing=auto): on for CPU, off for CUDA (BENCHMARKS.md)",
         },
     )
     log_every: int = field(
@@ -519,11 +524,14 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        # --set packing=auto|on|off (a config file alike): the tri-state in words
+        if isinstance(self.packing, str) and self.packing in PACKING_WORDS:
+            self.packing = PACKING_WORDS[self.packing]
         for name, value in check_settings(TrainConfig, self.__dict__).items():
             setattr(self, name, value)
 
         self.pooler = check_pooler(self.pooler, allow_auto=True)  # before any model loads
-        if self.attn_implementation == "varlen" and not self.packing:
+        if self.attn_implementation == "varlen" and self.packing is False:
             raise SettingError(
                 "--attn-implementation varlen runs packed batches only: add --packing"
             )
@@ -542,6 +550,12 @@ class TrainConfig:
 #: the training settings' names: TrainConfig's fields
 TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def packing_required(cfg: TrainConfig) -> bool:
+    """Whether the run packs on any device: ``--packing`` given, or varlen attention (it runs
+    packed batches only); the student check refuses such a run for a student that cannot pack."""
+    return cfg.packing is True or (cfg.packing is None and cfg.attn_implementation == "varlen")
 
 
 def settings_of_scope(*scopes: str) -> tuple[str, ...]:

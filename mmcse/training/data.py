@@ -11,6 +11,8 @@ neither the texts nor the ids of its corpus.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,9 +25,10 @@ from mmcse.cache import FeatureSet
 from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.cache.tokenizer import tokenizer_fingerprint
 from mmcse.cache.tokens import TokenTable
+from mmcse.devices import to_device
 from mmcse.errors import MissingIdsError, MmcseError
 from mmcse.methods.base import Method
-from mmcse.packing import PackedTokens, pack_tokens, rows_needed
+from mmcse.packing import PackedTokens, pack_tokens, packed_row_width, rows_needed
 from mmcse.training.batch_order import CAPTION, TEXT, BatchOrder
 from mmcse.training.config import TrainConfig
 from mmcse.training.corpora import CorpusView, corpus_tokens, open_corpus
@@ -99,6 +102,24 @@ class Batch:
     @property
     def size(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor of the batch, the packed ones included (what a copy to a device must
+        keep alive)."""
+        packed = self.packed.tensors() if self.packed is not None else []
+        fixed = [self.input_ids, self.attention_mask]
+        return [*fixed, *self.features.values(), *self.extras.values(), *packed]
+
+    def map(self, fn: Callable[[Tensor], Tensor]) -> Batch:
+        """The same batch with ``fn`` applied to every tensor (a copy to a device, pinning)."""
+        return dataclasses.replace(
+            self,
+            input_ids=fn(self.input_ids),
+            attention_mask=fn(self.attention_mask),
+            features={role: fn(t) for role, t in self.features.items()},
+            extras={key: fn(t) for key, t in self.extras.items()},
+            packed=self.packed.map(fn) if self.packed is not None else None,
+        )
 
 
 class TrainData(BatchOrder):
@@ -223,21 +244,25 @@ class TrainData(BatchOrder):
         mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
         packed = self.pack(kind, ids, mask) if self.cfg.packing else None
         features = {
-            role: torch.from_numpy(np.ascontiguousarray(src.feature_sets[role].take(frows[rows])))
-            .to(device, non_blocking=True)
-            .float()
+            role: torch.from_numpy(
+                np.ascontiguousarray(src.feature_sets[role].take(frows[rows]))
+            ).float()
             for role, frows in src.feature_rows.items()
         }
-        batch = Batch(kind, rows, ids.to(device, non_blocking=True), mask.to(device), features)
-        batch.packed = packed.map(lambda t: t.to(device)) if packed is not None else None
-        return batch
+        batch = Batch(kind, rows, ids, mask, features, packed=packed)
+        return to_device(batch, device)
 
     # -- packing ---------------------------------------------------------------------------
     def pack(self, kind: str, input_ids: Tensor, attention_mask: Tensor) -> PackedTokens:
-        """A batch's two dropout views packed into rows of ``max_seq_length`` tokens."""
+        """A batch's two dropout views packed into rows of :attr:`pack_width` tokens."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         rows = self.pack_budgets.get(kind)
-        return pack_tokens(input_ids, attention_mask, self.cfg.max_seq_length, pad, rows, copies=2)
+        return pack_tokens(input_ids, attention_mask, self.pack_width, pad, rows, copies=2)
+
+    @property
+    def pack_width(self) -> int:
+        """Tokens per packed row (:func:`mmcse.packing.packed_row_width`)."""
+        return packed_row_width(self.cfg.max_seq_length)
 
     def fix_pack_budgets(self, batches) -> dict[str, int]:
         """Fix each batch kind's packed rows once per run (static shapes: one captured graph
@@ -246,7 +271,7 @@ class TrainData(BatchOrder):
         lengths = {kind: src.lengths for kind, src in self.sources.items()}
         budgets: dict[str, int] = {}
         for kind, rows in batches:
-            need = rows_needed(lengths[kind][rows], self.cfg.max_seq_length)
+            need = rows_needed(lengths[kind][rows], self.pack_width)
             budgets[kind] = max(budgets.get(kind, 0), need)
         self.pack_budgets = budgets
         return budgets

@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmcse.devices import to_device
 from mmcse.evaluation.encode import (
     eval_autocast,
     forward_pooled,
     model_max_length,
     pack_or_pad,
-    to_device,
     token_budget_batches,
 )
 from mmcse.evaluation.sts import load_stsb_dev, resolve_downstream, score_task

@@ -15,14 +15,18 @@ field                  flag                effect
 ``compile_encoder``    ``--compile``       ``torch.compile`` of the encoder (off by default:
                                            the first steps compile; every new batch width may
                                            recompile, so pair it with ``--no-dynamic-padding``)
-``tf32``               ``--tf32``          TF32 tensor-core matmuls for ``--precision fp32`` on
-                                           CUDA (off by default: ~1e-3 relative error)
+``tf32``               ``--tf32``          TF32 tensor-core matmuls and cuDNN convolutions on
+                                           CUDA (~1e-3 relative error): on in every recipe (the
+                                           released runs' torch 1.7-1.11 default on Ampere+),
+                                           off for ``mmcse train`` (bf16 autocast by default)
 ``dynamic_padding``    ``--dynamic-padding``  pad each batch to its longest sentence (default);
                                            off: always ``max_seq_length`` (static shapes)
 ``packing``            ``--packing``       each batch's sentences, both dropout views, end to
-                                           end in rows of ``max_seq_length`` (default on:
-                                           :mod:`mmcse.packing`); the same numbers to fp32
-                                           rounding, 1.4-2x fewer tokens computed
+                                           end in rows of 64 tokens (:mod:`mmcse.packing`);
+                                           the same numbers to fp32 rounding, 1.4-2x fewer
+                                           tokens computed. auto (not given): on for a CPU,
+                                           off for CUDA until the GPU check measures it
+                                           (:func:`mmcse.training.resolved.resolve_packing`)
 ``capture``            ``--capture``       ``auto`` (default: on CUDA, off elsewhere), ``on``,
                                            ``off``: the whole step captured, below
 =====================  ==================  ====================================================
@@ -44,8 +48,8 @@ checks both for every method on CPU; measured on an H200: BENCHMARKS.md). On CPU
 nothing to replay, so ``auto`` leaves CPU runs eager.
 
 * Static shapes: capture pads every batch to ``max_seq_length`` (``dynamic_padding`` off; MCSEO's
-  object–phrase pairs to the corpus's most pairs per caption). Packed (the default), each batch
-  kind gets a fixed number of rows, the most any batch of the run's schedule needs (fixed at
+  object–phrase pairs to the corpus's most pairs per caption). Packed (auto on a CPU,
+  ``--packing`` on CUDA), each batch kind gets a fixed number of rows, the most any batch of the run's schedule needs (fixed at
   set-up, logged): one packed shape per batch kind, so still one graph per kind (checked on CPU
   with the ``aot_eager`` backend by ``tests/training/test_capture.py``/``test_whole_update.py``,
   which run packed by default; not yet measured on a GPU). A kept last partial batch of a
@@ -86,6 +90,7 @@ import torch
 import torch._dynamo
 from torch import nn
 
+from mmcse.precision import set_fp32_arithmetic, tf32_settings
 from mmcse.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -103,10 +108,16 @@ def fused_adamw(cfg: TrainConfig, device: torch.device) -> bool | None:
     return True if cfg.fused_adamw and device.type == "cuda" else None
 
 
-def set_matmul_precision(cfg: TrainConfig, device: torch.device) -> None:
-    """TF32 for fp32 runs on CUDA when ``cfg.tf32``; full fp32 matmuls otherwise."""
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high" if cfg.tf32 else "highest")
+def set_matmul_precision(
+    cfg: TrainConfig, device: torch.device, apply=set_fp32_arithmetic
+) -> dict[str, str] | None:
+    """TF32 matmuls and cuDNN convolutions on CUDA when ``cfg.tf32``, full fp32 otherwise
+    (:func:`mmcse.precision.tf32_settings`); nothing off CUDA. Returns what was set; ``apply``:
+    the device adapter (a stand-in in the CPU tests)."""
+    settings = tf32_settings(device, cfg.tf32)
+    if settings is not None:
+        apply(settings)
+    return settings
 
 
 def compile_encoder(cfg: TrainConfig, encoder: torch.nn.Module) -> None:
@@ -181,4 +192,4 @@ def fresh_capture_cache() -> None:
 def begin_captured_step(device: torch.device) -> None:
     """Tell CUDA-graph replay that a new step starts (the last step's outputs are dead)."""
     if device.type == "cuda":
-        torch.compiler.cudagraph_mark_step_begin()
+        torch.compiler.cudagraph_mark_step_begin()  # pragma: cuda

@@ -117,7 +117,7 @@ class Trainer:
             logger.info(
                 "packing: %s rows of %d tokens per dropout view (the most any batch needs)",
                 ", ".join(f"{kind} {rows}" for kind, rows in sorted(budgets.items())),
-                cfg.max_seq_length,
+                self.data.pack_width,
             )
         self.updates = build_updates(
             cfg, self.student, self.model, self.aux, self.device, self.capture, self.total,

@@ -11,81 +11,93 @@ stream is the same with or without prefetching.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from torch import Tensor
 
+from mmcse.devices import to_device
 from mmcse.training.data import Batch
 
 CPU = torch.device("cpu")
 
 
-def batch_tensors(batch: Batch) -> list[Tensor]:
-    packed = batch.packed.tensors() if batch.packed is not None else []
-    return [batch.input_ids, batch.attention_mask, *batch.features.values(),
-            *batch.extras.values(), *packed]  # fmt: skip
-
-
-def map_tensors(batch: Batch, fn: Callable[[Tensor], Tensor]) -> Batch:
-    return dataclasses.replace(
-        batch,
-        input_ids=fn(batch.input_ids),
-        attention_mask=fn(batch.attention_mask),
-        features={role: fn(t) for role, t in batch.features.items()},
-        extras={key: fn(t) for key, t in batch.extras.items()},
-        packed=batch.packed.map(fn) if batch.packed is not None else None,
-    )
-
-
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    """Copy a host batch to ``device`` without waiting (its tensors are pinned on CUDA)."""
-    if device.type == "cpu":
-        return batch
-    return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
-
-
-def pin(batch: Batch) -> Batch:
-    return map_tensors(batch, lambda t: t.pin_memory())
-
-
-class SideStreamCopy:
-    """Host batches copied to a CUDA device on a stream of their own (called on the worker)."""
+class CudaStreams:
+    """The thin CUDA adapter of the copy: a side stream, an event, pinning and the allocator's
+    stream bookkeeping (everything else of the copy runs, and is tested, on the CPU)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.stream = torch.cuda.Stream(device)
+        self.stream = torch.cuda.Stream(device)  # pragma: cuda
 
-    def __call__(self, batch: Batch) -> tuple[Batch, torch.cuda.Event]:
-        with torch.cuda.stream(self.stream):
-            moved = to_device(pin(batch), self.device)
-            done = torch.cuda.Event()
-            done.record(self.stream)
+    def copying(self):
+        return torch.cuda.stream(self.stream)  # pragma: cuda
+
+    def copied(self) -> torch.cuda.Event:
+        done = torch.cuda.Event()  # pragma: cuda
+        done.record(self.stream)  # pragma: cuda
+        return done  # pragma: cuda
+
+    def wait(self, done: torch.cuda.Event):
+        """The current stream, made to wait for ``done`` on the device (not the host)."""
+        current = torch.cuda.current_stream(self.device)  # pragma: cuda
+        current.wait_event(done)  # pragma: cuda
+        return current  # pragma: cuda
+
+    @staticmethod
+    def pin(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.pin_memory()  # pragma: cuda
+
+    @staticmethod
+    def keep(tensor: torch.Tensor, stream) -> None:
+        """The allocator frees ``tensor`` only once ``stream``'s queued work is done."""
+        tensor.record_stream(stream)  # pragma: cuda
+
+
+class SideStreamCopy:
+    """Host batches copied to a CUDA device on a stream of their own (called on the worker).
+    ``streams``: the device adapter (:class:`CudaStreams`; a stand-in in the CPU tests)."""
+
+    def __init__(self, device: torch.device, streams: CudaStreams | None = None) -> None:
+        self.device = device
+        self.streams = streams if streams is not None else CudaStreams(device)
+
+    def __call__(self, batch: Batch) -> tuple[Batch, Any]:
+        with self.streams.copying():
+            moved = to_device(batch.map(self.streams.pin), self.device, non_blocking=True)
+            done = self.streams.copied()
         return moved, done
 
-    def hand_over(self, moved: Batch, done: torch.cuda.Event) -> Batch:
+    def hand_over(self, moved: Batch, done: Any) -> Batch:
         """Make the current stream wait for the copy (on the device, not the host) and own the
         batch's memory from now on."""
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(done)
-        for tensor in batch_tensors(moved):
-            tensor.record_stream(current)
+        current = self.streams.wait(done)
+        for tensor in moved.tensors():
+            self.streams.keep(tensor, current)
         return moved
 
 
+def side_stream_copy(device: torch.device) -> SideStreamCopy | None:
+    """The copy a device's batches take: a side stream on CUDA, none elsewhere."""
+    return SideStreamCopy(device) if device.type == "cuda" else None
+
+
 def prefetched(
-    items: Iterable[Any], gather: Callable[[Any], Batch], device: torch.device
+    items: Iterable[Any],
+    gather: Callable[[Any], Batch],
+    device: torch.device,
+    copy: SideStreamCopy | None = None,
 ) -> Iterator[tuple[Any, Batch, float]]:
-    """``(item, batch on device, seconds waited for it)`` with the next item gathered meanwhile."""
-    copy = SideStreamCopy(device) if device.type == "cuda" else None
+    """``(item, batch on device, seconds waited for it)`` with the next item gathered meanwhile.
+    ``copy``: how a batch reaches the device (default :func:`side_stream_copy`; else a plain
+    copy, none on the CPU)."""
+    copy = copy if copy is not None else side_stream_copy(device)
 
     def ready_batch(item: Any):
         batch = gather(item)
-        return copy(batch) if copy is not None else (batch, None)
+        return copy(batch) if copy is not None else (to_device(batch, device), None)
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmcse-prefetch")
     try:

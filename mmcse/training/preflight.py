@@ -42,7 +42,13 @@ from mmcse.errors import MmcseError
 from mmcse.hub import check_hub_id, load_tokenizer, local_or_hub_id
 from mmcse.pooling import check_pooler as known_pooler
 from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
-from mmcse.training.config import TOKEN_CACHE_AUTO, TOKEN_CACHE_OFF, SettingError, TrainConfig
+from mmcse.training.config import (
+    TOKEN_CACHE_AUTO,
+    TOKEN_CACHE_OFF,
+    SettingError,
+    TrainConfig,
+    packing_required,
+)
 
 # Modules that load torch (methods, data, evaluation, checkpoints: seconds, tens of seconds on a
 # busy machine) are imported where used: the cheap checks, run first, answer a wrong path or
@@ -409,7 +415,7 @@ def check_student_settings(cfg: TrainConfig) -> None:
     (:func:`mmcse.model.check_student`), before the data is joined and the model loads."""
     from mmcse.model import check_student  # torch is loaded by now
 
-    check_student(cfg.model, cfg.attn_implementation, cfg.packing, cfg.dropout)
+    check_student(cfg.model, cfg.attn_implementation, packing_required(cfg), cfg.dropout)
 
 
 def check_model(name: str, max_seq_length: int | None = None) -> None:

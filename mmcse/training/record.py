@@ -121,9 +121,9 @@ class HostSnapshots:
         snapshot = tree_unflatten([used.get(path, leaf) for path, leaf in leaves], spec)
         if not any(isinstance(leaf, torch.Tensor) and leaf.is_cuda for _, leaf in leaves):
             return snapshot, lambda: None
-        copied = torch.cuda.Event()
-        copied.record()
-        return snapshot, copied.synchronize
+        copied = torch.cuda.Event()  # pragma: cuda
+        copied.record()  # pragma: cuda
+        return snapshot, copied.synchronize  # pragma: cuda
 
     @staticmethod
     def _filled(buffer: torch.Tensor | None, source: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@ result (:class:`ResolvedRun`) instead of deciding again.
   (the forward when the auxiliary update must step parameters its loss does not reach);
 - padding: a captured run pads every batch to ``max_seq_length`` (one shape per batch kind, one
   graph), so dynamic padding is turned off;
+- packing (:func:`resolve_packing`): ``auto`` (``packing`` None) becomes on or off per device,
+  from what was measured (:data:`PACKING_AUTO`);
 - the precision's name, as run info records it.
 """
 
@@ -28,7 +30,7 @@ from mmcse.pooling import DEFAULT_POOLER
 from mmcse.precision import precision_name
 from mmcse.rundir import resolve_model_dir
 from mmcse.students import StudentChoice
-from mmcse.training.config import TrainConfig
+from mmcse.training.config import TrainConfig, packing_required
 from mmcse.training.fastpath import capture_mode
 from mmcse.training.updates import auxiliary_decays_unreached
 
@@ -54,6 +56,16 @@ class ResolvedRun:
             return None
         return {**self.student.record(), "summary": self.student.describe()}
 
+    #: why the run packs or pads (``"given"``, ``"auto on cpu"``, ...: :func:`resolve_packing`)
+    packing_source: str = "given"
+
+
+#: what ``--packing`` auto means per device type, from measurements: on for a CPU (the step
+#: 1.26x faster, packed ÷ padded 0.59-0.62 on Wiki and COCO lengths: BENCHMARKS.md "Packing");
+#: off for CUDA until the GPU check (``python -m mmcse.bench.gpu_check``) measures it; a device
+#: type not here (MPS) pads
+PACKING_AUTO = {"cpu": True, "cuda": False}
+
 
 def resolve_run_config(
     cfg: TrainConfig, method: Method, device: torch.device, distributed: bool
@@ -62,7 +74,7 @@ def resolve_run_config(
     records), and what was decided with it."""
     pooler, pooler_source = resolve_training_pooler(cfg, method)
     cfg = dataclasses.replace(cfg, pooler=pooler)
-    student = check_student(cfg.model, cfg.attn_implementation, cfg.packing, cfg.dropout)
+    student = check_student(cfg.model, cfg.attn_implementation, packing_required(cfg), cfg.dropout)
     if student is not None:
         for warning in student.warnings:
             logger.warning(warning)
@@ -82,8 +94,29 @@ def resolve_run_config(
     if capture != "off" and cfg.dynamic_padding:  # one shape per batch kind: one graph
         logger.info("capture: batches padded to --max-seq-length (no dynamic padding)")
         cfg = dataclasses.replace(cfg, dynamic_padding=False)
-    precision = precision_name(device, cfg.precision)
-    return cfg, ResolvedRun(pooler_source, capture, precision, student)
+    packing, packing_source = resolve_packing(cfg, device, student)
+    cfg = dataclasses.replace(cfg, packing=packing)
+    precision = precision_name(device, cfg.precision, cfg.tf32)
+    return cfg, ResolvedRun(pooler_source, capture, precision, student, packing_source)
+
+
+def resolve_packing(
+    cfg: TrainConfig, device: torch.device, student: StudentChoice | None
+) -> tuple[bool, str]:
+    """``cfg.packing`` with auto (None) decided, and why: as given (an explicit ``--packing``
+    the student cannot run was refused by :func:`mmcse.model.check_student`); off for a student
+    whose packing is refused (:mod:`mmcse.students`); on for varlen attention (it runs packed
+    batches only); else :data:`PACKING_AUTO` for the device. A student whose config cannot be
+    read before it loads (a hub id not downloaded yet) follows the device."""
+    if cfg.packing is not None:
+        return cfg.packing, "given"
+    if cfg.attn_implementation == "varlen":  # checked against the student as given packing
+        return True, "varlen attention runs packed only"
+    if student is not None and not student.architecture.packs_with(student.attention):
+        return False, f"auto: {student.architecture.name} pads"
+    packing = PACKING_AUTO.get(device.type, False)
+    logger.info("packing: %s (auto on %s)", "on" if packing else "off", device.type)
+    return packing, f"auto on {device.type}"
 
 
 def resolve_training_pooler(cfg: TrainConfig, method: Method) -> tuple[str, str]:

@@ -259,7 +259,7 @@ class CapturedUpdate:
         on the device, in fp32)."""
         layout = self.layouts.get(kind) or self._layout(kind, inputs)
         if self.flat.data.is_cuda:  # the outputs of the last replay are dead (read already)
-            torch.compiler.cudagraph_mark_step_begin()
+            torch.compiler.cudagraph_mark_step_begin()  # pragma: cuda
         # a copy: the next replay of any captured graph may reuse the output's memory
         values = self._compiled(layout.segments, layout.keys, *inputs).clone()
         self.adamw.count(layout.segments)

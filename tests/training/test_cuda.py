@@ -93,3 +93,38 @@ def test_a_checkpoint_snapshot_is_queued_into_pinned_buffers_without_a_sync():
     ready()  # what the writer thread waits for
     assert snapshot["weights"].is_pinned() and snapshot["step"] == 3
     torch.testing.assert_close(snapshot["weights"], saved, rtol=0, atol=0)
+
+
+def test_the_prefetch_hands_a_packed_batch_over_on_a_side_stream():
+    """The real stream adapter (``CudaStreams``): every tensor of a packed batch reaches the
+    device, and the step's stream owns it (the CPU suite runs the rest with stand-ins)."""
+    from training.test_prefetch import host_batch
+
+    from mmcse.training.prefetch import prefetched
+
+    cuda = torch.device("cuda")
+    ((_, batch, _),) = prefetched(["x"], lambda item: host_batch(), cuda)
+    assert {t.device.type for t in batch.tensors()} == {"cuda"}
+    torch.testing.assert_close(batch.packed.input_ids.cpu(), host_batch().packed.input_ids)
+
+
+def test_tf32_is_set_and_unset_on_the_device():
+    from mmcse.training.config import TrainConfig
+    from mmcse.training.fastpath import set_matmul_precision
+
+    try:
+        set_matmul_precision(TrainConfig(tf32=True), torch.device("cuda"))
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    finally:
+        set_matmul_precision(TrainConfig(tf32=False), torch.device("cuda"))
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+
+
+def test_the_cuda_random_state_survives_a_checkpoint():
+    from mmcse.training.checkpoint import rng_states, set_rng_states
+
+    saved = rng_states()
+    want = torch.rand(3, device="cuda")
+    set_rng_states(saved)
+    assert torch.equal(torch.rand(3, device="cuda"), want)

@@ -115,7 +115,7 @@ def test_a_static_run_packs_every_batch_into_one_budget_per_kind(tiny_model, tin
     assert len(drawn) == trainer.total and {kind for kind, _ in drawn} == {"text", "caption"}
     for kind, budget in data.pack_budgets.items():
         lengths = data.sources[kind].lengths
-        needs = [rows_needed(lengths[rows], 24) for k, rows in drawn if k == kind]
+        needs = [rows_needed(lengths[rows], data.pack_width) for k, rows in drawn if k == kind]
         assert budget == max(needs)
     shapes = {}
     for kind, rows in drawn:
@@ -139,9 +139,14 @@ def test_an_eager_run_packs_each_batch_into_the_rows_it_needs(tiny_model, tiny_w
     kind, rows = next(trainer.run_batches())
     packed = trainer.data.batch(kind, rows, CPU).packed
     lengths = trainer.data.sources[kind].lengths[rows]
-    assert packed.rows == 2 * rows_needed(lengths, trainer.cfg.max_seq_length)
-    off = TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path / "padded"))
-    assert not off.packing and Trainer(off).setup().data.batch(kind, rows, CPU).packed is None
+    assert packed.rows == 2 * rows_needed(lengths, trainer.data.pack_width)
+    off = TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path / "off", packing=False))
+    assert Trainer(off).setup().data.batch(kind, rows, CPU).packed is None
+    auto = TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, tmp_path / "auto"))
+    assert auto.packing is None  # not given: auto, packed on a CPU
+    trainer = Trainer(auto).setup()
+    assert trainer.cfg.packing is True and trainer.resolved.packing_source == "auto on cpu"
+    assert trainer.data.batch(kind, rows, CPU).packed is not None
 
 
 def test_varlen_attention_needs_packing():
@@ -150,4 +155,39 @@ def test_varlen_attention_needs_packing():
 
     assert TrainConfig(attn_implementation="varlen", packing=True).packing
     with pytest.raises(SettingError, match="varlen runs packed batches only: add --packing"):
-        TrainConfig(attn_implementation="varlen")  # packing is off by default
+        TrainConfig(attn_implementation="varlen", packing=False)
+
+
+@pytest.mark.parametrize(
+    "given, device, attention, want, source",
+    [
+        (None, "cpu", "sdpa", True, "auto on cpu"),  # measured faster: BENCHMARKS.md
+        (None, "cuda", "sdpa", False, "auto on cuda"),  # until the GPU check measures it
+        (None, "mps", "sdpa", False, "auto on mps"),
+        (None, "cuda", "varlen", True, "varlen attention runs packed only"),
+        ("on", "cuda", "sdpa", True, "given"),
+        ("off", "cpu", "sdpa", False, "given"),
+        (True, "cuda", "sdpa", True, "given"),
+        ("auto", "cpu", "sdpa", True, "auto on cpu"),
+    ],
+)
+def test_packing_auto_is_decided_per_device_in_one_resolver(given, device, attention, want, source):
+    import torch
+
+    from mmcse.training.config import TrainConfig
+    from mmcse.training.resolved import resolve_packing
+
+    cfg = TrainConfig(packing=given, attn_implementation=attention)
+    assert resolve_packing(cfg, torch.device(device)) == (want, source)
+
+
+def test_a_student_that_cannot_pack_pads_under_auto(monkeypatch):
+    import torch
+
+    from mmcse.training import resolved
+    from mmcse.training.config import TrainConfig
+
+    monkeypatch.setattr(resolved, "student_can_pack", lambda cfg: False)
+    cpu = torch.device("cpu")
+    assert resolved.resolve_packing(TrainConfig(), cpu) == (False, "the student cannot pack")
+    assert resolved.resolve_packing(TrainConfig(packing=True), cpu) == (True, "given")

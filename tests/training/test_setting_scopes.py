@@ -153,7 +153,7 @@ def test_a_setting_resolved_at_setup_matches_what_it_was_resolved_to():
     assert setting_changes(saved_config(), saved_config(dynamic_padding=False)) == {
         "dynamic_padding": False
     }
-    setup_resolved = {"pooler", "dynamic_padding", "attn_implementation"}
+    setup_resolved = {"pooler", "dynamic_padding", "attn_implementation", "packing"}
     assert {n for n in FIELDS if scope(n) == SCOPE_SETUP} == setup_resolved
     assert not same_setting("learning_rate", 1e-5, FIELDS["learning_rate"].default)
 
