@@ -479,8 +479,7 @@ def test_a_gzip_file_named_gz_is_refused_with_the_command_unpacking_it(tmp_path)
 def test_training_a_datasets_folder_without_train_does_not_ask_for_split(tmp_path):
     """Training has no --split: the message says how to give the split instead."""
     import datasets
-
-    from mmcse.training.corpora import read_corpus
+    from support.corpora import read_corpus
 
     folder = tmp_path / "dd"
     datasets.DatasetDict(

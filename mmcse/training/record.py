@@ -366,7 +366,8 @@ class RunRecord:
         what = (
             "the whole update (forward, backward, clipping, AdamW, schedule)"
             if self.capture == "whole"
-            else "forward and backward (the update eager: DDP or fp16)"
+            else "forward and backward, the update eager"
+            + ("" if self.cfg.capture == "forward" else " (DDP or fp16)")
         )
         return (
             f"on: {what} as one compiled graph per batch kind and batch size, {replay}; "

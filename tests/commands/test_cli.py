@@ -383,3 +383,18 @@ def test_under_torchrun_only_rank_0_prints_the_runs_lines(
     assert lines["1"] == ("", "")
     code, _, err = run_main_output([*args[:-1], "--batch-size", "-1"], monkeypatch, capsys)
     assert code == 2 and err.startswith("error:")
+
+
+@pytest.mark.parametrize("signum, code", [(15, 143), (2, 130)])
+def test_a_run_stopped_by_a_signal_exits_128_plus_its_number(signum, code):
+    """A job script must see SIGTERM as 143, not typer's 130 for any KeyboardInterrupt."""
+    from mmcse.commands import show
+    from mmcse.training.stop import TrainingInterrupted
+
+    def lines():
+        yield "step 1"
+        raise TrainingInterrupted("stopped", signum=signum)
+
+    with pytest.raises(typer.Exit) as stopped:
+        show(lines())
+    assert stopped.value.exit_code == code

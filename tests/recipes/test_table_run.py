@@ -126,7 +126,9 @@ def test_table_run_stopped_by_sigterm_continues_to_the_uninterrupted_table(
     printed = capsys.readouterr().out
     assert "table mcse/wiki+*/bert: 2 recipe(s) x seeds 0,1 = 4 run(s)" in printed
     assert "disk: about" in printed and "time: no estimate" in printed
-    assert "mcse/wiki+flickr/bert [overridden] (n=2)" in printed and "MCSE-BERT" in printed
+    # the fixture's teachers have random weights: every table flags such rows (issue 41)
+    row = "mcse/wiki+flickr/bert [random teacher] [overridden] (n=2)"
+    assert row in printed and "MCSE-BERT" in printed
     assert expected["against"] == {}  # two MCSE rows: no pair the paper tests
     assert [r["recipe"] for r in expected["rows"]] == list(RECIPES)
     assert all(len(r["per_seed"]) == 2 for r in expected["rows"])

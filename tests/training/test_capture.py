@@ -176,6 +176,7 @@ def test_auxiliary_step_is_one_graph_with_the_eager_gradients(name, tiny_model, 
     parts = [update.step()[0] for _ in range(3)]  # 12 examples, batch 4: a new epoch's order
     assert all(torch.isfinite(values).all() for _, values in parts)
     assert counter.frame_count == 1
+    assert not update.scaler.is_enabled()  # fp32 on a CPU: a scaler that passes through
     # what `mmcse bench` reports: explain finds no break (torch.unique once made three)
     torch._dynamo.reset()
     explained = torch._dynamo.explain(eager.step_forward)(*eager.batch(0))
@@ -215,6 +216,27 @@ def test_two_epochs_compile_one_graph_per_batch_kind_and_size_and_train_as_eager
     assert json.loads((runs["off"] / PLAN_FILE).read_text())["capture"].startswith("off")
 
 
+def test_forward_capture_compiles_the_student_and_trains_as_eager(
+    tiny_model, tiny_world, tmp_path, monkeypatch
+):
+    """``--capture forward`` (what DDP and fp16 runs get): the student's forward/backward is
+    compiled in place and the update stays eager; with ``aot_eager`` the losses are eager's."""
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setitem(fastpath.CAPTURE_COMPILE, "cpu", {"backend": counter})
+    torch._dynamo.reset()
+    runs = {}
+    for capture in ("off", "forward"):
+        settings = tiny_mcse_settings(
+            tiny_model, tiny_world, tmp_path / capture, batch_size=10, max_steps=4,
+            max_seq_length=16, capture=capture, dynamic_padding=False, eval_steps=100, log_every=1,
+        )  # fmt: skip
+        runs[capture] = train(TrainConfig(**settings)).output_dir
+    assert counter.frame_count >= 1  # the student's call went through the compiler
+    np.testing.assert_allclose(losses_of(runs["forward"]), losses_of(runs["off"]), rtol=1e-5)
+    plan = json.loads((runs["forward"] / PLAN_FILE).read_text())
+    assert plan["capture"].startswith("on: forward and backward, the update eager as one")
+
+
 def test_capture_pads_batches_to_max_length_and_auto_stays_eager_on_cpu(tiny_model, tiny_world):
     from mmcse.training.loop import Trainer
 
@@ -232,7 +254,7 @@ def test_capture_pads_batches_to_max_length_and_auto_stays_eager_on_cpu(tiny_mod
 
 
 def test_the_run_config_is_resolved_once_before_anything_is_built(tiny_model, tiny_world):
-    """Pooler, capture, padding and precision are decided by one function, from the config,
+    """Pooler, attention, packing, capture, padding and precision are decided by one function, from the config,
     the method and the device: the trainer, its record and the bench read what it returns."""
     from mmcse.methods import build_method
     from mmcse.training.resolved import resolve_run_config
@@ -247,6 +269,8 @@ def test_the_run_config_is_resolved_once_before_anything_is_built(tiny_model, ti
     assert captured.pooler != "auto" and resolved.pooler_source and resolved.precision == "fp32"
     eager, resolved = resolve_run_config(cfg, mcse, cpu, False)  # capture auto: eager on CPU
     assert resolved.capture == "off" and eager.dynamic_padding
-    assert eager == dataclasses.replace(cfg, pooler=captured.pooler)  # nothing else changed
+    # nothing else changed but what setup resolves from the student and the device
+    resolved_too = {"attn_implementation": "sdpa", "packing": True}  # BERT on a CPU
+    assert eager == dataclasses.replace(cfg, pooler=captured.pooler, **resolved_too)
     _, under_ddp = resolve_run_config(dataclasses.replace(cfg, capture="on"), mcse, cpu, True)
     assert under_ddp.capture == "forward"

@@ -178,16 +178,24 @@ def test_packing_auto_is_decided_per_device_in_one_resolver(given, device, atten
     from mmcse.training.resolved import resolve_packing
 
     cfg = TrainConfig(packing=given, attn_implementation=attention)
-    assert resolve_packing(cfg, torch.device(device)) == (want, source)
+    assert resolve_packing(cfg, torch.device(device), None) == (want, source)
 
 
-def test_a_student_that_cannot_pack_pads_under_auto(monkeypatch):
+def test_a_student_that_cannot_pack_pads_under_auto():
     import torch
 
-    from mmcse.training import resolved
+    from mmcse.students import StudentChoice, architecture
     from mmcse.training.config import TrainConfig
+    from mmcse.training.resolved import resolve_packing
 
-    monkeypatch.setattr(resolved, "student_can_pack", lambda cfg: False)
+    def student(model_type, attention):
+        return StudentChoice(architecture(model_type), attention, "given", 0.1, (), {})
+
     cpu = torch.device("cpu")
-    assert resolved.resolve_packing(TrainConfig(), cpu) == (False, "the student cannot pack")
-    assert resolved.resolve_packing(TrainConfig(packing=True), cpu) == (True, "given")
+    deberta, bert = student("deberta-v2", "eager"), student("bert", "sdpa")
+    assert resolve_packing(TrainConfig(), cpu, deberta) == (False, "auto: DeBERTa-v2/v3 pads")
+    assert resolve_packing(TrainConfig(), cpu, bert) == (True, "auto on cpu")
+    # given: the student check (mmcse.model.check_student) refused it before, if it cannot
+    assert resolve_packing(TrainConfig(packing=True), cpu, bert) == (True, "given")
+    modernbert_flex = student("modernbert", "flex_attention")  # packs with sdpa/eager only
+    assert resolve_packing(TrainConfig(), cpu, modernbert_flex)[0] is False

@@ -49,6 +49,7 @@ OTHER = {
     "eval_data": "senteval-elsewhere",
     "pooler": "avg",
     "device": "cpu",
+    "packing": False,  # the default None is auto, resolved at setup
 }
 
 
