@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmcse.demo.world import generate
+from mmcse.demo.world import DEV_NAME, generate
 from mmcse.errors import MmcseError
 from mmcse.rundir import RunDir
 from mmcse.tiny import build_tiny_bert
@@ -33,7 +33,7 @@ from mmcse.training.loop import train
 
 TEACHER = "resnet50"
 METHODS = ("simcse", "mcse")
-DEV_LABEL = "dev (held-out scene pairs)"
+DEV_LABEL = DEV_NAME
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmcse.evaluation.sts import DEV_NAME_FILE
+
 COLORS = {
     "red": ((220, 30, 30), ["red", "crimson", "scarlet"]),
     "green": ((30, 170, 60), ["green", "emerald", "grassy"]),
@@ -169,6 +171,10 @@ DEMO_TASKS = {
 }
 
 
+#: what the demo's dev split is (logs, the plan, the demo's table)
+DEV_NAME = "dev (held-out scene pairs)"
+
+
 def write_tasks(root: Path, rng: random.Random, pairs_per_task: int = 200) -> Path:
     """The scored scene pairs: a dev split for model selection and the named test tasks.
 
@@ -183,6 +189,7 @@ def write_tasks(root: Path, rng: random.Random, pairs_per_task: int = 200) -> Pa
         for i, (a, b, g) in enumerate(sts_pairs(2 * pairs_per_task, rng))
     ]
     (stsb / "sts-dev.csv").write_text("".join(rows))
+    (root / "senteval" / DEV_NAME_FILE).write_text(DEV_NAME + "\n")  # so logs do not say STS-B
     tasks = root / "tasks"
     tasks.mkdir(parents=True, exist_ok=True)
     for name, make in DEMO_TASKS.items():

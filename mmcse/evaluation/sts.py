@@ -104,6 +104,21 @@ def default_data_dir() -> Path | None:
     return candidate if candidate.is_dir() else None
 
 
+#: the dev split the trainer selects checkpoints on (``STSBenchmark/sts-dev.csv``), by name
+STSB_DEV = "STS-B dev"
+#: a file in an ``--eval-data`` folder naming the data it keeps at STS-B dev's place (the demo's
+#: held-out scene pairs), so logs and plans do not call it STS-B dev
+DEV_NAME_FILE = "dev-name.txt"
+
+
+def dev_set_name(data_dir: str | Path | None) -> str:
+    """What the run's dev split is called: :data:`STSB_DEV`, unless the folder names it."""
+    named = Path(data_dir) / DEV_NAME_FILE if data_dir else None
+    if named is not None and named.is_file():
+        return named.read_text(encoding="utf-8").strip() or STSB_DEV
+    return STSB_DEV
+
+
 def eval_data_dir(setting: str | None) -> Path | None:
     """The SentEval folder an ``--eval-data`` setting names (training and the bench): ``''``
     none (no evaluation), unset the shared copy (:func:`default_data_dir`; None when absent),

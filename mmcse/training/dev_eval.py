@@ -35,7 +35,7 @@ from mmcse.evaluation.encode import (
     pack_or_pad,
     token_budget_batches,
 )
-from mmcse.evaluation.sts import load_stsb_dev, resolve_downstream, score_task
+from mmcse.evaluation.sts import dev_set_name, load_stsb_dev, resolve_downstream, score_task
 from mmcse.model import backbone_packs
 from mmcse.training.stop import EvaluationStopped
 
@@ -67,6 +67,7 @@ class DevEvaluator:
         the device ``encoder`` is on); ``packing``: each batch's sentences packed end to end
         (:mod:`mmcse.packing`) where packing is proven for the student, else padded."""
         packing = packing and backbone_packs(encoder.backbone)
+        self.name = dev_set_name(data_dir)
         self.task, sentences = load_stsb_dev(resolve_downstream(data_dir))
         self.rows = {sentence: row for row, sentence in enumerate(sentences)}
         limit = model_max_length(tokenizer, encoder.backbone)
@@ -98,7 +99,10 @@ class DevEvaluator:
         started = last_line = time.monotonic()
         batches = self._on(device)
         logger.info(
-            "dev eval: encoding %d STS-B dev sentences (%d batches)", len(self.order), len(batches)
+            "dev eval: encoding %d %s sentences (%d batches)",
+            len(self.order),
+            self.name,
+            len(batches),
         )
         try:
             with torch.inference_mode(), eval_autocast(device):
@@ -119,5 +123,5 @@ class DevEvaluator:
         vectors = np.empty((len(self.order), chunks[0].shape[1]), dtype=np.float32)
         vectors[self.order] = torch.cat(chunks).cpu().numpy()  # one device→host copy
         score = score_task(self.task, vectors, self.rows)["all"]
-        logger.info("dev eval: STS-B dev %.2f in %.1f s", score, time.monotonic() - started)
+        logger.info("dev eval: %s %.2f in %.1f s", self.name, score, time.monotonic() - started)
         return score

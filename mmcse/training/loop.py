@@ -323,7 +323,8 @@ class Trainer:
                 )
                 progress.set(dev=self._dev_text())
                 progress.write(
-                    f"STS-B dev at step {state.step}: {score:.2f} (best {self._dev_text()}); "
+                    f"{self.dev_evaluator.name} at step {state.step}: {score:.2f} "
+                    f"(best {self._dev_text()}); "
                     f"evaluated in {seconds:.1f} s, not counted in steps/s or eta"
                 )
         state.eval_pending = stopped  # rank 0's word: only it saves last/

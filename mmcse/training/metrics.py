@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from mmcse.errors import MmcseError
+from mmcse.evaluation.sts import dev_set_name
 from mmcse.files import write_text_atomically
 from mmcse.rundir import LEFT_OUT_FILE, RunDir
 from mmcse.training.plan import batch_words, describe_checkpoints, whole_corpus_batches
@@ -224,7 +225,7 @@ def describe_plan(plan: dict[str, Any]) -> str:
     per_epoch = ", ".join(f"{n} {kind}" for kind, n in plan["batches_per_epoch"].items())
     data = ", ".join(f"{n:,} {kind} sentences" for kind, n in plan["sentences"].items())
     evals = (
-        f"STS-B dev every {plan['eval_steps']} steps ({plan['evals']} evals)"
+        f"{dev_set_name(plan['eval_data'])} every {plan['eval_steps']} steps ({plan['evals']} evals)"
         if plan["eval_data"]
         else f"no dev eval (last checkpoint kept as best/ every {plan['eval_steps']} steps)"
     )

@@ -3,6 +3,8 @@ multimodal method would barely see captions or a corpus is smaller than one batc
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from support.cli import run_main_output
 from support.worlds import sentences
@@ -132,3 +134,26 @@ def test_the_trainer_keeps_preflights_plan(tiny_model, tiny_world, tmp_path, mon
     assert trainer.run_plan == plan_run(trainer.data)  # the tokenised data plan the same
     assert (trainer.global_batch, trainer.total) == (8, trainer.run_plan.total_steps)
     assert preflight.preview["total_steps"] == trainer.total
+
+
+def test_the_plan_names_the_dev_split_its_folder_names(tmp_path):
+    """STS-B dev unless the --eval-data folder says what sits in its place (the demo's held-out
+    scene pairs: issue 41)."""
+    from mmcse.demo.world import DEV_NAME, write_tasks
+    from mmcse.evaluation.sts import STSB_DEV, dev_set_name
+    from mmcse.training.metrics import describe_plan
+
+    plan = {
+        "method": "simcse", "device": "cpu", "precision": "fp32", "world_size": 1,
+        "sentences": {"text": 12}, "mixing": "text-only", "global_batch": 4,
+        "batches_per_epoch": {"text": 3}, "steps_per_epoch": 3, "epochs": 1, "max_steps": 0,
+        "total_steps": 3, "eval_steps": 1, "evals": 3, "final_eval": False, "save_every": 1,
+    }  # fmt: skip
+    senteval = tmp_path / "senteval"
+    senteval.mkdir()
+    assert dev_set_name(senteval) == dev_set_name(None) == STSB_DEV
+    assert f"{STSB_DEV} every 1 steps" in describe_plan({**plan, "eval_data": str(senteval)})
+    write_tasks(tmp_path, random.Random(0), pairs_per_task=3)  # the demo's world
+    assert dev_set_name(senteval) == DEV_NAME
+    shown = describe_plan({**plan, "eval_data": str(senteval)})
+    assert f"{DEV_NAME} every 1 steps" in shown and STSB_DEV not in shown
