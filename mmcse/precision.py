@@ -103,15 +103,19 @@ def precision_name(device: torch.device, precision: str | None = None, tf32: boo
     return name
 
 
-#: what a run sets on CUDA for fp32 matmuls and convolutions, by ``tf32``: torch's per-backend
-#: ``fp32_precision`` (``"tf32"``: TF32 tensor cores, ~1e-3 relative error; ``"ieee"``: full fp32)
+#: what a run sets on CUDA for fp32 matmuls and cuDNN convolutions, by ``tf32``: the
+#: ``allow_tf32`` flags that torch 1.7-1.11 turned on by default (the released runs' arithmetic);
+#: True: TF32 tensor cores (~1e-3 relative error), False: full fp32. torch >= 2.9 also has
+#: per-backend ``fp32_precision`` settings, but once one is set torch refuses to read the flags
+#: that inductor (``torch.get_float32_matmul_precision``) and the run's environment record read,
+#: so a run sets only these
 TF32_SETTINGS = {
-    True: {"matmul": "tf32", "cudnn_conv": "tf32"},
-    False: {"matmul": "ieee", "cudnn_conv": "ieee"},
+    True: {"matmul": True, "cudnn": True},
+    False: {"matmul": False, "cudnn": False},
 }
 
 
-def tf32_settings(device: torch.device | str, tf32: bool) -> dict[str, str] | None:
+def tf32_settings(device: torch.device | str, tf32: bool) -> dict[str, bool] | None:
     """The fp32 arithmetic a run on ``device`` sets (:data:`TF32_SETTINGS`); None off CUDA,
     where nothing is set (TF32 is a CUDA tensor-core format)."""
     import torch
@@ -119,12 +123,13 @@ def tf32_settings(device: torch.device | str, tf32: bool) -> dict[str, str] | No
     return dict(TF32_SETTINGS[bool(tf32)]) if torch.device(device).type == "cuda" else None
 
 
-def set_fp32_arithmetic(settings: dict[str, str]) -> None:  # pragma: cuda
-    """The thin adapter: torch's process-wide CUDA fp32 settings (:func:`tf32_settings`)."""
+def set_fp32_arithmetic(settings: dict[str, bool]) -> None:
+    """torch's process-wide CUDA fp32 switches (:func:`tf32_settings`): flags only, so a CPU
+    test sets and reads them as a CUDA run does."""
     import torch
 
-    torch.backends.cuda.matmul.fp32_precision = settings["matmul"]
-    torch.backends.cudnn.conv.fp32_precision = settings["cudnn_conv"]
+    torch.backends.cuda.matmul.allow_tf32 = settings["matmul"]
+    torch.backends.cudnn.allow_tf32 = settings["cudnn"]
 
 
 def describe_precision(precision: str, tf32: bool) -> str:

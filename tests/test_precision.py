@@ -153,18 +153,34 @@ def test_mmcse_eval_and_a_run_evaluate_under_their_precision_setting(monkeypatch
 # ---- TF32: what a run sets on CUDA, checked on the CPU through the adapter's stand-in ------------
 
 
-@pytest.mark.parametrize("tf32, want", [(True, "tf32"), (False, "ieee")])
-def test_a_run_sets_tf32_matmuls_and_convolutions_on_cuda_only(tf32, want):
+@pytest.mark.parametrize("tf32", [True, False])
+def test_a_run_sets_tf32_matmuls_and_convolutions_on_cuda_only(tf32):
     from mmcse.training.fastpath import set_matmul_precision
 
     applied = []
     cfg = TrainConfig(tf32=tf32)
-    assert set_matmul_precision(cfg, CUDA, applied.append) == {
-        "matmul": want,
-        "cudnn_conv": want,
-    }
-    assert applied == [{"matmul": want, "cudnn_conv": want}]
+    want = {"matmul": tf32, "cudnn": tf32}
+    assert set_matmul_precision(cfg, CUDA, applied.append) == want
+    assert applied == [want]
     assert set_matmul_precision(cfg, CPU, applied.append) is None and len(applied) == 1
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_the_tf32_switches_leave_torch_and_the_run_record_able_to_read_them(tf32):
+    """The adapter's switches are process-wide flags, so the CPU sets them as a CUDA run does:
+    afterwards inductor's ``torch.get_float32_matmul_precision`` and the environment record still
+    read them (torch's per-backend ``fp32_precision`` made both raise)."""
+    from mmcse.environment import numerics
+    from mmcse.training.fastpath import set_matmul_precision
+
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        set_matmul_precision(TrainConfig(tf32=tf32), CUDA)  # the real adapter
+        assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+        record = numerics("fp32")
+        assert record["tf32_matmul"] is tf32 and record["tf32_cudnn"] is tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def test_the_recorded_precision_names_tf32_where_it_is_set():

@@ -110,7 +110,7 @@ def fused_adamw(cfg: TrainConfig, device: torch.device) -> bool | None:
 
 def set_matmul_precision(
     cfg: TrainConfig, device: torch.device, apply=set_fp32_arithmetic
-) -> dict[str, str] | None:
+) -> dict[str, bool] | None:
     """TF32 matmuls and cuDNN convolutions on CUDA when ``cfg.tf32``, full fp32 otherwise
     (:func:`mmcse.precision.tf32_settings`); nothing off CUDA. Returns what was set; ``apply``:
     the device adapter (a stand-in in the CPU tests)."""

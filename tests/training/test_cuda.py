@@ -114,11 +114,13 @@ def test_tf32_is_set_and_unset_on_the_device():
 
     try:
         set_matmul_precision(TrainConfig(tf32=True), torch.device("cuda"))
-        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == "high"
+        x = torch.randn(64, 64, device="cuda")
+        torch.testing.assert_close(x @ x, (x.double() @ x.double()).float(), rtol=1e-2, atol=1e-1)
     finally:
         set_matmul_precision(TrainConfig(tf32=False), torch.device("cuda"))
-    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert not torch.backends.cuda.matmul.allow_tf32
 
 
 def test_the_cuda_random_state_survives_a_checkpoint():
