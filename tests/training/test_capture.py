@@ -191,22 +191,29 @@ def losses_of(run_dir) -> list[float]:
     return [json.loads(line)["loss"] for line in lines]
 
 
+def train_eager_and(capture: str, tiny_model, tiny_world, tmp_path, monkeypatch, **settings):
+    """Train the tiny MCSE run eagerly and with ``capture``, compiling with a counting
+    ``aot_eager`` backend: (the counter, {capture: run dir})."""
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setitem(fastpath.CAPTURE_COMPILE, "cpu", {"backend": counter})
+    torch._dynamo.reset()
+    runs = {}
+    for each in ("off", capture):
+        config = tiny_mcse_settings(
+            tiny_model, tiny_world, tmp_path / each, batch_size=10, max_seq_length=16,
+            capture=each, dynamic_padding=False, eval_steps=100, log_every=1, **settings,
+        )  # fmt: skip
+        runs[each] = train(TrainConfig(**config)).output_dir
+    return counter, runs
+
+
 def test_two_epochs_compile_one_graph_per_batch_kind_and_size_and_train_as_eager(
     tiny_model, tiny_world, tmp_path, monkeypatch
 ):
     """Text 96 = 9 × 10 + 6 sentences, captions 64 = 6 × 10 + 4: each kind has full batches and
     a last partial one, so two epochs compile four graphs, and no more. Dropout is on; with
     ``aot_eager`` the captured run draws the eager run's masks, so its losses are eager's."""
-    counter = CompileCounterWithBackend("aot_eager")
-    monkeypatch.setitem(fastpath.CAPTURE_COMPILE, "cpu", {"backend": counter})
-    torch._dynamo.reset()
-    runs = {}
-    for capture in ("off", "on"):
-        settings = tiny_mcse_settings(
-            tiny_model, tiny_world, tmp_path / capture, batch_size=10, epochs=2,
-            max_seq_length=16, capture=capture, dynamic_padding=False, eval_steps=100, log_every=1,
-        )  # fmt: skip
-        runs[capture] = train(TrainConfig(**settings)).output_dir
+    counter, runs = train_eager_and("on", tiny_model, tiny_world, tmp_path, monkeypatch, epochs=2)
     assert counter.frame_count == 4
     eager, captured = losses_of(runs["off"]), losses_of(runs["on"])
     assert len(captured) == 2 * (10 + 7)
@@ -221,16 +228,9 @@ def test_forward_capture_compiles_the_student_and_trains_as_eager(
 ):
     """``--capture forward`` (what DDP and fp16 runs get): the student's forward/backward is
     compiled in place and the update stays eager; with ``aot_eager`` the losses are eager's."""
-    counter = CompileCounterWithBackend("aot_eager")
-    monkeypatch.setitem(fastpath.CAPTURE_COMPILE, "cpu", {"backend": counter})
-    torch._dynamo.reset()
-    runs = {}
-    for capture in ("off", "forward"):
-        settings = tiny_mcse_settings(
-            tiny_model, tiny_world, tmp_path / capture, batch_size=10, max_steps=4,
-            max_seq_length=16, capture=capture, dynamic_padding=False, eval_steps=100, log_every=1,
-        )  # fmt: skip
-        runs[capture] = train(TrainConfig(**settings)).output_dir
+    counter, runs = train_eager_and(
+        "forward", tiny_model, tiny_world, tmp_path, monkeypatch, max_steps=4
+    )
     assert counter.frame_count >= 1  # the student's call went through the compiler
     np.testing.assert_allclose(losses_of(runs["forward"]), losses_of(runs["off"]), rtol=1e-5)
     plan = json.loads((runs["forward"] / PLAN_FILE).read_text())
