@@ -49,15 +49,14 @@ class ResolvedRun:
     precision: str
     #: the student's architecture, attention and dropout (None: a hub id not downloaded yet)
     student: StudentChoice | None = None
+    #: why the run packs or pads (``"given"``, ``"auto on cpu"``, ...: :func:`resolve_packing`)
+    packing_source: str = "given"
 
     def student_record(self) -> dict | None:
         """plan.json's ``student``: the choice and its line in the plan."""
         if self.student is None:
             return None
         return {**self.student.record(), "summary": self.student.describe()}
-
-    #: why the run packs or pads (``"given"``, ``"auto on cpu"``, ...: :func:`resolve_packing`)
-    packing_source: str = "given"
 
 
 #: what ``--packing`` auto means per device type, from measurements: on for a CPU (the step
@@ -106,7 +105,8 @@ def resolve_packing(
     """``cfg.packing`` with auto (None) decided, and why: as given (an explicit ``--packing``
     the student cannot run was refused by :func:`mmcse.model.check_student`); off for a student
     whose packing is refused (:mod:`mmcse.students`); on for varlen attention (it runs packed
-    batches only); else :data:`PACKING_AUTO` for the device. A student whose config cannot be
+    batches only; the student was checked as if packing were given); else
+    :data:`PACKING_AUTO` for the device. A student whose config cannot be
     read before it loads (a hub id not downloaded yet) follows the device."""
     if cfg.packing is not None:
         return cfg.packing, "given"
