@@ -31,6 +31,7 @@ from mmcse.errors import MmcseError
 from mmcse.evaluation import evaluate_sts, format_rows
 from mmcse.evaluation.sts import eval_data_dir
 from mmcse.files import atomic_dir, write_json
+from mmcse.packing import packed_row_width
 from mmcse.rundir import FINAL, Checkpoint, RunDir
 from mmcse.training import checkpoint as ckpt
 from mmcse.training.corpora import left_out_summary, write_left_out
@@ -330,7 +331,7 @@ class RunRecord:
     def packing_note(self) -> str:
         """How a batch's sentences reach the encoder (:mod:`mmcse.packing`)."""
         cfg = self.cfg
-        rows = f"rows of {cfg.max_seq_length} tokens"
+        rows = f"rows of {packed_row_width(cfg.max_seq_length)} tokens"
         if cfg.packing:
             return f"packed: each batch's sentences end to end in {rows} (no padding)"
         if cfg.dynamic_padding:
