@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from mmcse.errors import MmcseError
+from mmcse.students import VARLEN_DTYPES
 
 #: the attention implementations a packed forward builds its mask for (``attn_implementation``)
 PACKED_ATTENTION = ("sdpa", "eager", "flex_attention", "varlen")
@@ -284,6 +285,8 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
         raise MmcseError(
             "varlen attention has no attention dropout: use --dropout 0, or sdpa/flex_attention"
         )
+    if query.dtype not in (torch.bfloat16, torch.float16):  # its FlashAttention kernel's dtypes
+        raise MmcseError(VARLEN_DTYPES)
     rows, heads, width, dim = query.shape  # [R, heads, W, D] → [R·W, heads, D]
     q, k, v = (t.transpose(1, 2).reshape(rows * width, heads, dim) for t in (query, key, value))
     out = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scaling)

@@ -142,9 +142,14 @@ def run(
     budget_s: float,
     pytest_args: list[str] | None,
     captures: tuple[str, ...] = ("whole", "forward"),
+    methods: tuple[str, ...] = tuple(m for m, _ in METHODS),
 ):
     """Every step of the check, the JSON written after each; returns the results.
-    ``captures``: the capture choices measured (``off``: eager, what a CPU test can afford)."""
+    ``captures``: the capture choices measured (``off``: eager, what a CPU test can afford);
+    ``methods``: those of :data:`METHODS` measured (a second run finishes what a first skipped)."""
+    import torch
+    import transformers
+
     from mmcse.bench.flops import peak_flops
     from mmcse.demo.synthetic import method_needs, synthetic_world
 
@@ -153,6 +158,7 @@ def run(
     peak, peak_source = peak_flops(device)
     results: dict = {"device": device, "size": size_name, "settings": size, "precision": "bf16",
                      "peak_source": peak_source, "steps": [], "skipped": []}  # fmt: skip
+    results["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
 
     def save() -> None:
         results["seconds"] = time.perf_counter() - started
@@ -163,7 +169,7 @@ def run(
         results["cuda_tests"] = run_cuda_tests(pytest_args)
         save()
     with tempfile.TemporaryDirectory(prefix="mmcse-gpu-check-") as tmp:
-        for method, lengths in METHODS:
+        for method, lengths in (m for m in METHODS if m[0] in methods):
             rows = size["batch"] * 8
             root = Path(tmp) / method
             world = synthetic_world(root, size["student"], size["seq_len"], rows,
@@ -193,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="no new figure starts after this many seconds")  # fmt: skip
     parser.add_argument("--captures", default="whole,forward",
                         help="capture choices measured: whole, forward, off (eager)")  # fmt: skip
+    parser.add_argument("--methods", default=",".join(m for m, _ in METHODS),
+                        help="methods measured: simcse, mcse")  # fmt: skip
     parser.add_argument("--no-tests", action="store_true", help="skip pytest -m cuda")
     parser.add_argument("--pytest-args", default="tests",
                         help="what pytest -m cuda collects (space-separated)")  # fmt: skip
@@ -213,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             f"error: --captures takes whole, forward, off, not {args.captures!r}", file=sys.stderr
         )
         return 2
-    results = run(args.device, args.size, args.out, args.budget_s, tests, captures)
+    methods = tuple(args.methods.split(","))
+    if not set(methods) <= {m for m, _ in METHODS}:
+        print(f"error: --methods takes simcse, mcse, not {args.methods!r}", file=sys.stderr)
+        return 2
+    results = run(args.device, args.size, args.out, args.budget_s, tests, captures, methods)
     print("\n".join([f"GPU check ({args.device}, {args.size}): {args.out}", *results["summary"]]))
     return 0
 

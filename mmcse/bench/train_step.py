@@ -12,6 +12,7 @@ FLOPs and MFU: :mod:`mmcse.bench.flops`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import statistics
 from collections.abc import Iterator
@@ -105,11 +106,15 @@ class BenchState:
 
 
 def endless_batches(trainer: Trainer) -> Iterator:
-    """The trainer's batches, epoch after epoch (a bench runs as many steps as it needs)."""
-    epoch = 0
+    """The batches of the trainer's run, replayed from its first as often as a bench needs.
+
+    The run's own batches, not further epochs: a packed run's row budget is fixed for the batches
+    it draws (:meth:`~mmcse.training.data.TrainData.fix_pack_budgets`), and a later epoch's
+    shuffle may need more (on an H200, MCSE packed at batch 128: "a batch needs 31 packed rows,
+    more than its budget of 30")."""
     while True:
-        yield from trainer.batches(epoch, 0)
-        epoch += 1
+        epochs = (trainer.batches(epoch, 0) for epoch in itertools.count())
+        yield from itertools.islice(itertools.chain.from_iterable(epochs), trainer.total)
 
 
 @dataclasses.dataclass

@@ -291,7 +291,7 @@ class NonLinguisticTask:
     def _batch_labels(self, rows: np.ndarray) -> Tensor | None:
         if self.labels is None:
             return None
-        return torch.from_numpy(self.labels[rows]).to(self.device)
+        return self._to_device(torch.from_numpy(self.labels[rows]))
 
     @cached_property
     def autocast(self):

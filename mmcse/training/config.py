@@ -472,8 +472,8 @@ class TrainConfig:
             "help": "pad a batch to its longest sentence, not max_seq_length",
         },
     )
-    #: None = auto: decided per device by mmcse.training.resolved.resolve_packing (on for CPU,
-    #: measured faster there; off for CUDA until the GPU check measures it: BENCHMARKS.md)
+    #: None = auto: decided per device by mmcse.training.resolved.resolve_packing (on for CPU
+    #: and CUDA, measured faster on both; off elsewhere: BENCHMARKS.md)
     packing: bool | None = field(
         default=None,
         metadata={
@@ -481,7 +481,7 @@ class TrainConfig:
             "scope": SCOPE_SETUP,
             "help": "pack each batch's sentences end to end in rows of 64 tokens "
             "(no padding computed; the same numbers with dropout off); not given (auto, "
-            "--set packing=auto): on for CPU, off for CUDA (BENCHMARKS.md)",
+            "--set packing=auto): on for CPU and CUDA, off elsewhere (BENCHMARKS.md)",
         },
     )
     log_every: int = field(

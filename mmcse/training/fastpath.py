@@ -24,8 +24,8 @@ field                  flag                effect
 ``packing``            ``--packing``       each batch's sentences, both dropout views, end to
                                            end in rows of 64 tokens (:mod:`mmcse.packing`);
                                            the same numbers to fp32 rounding, 1.4-2x fewer
-                                           tokens computed. auto (not given): on for a CPU,
-                                           off for CUDA until the GPU check measures it
+                                           tokens computed. auto (not given): on for a CPU
+                                           and for CUDA (both measured faster), else off
                                            (:func:`mmcse.training.resolved.resolve_packing`)
 ``capture``            ``--capture``       ``auto`` (default: on CUDA, off elsewhere), ``on``,
                                            ``off``: the whole step captured, below

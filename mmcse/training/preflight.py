@@ -42,6 +42,7 @@ from mmcse.errors import MmcseError
 from mmcse.hub import check_hub_id, load_tokenizer, local_or_hub_id
 from mmcse.pooling import check_pooler as known_pooler
 from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
+from mmcse.students import VARLEN_DTYPES
 from mmcse.training.config import (
     TOKEN_CACHE_AUTO,
     TOKEN_CACHE_OFF,
@@ -395,8 +396,9 @@ def check_eval_data(cfg: TrainConfig) -> None:
 
 
 def check_attention_device(cfg: TrainConfig) -> None:
-    """``--attn-implementation varlen`` is CUDA's kernel (``torch.nn.attention.varlen``): on
-    another device it would die at the first forward in a traceback."""
+    """``--attn-implementation varlen`` is CUDA's FlashAttention kernel
+    (``torch.nn.attention.varlen``): on another device, or in fp32 (the step's ``--precision`` or
+    the STS evaluation's ``--eval-precision``), it would die at the first forward in a traceback."""
     if cfg.attn_implementation != "varlen":
         return
     device = default_device_name() if cfg.device == "auto" else cfg.device
@@ -405,6 +407,11 @@ def check_attention_device(cfg: TrainConfig) -> None:
             f"--attn-implementation varlen runs on CUDA only, and this run trains on {device}; "
             "use --attn-implementation sdpa or flex_attention"
         )
+    fp32 = ["--precision"] if cfg.precision == "fp32" else []
+    if cfg.eval_data != "" and cfg.eval_precision == "fp32":
+        fp32.append("--eval-precision")
+    if fp32:  # FlashAttention's kernel: it failed on an H200 in fp32 (BENCHMARKS.md)
+        raise MmcseError(f"{VARLEN_DTYPES} (this run has {' and '.join(fp32)} fp32)")
 
 
 # ---- the student ---------------------------------------------------------------------------

@@ -44,6 +44,11 @@ def test_the_time_budget_skips_rather_than_overruns(tmp_path, aot_eager):
     assert results["steps"] == [] and len(results["skipped"]) == 8
     assert results["skipped"][:2] == ["simcse whole padded", "simcse whole packed"]
     assert "cuda_tests" not in results
+    assert set(results["versions"]) == {"torch", "transformers"}
+    gpu_check.main(["--device", "cpu", "--size", "tiny", "--out", str(out), "--no-tests",
+                    "--budget-s", "0", "--methods", "mcse"])  # fmt: skip
+    skipped = json.loads(out.read_text())["skipped"]
+    assert len(skipped) == 4 and all(label.startswith("mcse ") for label in skipped)
 
 
 def test_a_missing_gpu_or_a_bad_capture_is_one_error_line(capsys):
@@ -51,6 +56,8 @@ def test_a_missing_gpu_or_a_bad_capture_is_one_error_line(capsys):
     assert capsys.readouterr().err.startswith("error: --device cuda:7")
     assert gpu_check.main(["--device", "cpu", "--captures", "all"]) == 2
     assert capsys.readouterr().err.startswith("error: --captures takes")
+    assert gpu_check.main(["--device", "cpu", "--methods", "dalr"]) == 2
+    assert capsys.readouterr().err.startswith("error: --methods takes")
 
 
 def test_the_summary_says_which_default_each_figure_supports():

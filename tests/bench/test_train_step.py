@@ -170,3 +170,18 @@ def test_each_capture_choice_is_the_trainer_s_capture_mode_of_that_name(runs, ch
 
     cfg = dataclasses.replace(runs["simcse"].cfg, capture=bench.CAPTURE_FLAGS[choice])
     assert capture_mode(cfg, torch.device("cpu"), distributed=False) == choice
+
+
+def test_the_bench_replays_the_runs_own_batches_whose_packed_budgets_are_fixed(tmp_path):
+    """Stepping past the run's last batch starts it again: a further epoch's shuffle could need
+    more packed rows than the run's budget (it did on an H200, MCSE packed at batch 128)."""
+    world = synthetic.synthetic_world(
+        tmp_path, "tiny", SEQ_LEN, 40, synthetic.method_needs("simcse")
+    )
+    state = bench.BenchState.of(world, "simcse", BATCH, SEQ_LEN, "cpu", "fp32", packing=True)
+    total = state.trainer.total
+    assert total == 5  # 40 captions, one epoch of batches of 8
+    drawn = [next(state.batches)[1].input_ids for _ in range(2 * total + 1)]
+    run = [batch.input_ids for _, batch, _ in state.trainer.batches(0, 0)]
+    for index, ids in enumerate(drawn):
+        torch.testing.assert_close(ids, run[index % total])

@@ -427,6 +427,29 @@ def test_varlen_attention_off_cuda_is_one_line(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "precisions, named",
+    [
+        (["--precision", "fp32"], "--precision fp32"),  # no evaluation: --eval-data ''
+        (["--eval-data", "sts"], "--eval-precision fp32"),  # the STS evaluation's default
+        (["--precision", "fp32", "--eval-data", "sts"], "--precision and --eval-precision fp32"),
+        (["--eval-data", "sts", "--eval-precision", "bf16"], None),  # refused later: no sts/
+    ],
+)
+def test_varlen_attention_in_fp32_is_one_line(
+    precisions, named, tiny_model, tiny_world, tmp_path, monkeypatch, capsys, no_model_load
+):
+    """On an H200 it died at the first forward: "FlashAttention only support fp16 and bf16"."""
+    monkeypatch.setattr("mmcse.training.preflight.default_device_name", lambda: "cuda:0")
+    args = train_args(tiny_model, tiny_world, tmp_path / "run", "--packing", "--dropout", "0",
+                      "--attn-implementation", "varlen", "--device", "auto", *precisions)  # fmt: skip
+    if named is None:
+        refused(args, monkeypatch, capsys, "--eval-data")
+    else:
+        refused(args, monkeypatch, capsys, "bf16/fp16 only", named)
+    assert not (tmp_path / "run").exists()
+
+
 def test_output_dir_that_is_a_file_is_refused(
     tiny_model, tiny_world, tmp_path, monkeypatch, capsys
 ):

@@ -162,7 +162,7 @@ def test_varlen_attention_needs_packing():
     "given, device, attention, want, source",
     [
         (None, "cpu", "sdpa", True, "auto on cpu"),  # measured faster: BENCHMARKS.md
-        (None, "cuda", "sdpa", False, "auto on cuda"),  # until the GPU check measures it
+        (None, "cuda", "sdpa", True, "auto on cuda"),  # the GPU check: 0.83 on an H200
         (None, "mps", "sdpa", False, "auto on mps"),
         (None, "cuda", "varlen", True, "varlen attention runs packed only"),
         ("on", "cuda", "sdpa", True, "given"),
