@@ -39,11 +39,6 @@ from mmcse.rundir import MODEL_CONFIG_FILE, resolve_model_dir
 
 AUTO = "auto"
 SDPA, EAGER, FLEX, VARLEN = "sdpa", "eager", "flex_attention", "varlen"
-#: why varlen refuses fp32, in the step and the STS evaluation alike (it failed so on an H200)
-VARLEN_DTYPES = (
-    "varlen attention runs FlashAttention, bf16/fp16 only: use --precision bf16 and "
-    "--eval-precision bf16, or sdpa/flex_attention"
-)
 #: every attention a transformers encoder may have that mmcse runs (:mod:`mmcse.packing`)
 ATTENTION_KINDS = (SDPA, EAGER, FLEX, VARLEN)
 #: BERT's dropout fields (hidden states and attention probabilities), which most encoders share
