@@ -14,6 +14,8 @@ from pathlib import Path
 from mmcse.hub import quiet_transformers
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+#: the most words a built vocabulary keeps (about BERT-base's 30,522 entries)
+MAX_WORDS = 30000
 
 #: BERT-shaped configs by size name; ``base`` is BERT-base (random init: speed needs no weights)
 SIZES: dict[str, dict[str, int]] = {
@@ -27,10 +29,11 @@ SIZES: dict[str, dict[str, int]] = {
 }
 
 
-def word_vocab(texts: Iterable[str], max_size: int = 30000, min_count: int = 1) -> list[str]:
-    """Whole-word vocabulary (lower-cased, punctuation split like BERT's basic tokenizer)."""
+def word_vocab(texts: Iterable[str]) -> list[str]:
+    """Whole-word vocabulary (lower-cased, punctuation split like BERT's basic tokenizer): the
+    :data:`MAX_WORDS` most frequent words."""
     counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", t.lower()))
-    words = [w for w, c in counts.most_common(max_size) if c >= min_count]
+    words = [w for w, _ in counts.most_common(MAX_WORDS)]
     return SPECIAL_TOKENS + sorted(set(words) - set(SPECIAL_TOKENS))
 
 
@@ -40,9 +43,9 @@ def build_tiny_bert(
     size: str = "tiny",
     vocab: list[str] | None = None,
     max_position_embeddings: int = 128,
-    seed: int = 0,
 ) -> Path:
-    """Write a randomly initialised BERT of ``size`` plus a WordPiece tokenizer to ``out_dir``.
+    """Write a randomly initialised (seed 0) BERT of ``size`` plus a WordPiece tokenizer to
+    ``out_dir``.
 
     The vocabulary is ``vocab`` if given, else every word of ``texts`` (so no word is [UNK]), else
     a small fixed one. Returns ``out_dir``.
@@ -60,7 +63,7 @@ def build_tiny_bert(
     config = BertConfig(
         vocab_size=len(vocab), max_position_embeddings=max_position_embeddings, **SIZES[size]
     )
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     BertModel(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
