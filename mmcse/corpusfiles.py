@@ -567,7 +567,7 @@ def _files_hash(files: Sequence[Path]) -> str:
 # ---- the text column and the read policy ---------------------------------------------------
 
 
-def text_column(records: Records, text_field: str | None, flag: str = "--text-field") -> str:
+def text_column(records: Records, text_field: str | None) -> str:
     """The column holding the text, chosen by name, once: ``text_field`` when given (it must
     exist), else the one column named as in :data:`TEXT_NAMES`, else the one column holding
     strings; otherwise one error listing the candidates. A file without rows is refused as such.
@@ -578,7 +578,7 @@ def text_column(records: Records, text_field: str | None, flag: str = "--text-fi
     if text_field:
         if text_field not in records.columns:
             raise MmcseError(
-                f"{records.source}: no column {text_field!r} ({flag}); its columns: "
+                f"{records.source}: no column {text_field!r} (--text-field); its columns: "
                 f"{', '.join(names) or 'none'}"
             )
         return text_field
@@ -589,7 +589,7 @@ def text_column(records: Records, text_field: str | None, flag: str = "--text-fi
     if len(candidates) == 1:
         return candidates[0]
     raise MmcseError(
-        f"{records.source}: which column holds the text? give {flag} NAME (candidates: "
+        f"{records.source}: which column holds the text? give --text-field NAME (candidates: "
         f"{', '.join(candidates or names) or 'none: the file has no columns'})"
     )
 

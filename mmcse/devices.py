@@ -17,10 +17,10 @@ def default_device_name() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def check_device(name: str, flag: str = "--device") -> None:
+def check_device(name: str) -> None:
     """Refuse a malformed name, or a CUDA device this machine does not have, with one line."""
     if not re.fullmatch(DEVICE_PATTERN, name):
-        raise MmcseError(f"{flag} must be {DEVICES}, not {name!r}")
+        raise MmcseError(f"--device must be {DEVICES}, not {name!r}")
     if name in ("auto", "cpu"):
         return  # exists everywhere: no torch import (seconds) to say so
     import torch
@@ -30,9 +30,9 @@ def check_device(name: str, flag: str = "--device") -> None:
         index = int(name.partition(":")[2] or 0)
         if index >= count:
             found = f"{count} CUDA device(s)" if count else "no CUDA device"
-            raise MmcseError(f"{flag} {name}: this machine has {found}; use --device cpu or auto")
+            raise MmcseError(f"--device {name}: this machine has {found}; use --device cpu or auto")
     if name == "mps" and not torch.backends.mps.is_available():
-        raise MmcseError(f"{flag} mps: MPS is not available here; use --device cpu or auto")
+        raise MmcseError("--device mps: MPS is not available here; use --device cpu or auto")
 
 
 def pick_device(name: str):

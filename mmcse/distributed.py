@@ -78,12 +78,12 @@ def check_env() -> None:
         raise MmcseError(f"environment variable RANK={the_rank} is not below WORLD_SIZE={world}")
 
 
-def init_from_env(backend: str | None = None) -> bool:
+def init_from_env() -> bool:
     """Join the process group torchrun describes in the environment; False when not launched so."""
     check_env()
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ or is_distributed():
         return is_distributed()
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend)
     if torch.cuda.is_available():
         torch.cuda.set_device(env_int("LOCAL_RANK", 0))

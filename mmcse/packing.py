@@ -43,11 +43,15 @@ import torch
 from torch import Tensor
 
 from mmcse.errors import MmcseError
-from mmcse.students import VARLEN_DTYPES
 
 #: the attention implementations a packed forward builds its mask for (``attn_implementation``)
 PACKED_ATTENTION = ("sdpa", "eager", "flex_attention", "varlen")
 VARLEN = "varlen"
+#: why varlen refuses fp32, in the step and the STS evaluation alike (it failed so on an H200)
+VARLEN_DTYPES = (
+    "varlen attention runs FlashAttention, bf16/fp16 only: use --precision bf16 and "
+    "--eval-precision bf16, or sdpa/flex_attention"
+)
 
 
 # ---- where each sentence goes ---------------------------------------------------------------
@@ -272,8 +276,18 @@ def document_block_mask(segments: Tensor):
     )
 
 
-def varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                     cu_seqlens=None, max_seqlen=None, **kwargs):  # fmt: skip
+def varlen_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    cu_seqlens=None,
+    max_seqlen=None,
+    **kwargs,
+):
     """Transformers attention function over the flattened rows, one sequence per segment
     (``torch.nn.attention.varlen``, CUDA). It has no attention-probability dropout: with
     dropout on in training it refuses rather than silently train another model."""

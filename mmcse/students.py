@@ -39,11 +39,6 @@ from mmcse.rundir import MODEL_CONFIG_FILE, resolve_model_dir
 
 AUTO = "auto"
 SDPA, EAGER, FLEX, VARLEN = "sdpa", "eager", "flex_attention", "varlen"
-#: why varlen refuses fp32, in the step and the STS evaluation alike (it failed so on an H200)
-VARLEN_DTYPES = (
-    "varlen attention runs FlashAttention, bf16/fp16 only: use --precision bf16 and "
-    "--eval-precision bf16, or sdpa/flex_attention"
-)
 #: every attention a transformers encoder may have that mmcse runs (:mod:`mmcse.packing`)
 ATTENTION_KINDS = (SDPA, EAGER, FLEX, VARLEN)
 #: BERT's dropout fields (hidden states and attention probabilities), which most encoders share
@@ -87,39 +82,71 @@ DEBERTA_REFUSAL = (
 )
 
 for _entry in (
-    Architecture("bert", "BERT", ATTENTION_KINDS,
-                 notes="also MiniLM, all-MiniLM, E5, BGE, GTE (BERT-shaped)"),
+    Architecture(
+        "bert",
+        "BERT",
+        ATTENTION_KINDS,
+        notes="also MiniLM, all-MiniLM, E5, BGE, GTE (BERT-shaped)",
+    ),
     Architecture("roberta", "RoBERTa", ATTENTION_KINDS, positions_after_padding=True),
-    Architecture("xlm-roberta", "XLM-R", ATTENTION_KINDS, positions_after_padding=True,
-                 notes="SentencePiece (Unigram) tokenizer"),
-    Architecture("distilbert", "DistilBERT", ATTENTION_KINDS,
-                 dropout_fields=("dropout", "attention_dropout"), pooler_layer=False),
-    Architecture("electra", "ELECTRA", ATTENTION_KINDS, pooler_layer=False,
-                 notes="the discriminator"),
-    Architecture("mpnet", "MPNet", (EAGER,), positions_after_padding=True,
-                 notes="all-mpnet-base-v2; eager attention only (transformers has no sdpa)"),
-    Architecture("deberta-v2", "DeBERTa-v2/v3", (EAGER,), packing_refused=DEBERTA_REFUSAL,
-                 pooler_layer=False,
-                 notes="DeBERTa-v3 too; eager attention only; packing refused (its "
-                 "embeddings and attention read the padding mask)"),
-    Architecture("modernbert", "ModernBERT", ATTENTION_KINDS, packed_attention=(SDPA, EAGER),
-                 dropout_fields=("embedding_dropout", "attention_dropout", "mlp_dropout"),
-                 pooler_layer=False,
-                 notes="its config has every dropout at 0: --dropout sets them; packs with "
-                 "sdpa/eager (local window kept)"),
-):  # fmt: skip
+    Architecture(
+        "xlm-roberta",
+        "XLM-R",
+        ATTENTION_KINDS,
+        positions_after_padding=True,
+        notes="SentencePiece (Unigram) tokenizer",
+    ),
+    Architecture(
+        "distilbert",
+        "DistilBERT",
+        ATTENTION_KINDS,
+        dropout_fields=("dropout", "attention_dropout"),
+        pooler_layer=False,
+    ),
+    Architecture(
+        "electra",
+        "ELECTRA",
+        ATTENTION_KINDS,
+        pooler_layer=False,
+        notes="the discriminator",
+    ),
+    Architecture(
+        "mpnet",
+        "MPNet",
+        (EAGER,),
+        positions_after_padding=True,
+        notes="all-mpnet-base-v2; eager attention only (transformers has no sdpa)",
+    ),
+    Architecture(
+        "deberta-v2",
+        "DeBERTa-v2/v3",
+        (EAGER,),
+        packing_refused=DEBERTA_REFUSAL,
+        pooler_layer=False,
+        notes=(
+            "DeBERTa-v3 too; eager attention only; packing refused (its embeddings and "
+            "attention read the padding mask)"
+        ),
+    ),
+    Architecture(
+        "modernbert",
+        "ModernBERT",
+        ATTENTION_KINDS,
+        packed_attention=(SDPA, EAGER),
+        dropout_fields=("embedding_dropout", "attention_dropout", "mlp_dropout"),
+        pooler_layer=False,
+        notes=(
+            "its config has every dropout at 0: --dropout sets them; packs with sdpa/eager "
+            "(local window kept)"
+        ),
+    ),
+):
     STUDENTS.register(_entry.model_type)(_entry)
 
 
 def architecture(model_type: str | None) -> Architecture | None:
     """The registered entry of ``model_type`` (None: not registered)."""
     return STUDENTS.get(model_type) if model_type in STUDENTS else None
-
-
-def student_packs(model_type: str | None) -> bool:
-    """Whether packing is proven for ``model_type`` (what ``--packing auto`` pads for)."""
-    entry = architecture(model_type)
-    return entry is not None and entry.packs
 
 
 def unregistered(model_type: str, attention: tuple[str, ...], config: dict) -> Architecture:
@@ -296,28 +323,3 @@ def choose_student(
             "(SimCSE's positives) are the same vector (SimCSE's no-dropout ablation)"
         )
     return StudentChoice(entry, chosen, source, effective, fields, config_dropout, tuple(warnings))
-
-
-#: marks the packed attentions a CUDA test proves (``pytest -m cuda``), the others a CPU test
-GPU_MARK = "*"
-
-
-def students_table() -> str:
-    """The README's "Students" table, one row per registered architecture."""
-    rows = [
-        "| student (`model_type`) | attention (`auto` first) | `--packing` | pooler default "
-        "| `--dropout` sets | notes |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name in STUDENTS.names():
-        entry = STUDENTS.get(name)
-        attention = [default_attention(entry)]
-        attention += [a for a in entry.attention if a not in attention]
-        packed = [f"{a}{GPU_MARK if a in (FLEX, VARLEN) else ''}"
-                  for a in entry.packed_attention or entry.attention]  # fmt: skip
-        packing = f"proven: {', '.join(packed)}" if entry.packs else "refused"
-        rows.append(
-            f"| {entry.name} (`{name}`) | {', '.join(attention)} | {packing} | `{entry.pooler}` "
-            f"| {', '.join(f'`{f}`' for f in entry.dropout_fields)} | {entry.notes} |"
-        )
-    return "\n".join(rows)

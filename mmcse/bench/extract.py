@@ -39,12 +39,12 @@ CAPTION_WORDS = (
 )
 
 
-def write_synthetic_jpegs(folder: Path, count: int, seed: int = 0) -> list[str]:
+def write_synthetic_jpegs(folder: Path, count: int) -> list[str]:
     """Photo-like JPEGs: smooth colour fields plus grain (pure noise would compress, and
     decode, far worse than real photos)."""
     from PIL import Image
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     width, height = FLICKR_SIZE
     paths = []
     for i in range(count):
@@ -58,8 +58,8 @@ def write_synthetic_jpegs(folder: Path, count: int, seed: int = 0) -> list[str]:
     return paths
 
 
-def synthetic_captions(count: int, seed: int = 0) -> list[str]:
-    rng, words = random.Random(seed), CAPTION_WORDS.split()
+def synthetic_captions(count: int) -> list[str]:
+    rng, words = random.Random(0), CAPTION_WORDS.split()
     return [" ".join(rng.choices(words, k=rng.randint(8, 24))) + " ." for _ in range(count)]
 
 

@@ -56,9 +56,10 @@ class EncoderShape:
         return self.layers * (4 * self.hidden**2 + 2 * self.hidden * self.ffn)
 
 
-def train_step_flops(shape: EncoderShape, batch: int, seq_len: int, views: int = 2) -> int:
-    """Forward + backward FLOPs of one step over ``views`` encodings of ``batch`` sentences."""
-    tokens = views * batch * seq_len
+def train_step_flops(shape: EncoderShape, batch: int, seq_len: int) -> int:
+    """Forward + backward FLOPs of one step over two (dropout-view) encodings of ``batch``
+    sentences."""
+    tokens = 2 * batch * seq_len
     dense = 6 * shape.matmul_params * tokens
     attention = 12 * shape.layers * shape.hidden * seq_len * tokens
     return dense + attention

@@ -74,12 +74,20 @@ def measure_step(world, method: str, size: dict, device: str, capture: str, pack
 
     torch._dynamo.reset()
     state = bench.BenchState.of(
-        world, method, size["batch"], size["seq_len"], device, "bf16",
-        capture=bench.CAPTURE_FLAGS[capture], packing=packed, dynamic_padding=False,
-    )  # fmt: skip
+        world,
+        method,
+        size["batch"],
+        size["seq_len"],
+        device,
+        "bf16",
+        capture=bench.CAPTURE_FLAGS[capture],
+        packing=packed,
+        dynamic_padding=False,
+    )
     compile_s = bench.timed(state.step, device)
-    stats = bench.time_variants({method: state}, torch.device(device), size["steps"],
-                                size["warmup"], rounds=1)[method]  # fmt: skip
+    stats = bench.time_variants(
+        {method: state}, torch.device(device), size["steps"], size["warmup"], rounds=1
+    )[method]
     shape = EncoderShape.of(state.trainer.encoder.backbone.config)
     real = float(statistics.fmean(state.trainer.data.sources["caption"].lengths))
     real_flops = train_step_flops(shape, size["batch"], round(real))
@@ -103,8 +111,10 @@ def summary(results: dict) -> list[str]:
     lines = []
     if tests is not None:
         passed = tests["exit_code"] in (0, 5)
-        lines.append(f"pytest -m cuda: exit {tests['exit_code']} "
-                     f"({'the GPU path holds' if passed else 'FIX FIRST: a CUDA test fails'})")  # fmt: skip
+        lines.append(
+            f"pytest -m cuda: exit {tests['exit_code']} "
+            f"({'the GPU path holds' if passed else 'FIX FIRST: a CUDA test fails'})"
+        )
     for method, _ in METHODS:
         for capture in ("whole", "forward", "off"):
             padded, packed = steps.get((method, capture, False)), steps.get((method, capture, True))
@@ -156,8 +166,15 @@ def run(
     started = time.perf_counter()
     size = SIZES[size_name]
     peak, peak_source = peak_flops(device)
-    results: dict = {"device": device, "size": size_name, "settings": size, "precision": "bf16",
-                     "peak_source": peak_source, "steps": [], "skipped": []}  # fmt: skip
+    results: dict = {
+        "device": device,
+        "size": size_name,
+        "settings": size,
+        "precision": "bf16",
+        "peak_source": peak_source,
+        "steps": [],
+        "skipped": [],
+    }
     results["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
 
     def save() -> None:
@@ -172,8 +189,9 @@ def run(
         for method, lengths in (m for m in METHODS if m[0] in methods):
             rows = size["batch"] * 8
             root = Path(tmp) / method
-            world = synthetic_world(root, size["student"], size["seq_len"], rows,
-                                    set(method_needs(method)), lengths)  # fmt: skip
+            world = synthetic_world(
+                root, size["student"], size["seq_len"], rows, set(method_needs(method)), lengths
+            )
             variants = [(c, p) for c in captures for p in (False, True)]
             for capture, packed in sorted(variants, key=variant_order):
                 label = f"{method} {capture} {'packed' if packed else 'padded'}"
@@ -190,20 +208,29 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmcse.bench.gpu_check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m mmcse.bench.gpu_check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument("--out", type=Path, default=Path("gpu-check.json"))
-    parser.add_argument("--budget-s", type=float, default=420.0,
-                        help="no new figure starts after this many seconds")  # fmt: skip
-    parser.add_argument("--captures", default="whole,forward",
-                        help="capture choices measured: whole, forward, off (eager)")  # fmt: skip
-    parser.add_argument("--methods", default=",".join(m for m, _ in METHODS),
-                        help="methods measured: simcse, mcse")  # fmt: skip
+    parser.add_argument(
+        "--budget-s", type=float, default=420.0, help="no new figure starts after this many seconds"
+    )
+    parser.add_argument(
+        "--captures",
+        default="whole,forward",
+        help="capture choices measured: whole, forward, off (eager)",
+    )
+    parser.add_argument(
+        "--methods", default=",".join(m for m, _ in METHODS), help="methods measured: simcse, mcse"
+    )
     parser.add_argument("--no-tests", action="store_true", help="skip pytest -m cuda")
-    parser.add_argument("--pytest-args", default="tests",
-                        help="what pytest -m cuda collects (space-separated)")  # fmt: skip
+    parser.add_argument(
+        "--pytest-args", default="tests", help="what pytest -m cuda collects (space-separated)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from mmcse.devices import check_device

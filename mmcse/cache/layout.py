@@ -155,8 +155,13 @@ def sha256_ids(ids: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def describe_ids(ids: Iterable[object], limit: int = 5) -> str:
+#: how many ids an error message names before ``(+N more)``
+DESCRIBED_IDS = 5
+
+
+def describe_ids(ids: Iterable[object]) -> str:
     """``'a', 'b', 'c' (+12 more)``: enough to find the rows, still one line."""
     ids = list(ids)
-    shown = ", ".join(repr(str(identifier)) for identifier in ids[:limit])
-    return shown + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")
+    shown = ", ".join(repr(str(identifier)) for identifier in ids[:DESCRIBED_IDS])
+    more = len(ids) - DESCRIBED_IDS
+    return shown + (f" (+{more} more)" if more > 0 else "")

@@ -109,17 +109,17 @@ def dev_curve(run_dir: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["stsb_dev"]) for r in rows if r.get("stsb_dev") is not None]
 
 
-def reading_note(steps: int | None, seeds: int = 1) -> str:
+def reading_note(steps: int | None) -> str:
     """What the demo's numbers can and cannot mean, printed with its table."""
     trained = f"{steps} steps" if steps else "a few hundred steps"
     return (
         f"How to read this: a tiny student built from a config (random start), trained {trained} "
-        f"with {seeds} seed per method, on a drawn world, with image features from a teacher "
+        "with 1 seed per method, on a drawn world, with image features from a teacher "
         "with random weights. The gap shows that the pipeline works and that MCSE's "
         "image-caption term ties captions of one drawing together (a random teacher still gives "
         "one drawing one vector); it is not evidence that MCSE beats SimCSE on real data, and "
         "it says nothing about any published number: "
-        f"{seeds} seed: not compared (no spread, no test), random teacher, toy tasks."
+        "1 seed: not compared (no spread, no test), random teacher, toy tasks."
     )
 
 

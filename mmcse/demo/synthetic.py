@@ -273,9 +273,10 @@ def write_nonlinguistic(root: Path, kind: str, rng) -> Path:
     return out
 
 
-def write_noise_wav(path: Path, rng, seconds: float = 0.25) -> None:
-    """Short noise: the fbank writer pads every row to its fixed ``[1024, 128]`` shape."""
-    samples = rng.integers(-8000, 8000, size=int(seconds * AUDIO_RATE), dtype=np.int16)
+def write_noise_wav(path: Path, rng) -> None:
+    """A quarter second of noise: the fbank writer pads every row to its fixed ``[1024, 128]``
+    shape."""
+    samples = rng.integers(-8000, 8000, size=AUDIO_RATE // 4, dtype=np.int16)
     path.parent.mkdir(parents=True, exist_ok=True)
     with wave.open(str(path), "wb") as f:
         f.setnchannels(1)

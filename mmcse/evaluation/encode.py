@@ -172,6 +172,13 @@ def encode_sentences(
 
 #: the weight files of a sentence-transformers Dense folder, in the order they are looked for
 DENSE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+#: Dense settings mmcse applies only at their plain value (a residual or renamed input/output
+#: would be another module): anything else is refused
+PLAIN_DENSE = {
+    "use_residual": False,
+    "module_input_name": "sentence_embedding",
+    "module_output_name": "sentence_embedding",
+}
 
 
 class Normalize(nn.Module):
@@ -186,8 +193,9 @@ def post_pooling_modules(modules: Sequence[StModule]) -> nn.Module | None:
     applied as sentence-transformers applies them; None when there are none."""
     if not modules:
         return None
-    return nn.Sequential(*(load_dense(m.folder) if m.kind == "Dense" else Normalize()
-                           for m in modules)).eval()  # fmt: skip
+    return nn.Sequential(
+        *(load_dense(m.folder) if m.kind == "Dense" else Normalize() for m in modules)
+    ).eval()
 
 
 def load_dense(folder: Path) -> nn.Sequential:
@@ -203,10 +211,8 @@ def load_dense(folder: Path) -> nn.Sequential:
     except (ValueError, KeyError, TypeError) as exc:
         raise MmcseError(f"{config_path}: not a Dense module config ({exc})") from None
     unsupported = [
-        key for key, plain in (("use_residual", False), ("module_input_name", "sentence_embedding"),
-                               ("module_output_name", "sentence_embedding"))
-        if config.get(key, plain) not in (plain, None)
-    ]  # fmt: skip
+        key for key, plain in PLAIN_DENSE.items() if config.get(key, plain) not in (plain, None)
+    ]
     if unsupported:
         raise MmcseError(
             f"{config_path}: Dense settings {', '.join(unsupported)} are not supported"

@@ -11,10 +11,10 @@ from mmcse.losses.base import Heads, Loss, LossInputs, cosine_matrix, project_vi
 from mmcse.registry import register_loss
 
 
-def info_nce(queries: Tensor, keys: Tensor, temperature: float, offset: int = 0) -> Tensor:
-    """Mean InfoNCE of ``queries[i]`` against ``keys``, whose positive is row ``offset + i``."""
+def info_nce(queries: Tensor, keys: Tensor, temperature: float) -> Tensor:
+    """Mean InfoNCE of ``queries[i]`` against ``keys``, whose positive is row ``i``."""
     logits = cosine_matrix(queries, keys) / temperature
-    targets = torch.arange(queries.shape[0], device=queries.device) + offset
+    targets = torch.arange(queries.shape[0], device=queries.device)
     return F.cross_entropy(logits.float(), targets)
 
 

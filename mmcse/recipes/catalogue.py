@@ -426,8 +426,10 @@ def _nonlinguistic_recipes() -> None:
     )
     # shown by `recipes show`: the released audio path adds no position embeddings
     released_embedding = {"visualcse": {}, "audiocse": {"audio_position_embeddings": False}}
-    kinds = {"visualcse": ("image", "image_tensor", "imagenet60"),
-             "audiocse": ("audio", "audio_fbank", "librispeech50")}  # fmt: skip
+    kinds = {
+        "visualcse": ("image", "image_tensor", "imagenet60"),
+        "audiocse": ("audio", "audio_fbank", "librispeech50"),
+    }
     for name, (batch, lr, aux_lr, weight, source) in settings.items():
         method, model = name.split("/")[:2]
         modality, kind, dataset = kinds[method]

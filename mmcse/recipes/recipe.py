@@ -346,9 +346,8 @@ class Recipe:
         method_args={"image_text_weight": 0.05}`` changes one hyperparameter).
         """
         spec = spec if isinstance(spec, RecipeRunSpec) else RecipeRunSpec(str(spec))
-        cache_root, model, max_steps, overrides = (
-            spec.cache_root, spec.model, spec.max_steps, spec.overrides
-        )  # fmt: skip
+        cache_root, model = spec.cache_root, spec.model
+        max_steps, overrides = spec.max_steps, spec.overrides
         paths: dict[str, str] = {}
         for need in self.needs(cache_root):  # a role reading two corpora's sets: DIR1,DIR2
             paths[need.key] = ",".join(filter(None, (paths.get(need.key), str(need.path))))

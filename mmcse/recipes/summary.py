@@ -33,8 +33,14 @@ class Row:
 
     def to_dict(self) -> dict:
         counts = {"counts": self.counts} if self.counts else {}
-        return {"label": self.label, "mean": self.mean, "std": self.std, "n": self.n, **counts,
-                **self.extra}  # fmt: skip
+        return {
+            "label": self.label,
+            "mean": self.mean,
+            "std": self.std,
+            "n": self.n,
+            **counts,
+            **self.extra,
+        }
 
 
 def scores_of(result: dict) -> dict[str, float]:

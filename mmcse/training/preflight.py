@@ -42,7 +42,6 @@ from mmcse.errors import MmcseError
 from mmcse.hub import check_hub_id, load_tokenizer, local_or_hub_id
 from mmcse.pooling import check_pooler as known_pooler
 from mmcse.rundir import MODEL_CONFIG_FILE, is_model_dir, resolve_model_dir
-from mmcse.students import VARLEN_DTYPES
 from mmcse.training.config import (
     TOKEN_CACHE_AUTO,
     TOKEN_CACHE_OFF,
@@ -362,8 +361,11 @@ def check_unread_roles(cfg: TrainConfig, method: Method) -> None:
         )
         logger.warning(
             "--feature %s=%s is not read by this run: %s; roles read: %s",
-            role, cfg.features[role], why, ", ".join(read) or "none",
-        )  # fmt: skip
+            role,
+            cfg.features[role],
+            why,
+            ", ".join(read) or "none",
+        )
 
 
 def _teachers_hint(method: Method) -> str:
@@ -411,6 +413,8 @@ def check_attention_device(cfg: TrainConfig) -> None:
     if cfg.eval_data != "" and cfg.eval_precision == "fp32":
         fp32.append("--eval-precision")
     if fp32:  # FlashAttention's kernel: it failed on an H200 in fp32 (BENCHMARKS.md)
+        from mmcse.packing import VARLEN_DTYPES  # torch is loaded by now (the torchrun check)
+
         raise MmcseError(f"{VARLEN_DTYPES} (this run has {' and '.join(fp32)} fp32)")
 
 
@@ -574,8 +578,10 @@ def warn_random_teachers(role_sets: dict) -> None:
                     "--feature %s=%s holds features of a teacher with RANDOM weights (%s; its "
                     "manifest's producer says weights=random): this run distils from noise and "
                     "reproduces no published number (fine for a smoke test only)",
-                    role, fs.path, producer.get("teacher", "teacher not named"),
-                )  # fmt: skip
+                    role,
+                    fs.path,
+                    producer.get("teacher", "teacher not named"),
+                )
 
 
 def _join_hint(cfg: TrainConfig, method: Method) -> str:

@@ -125,10 +125,10 @@ def torch_hub_file(url: str) -> Path:
 
 
 @contextmanager
-def network_timeout(seconds: float = NETWORK_TIMEOUT_S):
+def network_timeout():
     """urllib (torch.hub) has no timeout of its own: bound every socket wait while downloading."""
     previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(seconds)
+    socket.setdefaulttimeout(NETWORK_TIMEOUT_S)
     try:
         yield
     finally:

@@ -26,6 +26,7 @@ import pytest
 import torch
 from methods.test_every_method import fake_feature, feature_dims, role_width, roles_of
 from support.cli import assert_one_error, run_main
+from support.students import build_tiny_student, students_table
 from training.test_packed_training import assert_same_step
 
 from mmcse.cache.tokenizer import encode_rows, tokenizer_fingerprint
@@ -39,10 +40,8 @@ from mmcse.students import (
     architecture,
     choose_student,
     default_attention,
-    student_packs,
     unregistered,
 )
-from mmcse.tiny import build_tiny_student
 from mmcse.training.data import Batch
 from mmcse.training.student import Student
 
@@ -120,7 +119,7 @@ def test_the_registry_says_what_transformers_has(model_type, tiny_student):
     assert entry.dropout_fields and all(
         f in config and "dropout" in f for f in entry.dropout_fields
     )
-    assert student_architecture(config) is entry and student_packs(model_type) == entry.packs
+    assert student_architecture(config) is entry
 
 
 # ---- packing proven (packed = padded, dropout off) or refused ----------------------------------
@@ -187,7 +186,7 @@ def test_a_packed_forward_equals_the_padded_one_on_cuda(model_type, attention, t
     torch.testing.assert_close(got, want, atol=2e-2 if bf16 else 1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("model_type", [t for t in TYPES if not student_packs(t)])
+@pytest.mark.parametrize("model_type", [t for t in TYPES if not STUDENTS.get(t).packs])
 def test_packing_is_refused_where_it_cannot_hold(model_type, tiny_student):
     """The refusal is earned: the packed forward fails or differs from the padded one."""
     folder = tiny_student(model_type)
@@ -360,13 +359,11 @@ def test_the_trained_student_exports_and_encodes_alike(model_type, trained, tmp_
 
 
 def test_unregistered_architecture_is_none():
-    assert architecture("albert") is None and not student_packs("albert")
+    assert architecture("albert") is None
 
 
 def test_the_readme_lists_every_student():
     from pathlib import Path
-
-    from mmcse.students import students_table
 
     readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Students\n", 1)[1].split("\n## ", 1)[0]
