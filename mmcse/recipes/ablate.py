@@ -114,7 +114,7 @@ class Ablation:
         by_terms = {frozenset(spec.split("+")) - {""}: rows for spec, rows in published.items()}
         out = []
         for row in self.rows:
-            extra = {}
+            extra = {P_COLUMN: ""}  # the report writes each test (the full row has none)
             paper = by_terms.get(frozenset(row.terms))
             if paper:
                 first = paper[0]
@@ -164,7 +164,7 @@ def ablate(
     """Train the full recipe and every ``w/o`` row over the spec's seeds (every row checked,
     and its folders, before one trains); p-values against the full."""
     spec = spec.for_recipe(recipe)
-    layout = ablation_plan(recipe, drops, output_dir, spec.overrides)
+    layout = ablation_layout(recipe, drops, output_dir, spec.overrides)
     runs = plan_ablation(recipe, layout, spec, output_dir).run()
     rows = [AblationRow(t, f, r) for (t, f, _, _), r in zip(layout, runs, strict=True)]
     full = rows[0].avgs
@@ -193,7 +193,7 @@ def plan_ablation(
     return RunPlan("ablation", recipe.name, Path(output_dir), rows, unit="row")
 
 
-def ablation_plan(
+def ablation_layout(
     recipe: Recipe,
     drops: list[tuple[str, ...]],
     output_dir: str | Path,

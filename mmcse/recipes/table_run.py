@@ -136,7 +136,8 @@ def recipe_dir(root: str | Path, name: str) -> SeedsDir:
 class TablePlan(RunPlan):
     """A table run's :class:`~mmcse.recipes.runner.RunPlan`: a row per selected recipe."""
 
-    def __init__(self, selection: Selection, root: Path, rows: list[PlannedRow], single: bool):
+    def __init__(self, selection: Selection, root: Path, rows: list[PlannedRow]):
+        single = selection.table is None and len(rows) == 1  # one recipe: no table
         kind = "recipe" if single else "table"
         super().__init__(kind, selection.label, root, rows, None if single else "recipe")
         self.selection = selection
@@ -161,7 +162,7 @@ def plan_table(
     for name in selection.names:
         seeds_dir = SeedsDir(single) if single is not None else recipe_dir(root, name)
         rows.append(plan_row(name, get_recipe(name), spec, seeds_dir, dry_run))
-    plan = TablePlan(selection, Path(root), rows, single=single is not None)
+    plan = TablePlan(selection, Path(root), rows)
     if dry_run:
         plan.check_students()
     return plan

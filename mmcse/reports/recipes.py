@@ -19,7 +19,7 @@ from mmcse.recipes.ablate import (
     PUBLISHED_COLUMN,
     Ablation,
     ablate,
-    ablation_plan,
+    ablation_layout,
     label_of,
     parse_drops,
     plan_ablation,
@@ -186,7 +186,7 @@ def ablate_run(
     .json) and yield it; ``dry_run`` yields the plan."""
     chosen = get_recipe(recipe)
     spec, runs_dir = spec.for_recipe(chosen), Path(output_dir or f"runs/ablate/{recipe}")
-    layout = ablation_plan(chosen, parse_drops(drop), runs_dir, spec.overrides)
+    layout = ablation_layout(chosen, parse_drops(drop), runs_dir, spec.overrides)
     if dry_run:
         rows = [(label_of(terms), d, over) for terms, _, d, over in layout]
         yield describe_plan(chosen, rows, spec)

@@ -14,7 +14,7 @@ import cli
 from mmcse.files import write_json
 from mmcse.recipes import Recipe, get_recipe
 from mmcse.recipes import runs as recipes_mod
-from mmcse.recipes.ablate import ablation_plan, parse_drops
+from mmcse.recipes.ablate import ablation_layout, parse_drops
 from mmcse.recipes.published import TASKS
 from mmcse.recipes.recipe import RecipeRunSpec
 from mmcse.recipes.runner import welch
@@ -74,7 +74,7 @@ def test_an_ablation_skips_a_finished_seed_says_its_plan_and_writes_p_as_compare
     recipe = get_recipe(ABLATED)
     spec = RecipeRunSpec(cache_root=str(tmp_path / "cache"), seeds=(0, 1))
     out = tmp_path / "abl"
-    (_, _, full_dir, overrides), *_ = ablation_plan(recipe, parse_drops("image_text"), out)
+    (_, _, full_dir, overrides), *_ = ablation_layout(recipe, parse_drops("image_text"), out)
     finished_seed(recipe, spec.with_overrides(overrides), full_dir, seed=0)
     trained = []
 
