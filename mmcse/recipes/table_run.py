@@ -300,6 +300,6 @@ def table_rows(plan: TablePlan, random_teachers: RandomTeachers | None = None) -
         "source": plan.selection.table.source if plan.selection.table else None,
         "rows": [r.to_dict() for r in ours],
         "against": against,
-        "tests": {rows[i].label: test.to_dict() for i, test in tests.items()},
+        "tests": {ours[measured.index(i)].recipe.name: t.to_dict() for i, t in tests.items()},
     }
     return PaperTableResult(rows, measured, tests, notes, record)

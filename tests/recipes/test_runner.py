@@ -18,7 +18,7 @@ from mmcse.recipes.ablate import ablation_layout, parse_drops
 from mmcse.recipes.published import TASKS
 from mmcse.recipes.recipe import RecipeRunSpec
 from mmcse.recipes.runner import welch
-from mmcse.recipes.table_run import plan_table, select
+from mmcse.recipes.table_run import plan_table, select, table_rows
 from mmcse.reports.recipes import paper_table
 from mmcse.reports.tables import Evidence, welch_text
 from mmcse.rundir import RunDir
@@ -118,7 +118,16 @@ def test_a_paper_tables_p_column_is_written_as_compare_writes_it(tmp_path):
     for name, (shift, seeds) in finished.items():
         for seed in seeds:
             finished_seed(get_recipe(name), spec, root / name, seed, shift)
-    table = paper_table(plan_table(select(list(finished)), spec, root), write=False)
+    plan = plan_table(select(list(finished)), spec, root)
+    table = paper_table(plan, write=False)
     p = stats.ttest_ind([73.0, 74.0, 75.0], [70.0, 71.0, 72.0], equal_var=False).pvalue
     assert f"| vs simcse/wiki+flickr/bert: n=3 vs 3, p={p:.3f} |" in table
     assert "| vs simcse/wiki+coco/bert: n=1 vs 2, no test (needs 2 seeds a side) |" in table
+    recorded = table_rows(plan).record["tests"]  # the record keeps the numbers, not the text
+    assert recorded["mcse/wiki+flickr/bert"]["p"] == pytest.approx(p)
+    assert recorded["mcse/wiki+coco/bert"] == {
+        "against": "simcse/wiki+coco/bert",
+        "n": 1,
+        "others": 2,
+        "p": None,
+    }
