@@ -3,9 +3,9 @@
 :mod:`~mmcse.recipes.recipe` is the :class:`Recipe` type (what a paper row needs from the cache,
 its training settings, its published numbers); :mod:`~mmcse.recipes.catalogue` registers every
 row of the seed papers; :mod:`~mmcse.recipes.runs` trains one over seeds (finished seeds
-skipped, stopped ones resumed) and says what a run changed from it; :mod:`~mmcse.recipes.table_run`
-trains several, or a paper's table, into one table; :mod:`~mmcse.recipes.ablate` reruns one with
-loss terms switched off.
+skipped, stopped ones resumed) and says what a run changed from it; :mod:`~mmcse.recipes.runner`
+plans and runs rows × seeds, for :mod:`~mmcse.recipes.table_run` (several recipes, or a paper's
+table, into one table) and :mod:`~mmcse.recipes.ablate` (one recipe with loss terms switched off).
 
 The names below load on first use (PEP 562), the registry's with the catalogue registered: the
 command line imports :class:`~mmcse.recipes.recipe.RecipeRunSpec` for its flags, and building

@@ -1,9 +1,11 @@
 """Loss ablations like DALR's Table 3: rerun a recipe with some term weights at zero.
 
 ``mmcse ablate --recipe R --drop a,b+c`` trains the full recipe and one row per comma-separated
-item — ``w/o a``, ``w/o b & c`` — off the *same* cache and seeds, then reports each row's STS
-numbers as mean ± std over seeds and a Welch t-test (unequal variances,
-``scipy.stats.ttest_ind(equal_var=False)``) of its per-seed averages against the full method's.
+item — ``w/o a``, ``w/o b & c`` — off the *same* cache and seeds, through the one rows × seeds
+runner (:mod:`mmcse.recipes.runner`: finished seeds skipped, stopped ones resumed, disk and time
+said before it starts), then reports each row's STS numbers as mean ± std over seeds and a Welch
+t-test (unequal variances, ``scipy.stats.ttest_ind(equal_var=False)``) of its per-seed averages
+against the full method's (:func:`~mmcse.recipes.runner.welch`).
 
 A term name ``t`` sets the method's field ``t_weight`` to zero, or the field named exactly ``t``;
 anything else is refused with the method's weight fields listed. Zero-weight terms are not even
@@ -14,33 +16,28 @@ full one with a muted gradient. Where the paper printed the same ablation
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from mmcse.errors import MmcseError
 from mmcse.methods import Method, build_method
-from mmcse.recipes.layout import AblationDir
+from mmcse.recipes.layout import AblationDir, SeedsDir
 from mmcse.recipes.published import PUBLISHED_ABLATIONS
 from mmcse.recipes.recipe import Recipe, RecipeRunSpec
+from mmcse.recipes.runner import RunPlan, WelchTest, plan_row, welch
 from mmcse.recipes.runs import (
     SeedRuns,
-    check_method,
     departure_note,
     departures,
     environment_notes,
     environment_record,
-    missing_p_reason,
-    run_seeds,
-    seed_plan,
 )
-from mmcse.recipes.summary import Row, welch_p
+from mmcse.recipes.summary import Row
+from mmcse.recipes.summary import welch_p as welch_p  # the test ablation rows rest on
 
 #: the extra columns of an ablation's rows
 P_COLUMN, PUBLISHED_COLUMN = "p (Welch vs full)", "published avg"
-
-logger = logging.getLogger(__name__)
 
 
 def parse_drops(text: str) -> list[tuple[str, ...]]:
@@ -81,11 +78,15 @@ class AblationRow:
     terms: tuple[str, ...]
     fields: tuple[str, ...]
     runs: SeedRuns
-    p_value: float | None = None
+    test: WelchTest | None = None  # against the full method (None: the full method itself)
 
     @property
     def avgs(self) -> list[float]:
         return [r["avg"] for r in self.runs.results if r is not None and "avg" in r]
+
+    @property
+    def p_value(self) -> float | None:
+        return self.test.p if self.test else None
 
 
 @dataclass
@@ -98,29 +99,34 @@ class Ablation:
     def notes(self) -> list[str]:
         """Why p-values are missing, how the run differs from the recipe (if it does), and which
         environment made it."""
-
-        full = self.rows[0].avgs
-        out = sorted({missing_p_reason(r.avgs, full) for r in self.rows[1:] if r.p_value is None})
+        missing = {missing_p_reason(r.test) for r in self.rows[1:] if r.test and r.test.p is None}
         note = departure_note(self.overrides)
-        return out + ([note] if note else []) + environment_notes([r.runs for r in self.rows])
+        runs = [r.runs for r in self.rows]
+        return sorted(missing) + ([note] if note else []) + environment_notes(runs)
+
+    def tests(self) -> dict[int, WelchTest]:
+        """Row index → its test against the full method (the report writes the p column)."""
+        return {i: row.test for i, row in enumerate(self.rows) if row.test}
 
     def table_rows(self) -> list[Row]:
+        """Each row's mean ± std over seeds and, where the paper printed it, its published avg."""
         published = PUBLISHED_ABLATIONS.get(self.recipe.name, {})
         by_terms = {frozenset(spec.split("+")) - {""}: rows for spec, rows in published.items()}
         out = []
         for row in self.rows:
-            summary = row.runs.summary()
-            extra = {P_COLUMN: _p_text(row.p_value) if row.terms else ""}
+            extra = {P_COLUMN: ""}  # the report writes each test (the full row has none)
             paper = by_terms.get(frozenset(row.terms))
             if paper:
                 first = paper[0]
                 std = f" ± {first.std['avg']:.2f}" if "avg" in first.std else ""
                 extra[PUBLISHED_COLUMN] = f"{first.mean['avg']:.2f}{std} ({first.source})"
-            out.append(Row(summary.label, summary.mean, summary.std, summary.n, extra,
-                           values=summary.values))  # fmt: skip
+            out.append(replace(row.runs.summary(), extra=extra))
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, table: list[Row] | None = None) -> dict[str, Any]:
+        """The record; ``table``: the rows as the report wrote them (default
+        :meth:`table_rows`)."""
+        table = self.table_rows() if table is None else table
         return {
             "recipe": self.recipe.name,
             "method": self.recipe.method,
@@ -137,50 +143,62 @@ class Ablation:
                     **row.runs.to_dict(),
                     "table": table_row.to_dict(),
                 }
-                for row, table_row in zip(self.rows, self.table_rows(), strict=True)
+                for row, table_row in zip(self.rows, table, strict=True)
             ],
         }
 
 
-def _p_text(p: float | None) -> str:
-    if p is None:
-        return "–"
-    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+def missing_p_reason(test: WelchTest) -> str:
+    """Why an ablation row has no p-value."""
+    if min(test.n, test.others) < 2:
+        return (
+            f"no test: Welch's t-test needs at least 2 seeds with STS results on each side "
+            f"(this row {test.n}, full {test.others}); pass more --seeds"
+        )
+    return "no test: every seed gave the same avg on both sides (no variance to test)"
 
 
 def ablate(
     recipe: Recipe, drops: list[tuple[str, ...]], spec: RecipeRunSpec, output_dir: str | Path
 ) -> Ablation:
-    """Train the full recipe and every ``w/o`` row over the spec's seeds; p-values against the
-    full."""
+    """Train the full recipe and every ``w/o`` row over the spec's seeds (every row checked,
+    and its folders, before one trains); p-values against the full."""
     spec = spec.for_recipe(recipe)
-    changes = departures(recipe, spec)
-    plan = ablation_plan(recipe, drops, output_dir, spec.overrides)
-    for terms, _fields, row_out, row_overrides in plan:  # every row checked before one trains
-        row = recipe.config(spec.with_overrides(row_overrides), seed=spec.seeds[0],
-                            output_dir=row_out)  # fmt: skip
-        check_method(row, label_of(terms))  # e.g. every term dropped, as the dry run says
-        seed_plan(recipe, spec.with_overrides(row_overrides), row_out)  # used folders refused
-    rows = []
-    for i, (terms, fields, row_out, row_overrides) in enumerate(plan, start=1):
-        logger.info(
-            f"ablation row {i} of {len(plan)}: {label_of(terms)} "
-            f"(seeds {','.join(map(str, spec.seeds))})"
-        )
-        runs = run_seeds(recipe, spec.with_overrides(row_overrides), row_out, label_of(terms))
-        rows.append(AblationRow(terms, fields, runs))
+    layout = ablation_layout(recipe, drops, output_dir, spec.overrides)
+    runs = plan_ablation(recipe, layout, spec, output_dir).run()
+    rows = [AblationRow(t, f, r) for (t, f, _, _), r in zip(layout, runs, strict=True)]
     full = rows[0].avgs
     for row in rows[1:]:
-        row.p_value = welch_p(row.avgs, full)
-    return Ablation(recipe, tuple(spec.seeds), rows, changes)
+        row.test = welch("full", row.avgs, full)
+    return Ablation(recipe, tuple(spec.seeds), rows, departures(recipe, spec))
 
 
-def ablation_plan(
+#: an ablation's rows: (terms, zeroed fields, row folder, row overrides), the full method first
+Layout = list[tuple[tuple[str, ...], tuple[str, ...], Path, dict[str, Any]]]
+
+
+def plan_ablation(
+    recipe: Recipe,
+    layout: Layout,
+    spec: RecipeRunSpec,
+    output_dir: str | Path,
+    dry_run: bool = False,
+) -> RunPlan:
+    """The rows × seeds of an ablation (:mod:`mmcse.recipes.runner`): a folder that cannot be
+    its seed's run is refused here (a dry run lists it)."""
+    rows = [
+        plan_row(label_of(terms), recipe, spec.with_overrides(overrides), SeedsDir(path), dry_run)
+        for terms, _, path, overrides in layout
+    ]
+    return RunPlan("ablation", recipe.name, Path(output_dir), rows, unit="row")
+
+
+def ablation_layout(
     recipe: Recipe,
     drops: list[tuple[str, ...]],
     output_dir: str | Path,
     overrides: dict[str, Any] | None = None,
-) -> list[tuple[tuple[str, ...], tuple[str, ...], Path, dict[str, Any]]]:
+) -> Layout:
     """``(terms, zeroed fields, row dir, row overrides)`` per row, the full method first."""
     method = build_method(recipe.method, **recipe.method_args)
     plan = [((), ())] + [(terms, tuple(resolve_term(method, t) for t in terms)) for terms in drops]

@@ -93,8 +93,8 @@ def describe_plan(
         lines.append(f"precision: {describe_precision(base['precision'], base['tf32'])}")
     for label, out, row_overrides in rows:
         row_spec = spec.with_overrides(row_overrides)
-        row = recipe.config(RecipeRunSpec(spec.cache_root, overrides=row_overrides), seed=0,
-                            output_dir="-")  # fmt: skip
+        row_only = RecipeRunSpec(spec.cache_root, overrides=row_overrides)
+        row = recipe.config(row_only, seed=0, output_dir="-")
         check_method(row, label)  # what the real run refuses, the dry run refuses
         named = label if label == recipe.name else f"{recipe.name} {label}"  # an ablation row
         students.append((named, recipe.config(row_spec, seed=0, output_dir="-")))
@@ -140,16 +140,6 @@ def check_method(cfg: TrainConfig, label: str) -> None:
         check_terms(cfg, checked_method(cfg.method, cfg.method_args))
     except MmcseError as exc:
         raise MmcseError(f"{label}: {exc}") from None
-
-
-def missing_p_reason(row_avgs: list[float], full_avgs: list[float]) -> str:
-    """Why a Welch p-value could not be computed for an ablation row."""
-    if len(row_avgs) < 2 or len(full_avgs) < 2:
-        return (
-            f"p-value '–': Welch's t-test needs at least 2 seeds with STS results on each side "
-            f"(this row {len(row_avgs)}, full {len(full_avgs)}); pass more --seeds"
-        )
-    return "p-value '–': every seed gave the same avg on both sides (no variance to test)"
 
 
 # ---- running over seeds ----------------------------------------------------------------------
@@ -306,8 +296,8 @@ def run_seeds(
         run = Path(cfg.output_dir)
         if on_run is not None:
             on_run(label, cfg.seed, state)
-        logger.info(f"[{label}] seed {cfg.seed} ({i} of {len(seeds)}) -> {run}: "
-                    f"{SEED_ACTIONS[state]}")  # fmt: skip
+        action = SEED_ACTIONS[state]
+        logger.info(f"[{label}] seed {cfg.seed} ({i} of {len(seeds)}) -> {run}: {action}")
         results.append(train_seed(cfg, state))
         environments.append((RunDir(run).best.read_info() or {}).get("environment"))
     return SeedRuns(label, out.path, tuple(seeds), results, environments)
@@ -364,10 +354,19 @@ def run_recipe(
     on_run: Callable[[str, int, str], None] | None = None,
 ) -> RecipeOutcome:
     """Run the seeds (:func:`run_seeds`: finished ones skipped, stopped ones resumed) and write
-    the recipe record into ``output_dir`` (:class:`mmcse.recipes.layout.SeedsDir`)."""
+    the recipe record into ``output_dir`` (:func:`record_recipe`)."""
+    spec = spec.for_recipe(recipe)
+    runs = run_seeds(recipe, spec, output_dir, on_run=on_run)
+    return record_recipe(recipe, spec, output_dir, runs)
+
+
+def record_recipe(
+    recipe: Recipe, spec: RecipeRunSpec, output_dir: str | Path, runs: SeedRuns
+) -> RecipeOutcome:
+    """The recipe record of these seeds' runs, written into ``output_dir``
+    (:class:`mmcse.recipes.layout.SeedsDir`), with the rows and notes of its table."""
     spec = spec.for_recipe(recipe)
     changes = departures(recipe, spec)
-    runs = run_seeds(recipe, spec, output_dir, on_run=on_run)
     rows = comparison_rows(recipe, runs, overridden=bool(changes))
     report = {
         "recipe": recipe.to_dict(),

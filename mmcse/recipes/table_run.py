@@ -2,16 +2,14 @@
 
 ``mmcse recipes run`` takes recipe names, patterns (``'mcse/wiki+*/bert'``) and the names of
 the catalogue's tables (``mcse:table1``, :data:`~mmcse.recipes.published.PAPER_TABLES`);
-:func:`select` turns them into recipes in the paper's order. :func:`plan_table` says, before
-anything trains, what every (recipe, seed) folder holds (:func:`mmcse.recipes.runs.seed_state`:
-finished seeds are skipped, stopped or killed ones resume from their ``last/``), which cache sets
-are missing (with the commands that write them), the disk the checkpoints will take and, from a
-step time some run of the table measured on a GPU, how long the rest will take (an estimate).
-:func:`run_table` trains the rest recipe by recipe (each recipe's record and tables as a one-
-recipe ``recipes run`` writes them), logging one line for the table before each run; a stop
-signal stops the current run (its ``last/`` saved) and the table with it, and the same command
-continues. :func:`table_rows` reads what the seed folders hold — at the end, and on any later
-call — as rows in the paper's order (the rendering is :mod:`mmcse.reports.recipes`').
+:func:`select` turns them into recipes in the paper's order. :func:`plan_table` plans them, a
+row per recipe, and :func:`run_table` trains them, through the one rows × seeds runner
+(:mod:`mmcse.recipes.runner`: finished seeds skipped, stopped ones resumed, disk and time said
+before it starts), each recipe's record and tables written as a one-recipe ``recipes run``
+writes them. :func:`table_rows` reads what the seed folders hold — at the end, and on any later
+call — as rows in the paper's order, with a Welch test (:func:`~mmcse.recipes.runner.welch`)
+of each row against the row its paper compares it to (the rendering is
+:mod:`mmcse.reports.recipes`').
 
 Layout: ``<root>/<recipe name>/seed<k>`` (``root``: ``--output-dir``, default ``runs``), the
 table as ``<root>/tables/<selection>.md|.csv|.tex`` and its record ``.json``.
@@ -20,43 +18,28 @@ table as ``<root>/tables/<selection>.md|.csv|.tex`` and its record ``.json``.
 from __future__ import annotations
 
 import fnmatch
-import logging
-import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mmcse.cache.layout import MANIFEST_NAME
 from mmcse.errors import MmcseError
-from mmcse.files import read_json
 from mmcse.recipes import RECIPES, get_recipe  # the catalogue registered
 from mmcse.recipes.layout import SeedsDir
 from mmcse.recipes.published import PAPER_TABLES, PUBLISHED, PaperTable
 from mmcse.recipes.recipe import Recipe, RecipeRunSpec
+from mmcse.recipes.runner import PlannedRow, RunPlan, WelchTest, plan_row, welch
 from mmcse.recipes.runs import (
-    FINISHED,
-    NEW,
-    REFUSED,
-    RESTART,
-    RESUME,
-    check_method,
-    check_students,
+    RecipeOutcome,
+    SeedRuns,
     departure_note,
     departures,
-    pooling_hint,
+    record_recipe,
     recorded_scores,
-    run_recipe,
-    seed_configs,
-    seed_state,
 )
-from mmcse.recipes.summary import Row, published_row, summarize, welch_p
+from mmcse.recipes.summary import Row, published_row, summarize
 from mmcse.rundir import RunDir
-from mmcse.training.config import TrainConfig
-from mmcse.training.plan import checkpoint_estimate, format_bytes
-
-logger = logging.getLogger(__name__)
 
 TABLES_DIR = "tables"
 PATTERN_CHARS = "*?["
@@ -150,89 +133,18 @@ def recipe_dir(root: str | Path, name: str) -> SeedsDir:
     return SeedsDir(Path(root) / name)
 
 
-@dataclass
-class RecipePlan:
-    recipe: Recipe
-    spec: RecipeRunSpec
-    seeds_dir: SeedsDir
-    seeds: list[tuple[TrainConfig, str]]  # (config, state) per seed
-    missing: list[Any] = field(default_factory=list)  # cache Needs not there
-    refused: list[str] = field(default_factory=list)  # a dry run: why a seed's run would refuse
+class TablePlan(RunPlan):
+    """A table run's :class:`~mmcse.recipes.runner.RunPlan`: a row per selected recipe."""
 
-
-@dataclass
-class TablePlan:
-    """Every (recipe, seed) of a table run and what its folder holds, before anything trains."""
-
-    selection: Selection
-    root: Path
-    recipes: list[RecipePlan]
-
-    def states(self) -> list[str]:
-        return [state for r in self.recipes for _, state in r.seeds]
-
-    @property
-    def total(self) -> int:
-        return len(self.states())
-
-    def count(self, *states: str) -> int:
-        return sum(state in states for state in self.states())
+    def __init__(self, selection: Selection, root: Path, rows: list[PlannedRow]):
+        single = selection.table is None and len(rows) == 1  # one recipe: no table
+        kind = "recipe" if single else "table"
+        super().__init__(kind, selection.label, root, rows, None if single else "recipe")
+        self.selection = selection
 
     @property
     def table_stem(self) -> Path:
         return self.root / TABLES_DIR / self.selection.stem
-
-    def describe(self) -> str:
-        """Runs, cache sets (with the commands for the missing ones), disk, time estimate."""
-        seeds = sorted({cfg.seed for r in self.recipes for cfg, _ in r.seeds})
-        label, single = (
-            self.selection.label,
-            self.selection.table is None and len(self.recipes) == 1,
-        )
-        head = (
-            f"recipe {label}: seeds"
-            if single
-            else f"table {label}: {len(self.recipes)} recipe(s) x seeds"
-        )
-        where = self.recipes[0].seeds_dir.path if single else self.root
-        lines = [
-            f"{head} {','.join(map(str, seeds))} = {self.total} run(s): {self.count(FINISHED)} "
-            f"finished (skipped), {self.count(RESUME)} to resume, {self.count(NEW, RESTART)} to "
-            f"train; under {where}",
-        ]
-        refused = [why for r in self.recipes for why in r.refused]
-        if refused:
-            lines.append(f"{len(refused)} seed folder(s) the run would refuse:")
-            lines += [f"  {why}" for why in refused]
-        if not single:  # what a one-recipe dry run says of its recipe, for each
-            lines += self._setting_lines()
-        lines += self._cache_lines()
-        lines += disk_lines(self)
-        lines.append(time_estimate(self))
-        return "\n".join(lines)
-
-    def _setting_lines(self) -> list[str]:
-        """Each recipe's departures from its own setting and its pooling note (a student that
-        ships its own pooling trained with the recipe's)."""
-        lines = []
-        for plan in self.recipes:
-            note = departure_note(departures(plan.recipe, plan.spec))
-            hint = pooling_hint(plan.recipe, plan.spec)
-            lines += [f"  {plan.recipe.name}: {text}" for text in (note, hint) if text]
-        if not lines:
-            return ["settings: every recipe's own (no overrides)"]
-        return ["settings:", *lines]
-
-    def _cache_lines(self) -> list[str]:
-        missing = [(r.recipe.name, n) for r in self.recipes for n in r.missing]
-        if not missing:
-            return [f"cache under {self.recipes[0].spec.cache_root}: every set is there"]
-        lines = [f"cache: {len({n.path for _, n in missing})} set(s) missing (UPPERCASE = yours):"]
-        for recipe in self.recipes:
-            if recipe.missing:
-                lines.append(f"  {recipe.recipe.name}: {', '.join(n.what for n in recipe.missing)}")
-        commands = dict.fromkeys(n.command for _, n in missing)
-        return lines + ["  run first:", *(f"    {c}" for c in commands)]
 
 
 def plan_table(
@@ -242,163 +154,30 @@ def plan_table(
     single: str | Path | None = None,
     dry_run: bool = False,
 ) -> TablePlan:
-    """Each recipe's seeds and their states, and the cache sets missing. A folder that cannot
-    be its seed's run is refused here, before anything trains; a dry run lists it instead, and
-    refuses a student that does not load (:func:`~mmcse.recipes.runs.check_students`).
-    ``single``: the one recipe's own folder (``recipes run NAME --output-dir DIR``)."""
-    plans = []
+    """Each recipe's seeds and their states, and the cache sets missing
+    (:func:`~mmcse.recipes.runner.plan_row`); a dry run also refuses a student that does not
+    load (:func:`~mmcse.recipes.runs.check_students`). ``single``: the one recipe's own folder
+    (``recipes run NAME --output-dir DIR``)."""
+    rows = []
     for name in selection.names:
-        recipe = get_recipe(name)
-        recipe_spec = spec.for_recipe(recipe)
         seeds_dir = SeedsDir(single) if single is not None else recipe_dir(root, name)
-        seeds, refused = [], []
-        for cfg in seed_configs(recipe, recipe_spec, seeds_dir.path):
-            try:
-                seeds.append((cfg, seed_state(cfg)))
-            except MmcseError as exc:
-                if not dry_run:
-                    raise
-                seeds.append((cfg, REFUSED))
-                refused.append(str(exc))
-        given = set(recipe_spec.overrides)
-        needs = [
-            n
-            for n in recipe.needs(recipe_spec.cache_root)
-            if not _overridden(n.key, given) and not (n.path / MANIFEST_NAME).is_file()
-        ]
-        plans.append(RecipePlan(recipe, recipe_spec, seeds_dir, seeds, needs, refused))
-    if dry_run:  # what every seed's start checks, once per student
-        check_students([(p.recipe.name, cfg) for p in plans for cfg, _ in p.seeds])
-    return TablePlan(selection, Path(root), plans)
+        rows.append(plan_row(name, get_recipe(name), spec, seeds_dir, dry_run))
+    plan = TablePlan(selection, Path(root), rows)
+    if dry_run:
+        plan.check_students()
+    return plan
 
 
-def _overridden(key: str, given: set[str]) -> bool:
-    """A cache set the run's ``--set`` replaces (as :meth:`Recipe.check_cache` skips it)."""
-    return key in given or (key.startswith("features.") and "features" in given)
+def run_table(plan: TablePlan) -> list[RecipeOutcome]:
+    """Train every run still to train (:meth:`~mmcse.recipes.runner.RunPlan.run`), writing
+    each recipe's record as a one-recipe run writes it once its seeds have run."""
+    outcomes = []
 
+    def record(row: PlannedRow, runs: SeedRuns) -> None:
+        outcomes.append(record_recipe(row.recipe, row.spec, row.seeds_dir.path, runs))
 
-# ---- disk and time, before it starts ---------------------------------------------------------
-
-
-def disk_lines(plan: TablePlan) -> list[str]:
-    """What the checkpoints of the runs still to train will take (best/ + last/ each; last/
-    only while a run is unfinished with ``keep_last`` false)."""
-    total, unknown, lines = 0, [], []
-    for recipe in plan.recipes:
-        todo = [cfg for cfg, state in recipe.seeds if state != FINISHED]
-        if not todo:
-            continue
-        estimate = checkpoint_estimate(todo[0].model)
-        if estimate is None:
-            unknown.append(recipe.recipe.name)
-            continue
-        kept = estimate["best"] + (estimate["last"] if todo[0].keep_last_checkpoint else 0)
-        total += kept * len(todo)
-    where = (
-        f" (not counted: {', '.join(unknown)}: its student's weights are not on disk)"
-        if unknown
-        else ""
-    )
-    if total or unknown:
-        lines.append(
-            f"disk: about {format_bytes(total)} of checkpoints for the runs still to train "
-            f"(each keeps best/ and, unless --set keep_last_checkpoint=false, last/){where}"
-        )
-    return lines or ["disk: nothing more (every run has finished)"]
-
-
-def time_estimate(plan: TablePlan) -> str:
-    """From a step time measured on a GPU by a run of the same method and student in this
-    table (its ``metrics.jsonl``), the time the runs still to train need: an estimate."""
-    measured: dict[tuple[str, str], float] = {}
-    totals: dict[str, int] = {}
-    for recipe in plan.recipes:
-        for cfg, _ in recipe.seeds:
-            rate, total = measured_rate(RunDir(cfg.output_dir))
-            if rate:
-                measured.setdefault((cfg.method, cfg.model), rate)
-            if total:
-                totals.setdefault(recipe.recipe.name, total)
-    seconds, covered, todo = 0.0, 0, 0
-    for recipe in plan.recipes:
-        for cfg, state in recipe.seeds:
-            if state == FINISHED:
-                continue
-            todo += 1
-            rate, total = measured.get((cfg.method, cfg.model)), totals.get(recipe.recipe.name)
-            if rate and total:
-                done = (RunDir(cfg.output_dir).last.read_info() or {}).get("step", 0)
-                seconds += max(0, total - done) / rate
-                covered += 1
-    if not todo:
-        return "time: nothing left to train"
-    if not covered:
-        return (
-            "time: no estimate (no run of these methods has measured its step time on a GPU "
-            "yet; --dry-run again after the first)"
-        )
-    took = f"{seconds / 3600:.1f} h" if seconds >= 7200 else f"{max(1, round(seconds / 60))} min"
-    return (
-        f"time: about {took} of training for {covered} of the {todo} runs left "
-        "(an ESTIMATE from step times measured by earlier runs of the same method and student; "
-        "evaluation not counted)"
-    )
-
-
-def measured_rate(run: RunDir) -> tuple[float | None, int | None]:
-    """(steps per second a GPU run logged, its planned total steps); None where unknown."""
-    plan = read_json(run.plan) or {}
-    total = plan.get("total_steps") if isinstance(plan.get("total_steps"), int) else None
-    if not str(plan.get("device", "")).startswith("cuda"):
-        return None, total
-    rates = [r["steps_per_s"] for r in run.read_metrics() if _positive(r.get("steps_per_s"))]
-    return (sorted(rates)[len(rates) // 2] if rates else None), total
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value) and value > 0
-
-
-# ---- running it --------------------------------------------------------------------------------
-
-
-class TableProgress:
-    """One line for the table before each run: runs done, this one, runs left."""
-
-    def __init__(self, plan: TablePlan) -> None:
-        self.label, self.total, self.done = plan.selection.label, plan.total, 0
-
-    def __call__(self, recipe: str, seed: int, state: str) -> None:
-        if state == FINISHED:
-            self.done += 1
-            return
-        left = self.total - self.done - 1
-        logger.info(
-            f"table {self.label}: {self.done} of {self.total} runs done, running {recipe} seed "
-            f"{seed}, {left} left"
-        )
-        self.done += 1  # told before it starts: done once the next one is told
-
-
-def run_table(plan: TablePlan) -> None:
-    """Train every run still to train, recipe by recipe (each recipe's record written as a
-    one-recipe run writes it). A stop signal ends the current run with last/ saved and the
-    table with it: the same command continues."""
-    for recipe in plan.recipes:  # every recipe checked before the first trains
-        recipe.recipe.check_cache(recipe.spec.cache_root, set(recipe.spec.overrides))
-        first = recipe.seeds[0][0] if recipe.seeds else None
-        if first is not None:
-            check_method(first, recipe.recipe.name)
-    progress = TableProgress(plan)
-    try:
-        for recipe in plan.recipes:
-            run_recipe(recipe.recipe, recipe.spec, recipe.seeds_dir.path, on_run=progress)
-    except KeyboardInterrupt:
-        logger.warning(
-            f"table {plan.selection.label} stopped with {progress.done - 1} of {plan.total} runs "
-            "done; rerun the same command to continue"
-        )
-        raise
+    plan.run(after_row=record)
+    return outcomes
 
 
 # ---- the table ---------------------------------------------------------------------------------
@@ -427,12 +206,11 @@ class TableRow:
         marks += RANDOM_TEACHER if self.random_teachers else ""
         return name + marks + (OVERRIDDEN if self.changes else "")
 
-    def row(self, p_text: str) -> Row:
+    def row(self) -> Row:
+        """Its mean ± std over the finished seeds; the p column is the report's to write."""
         summary = summarize(self.label(), self.scored)
         source = f"this run: {len(self.scored)} of {len(self.seeds)} seeds finished"
-        extra = {SOURCE_COLUMN: source, WELCH_COLUMN: p_text}
-        return Row(summary.label, summary.mean, summary.std, summary.n, extra,
-                   values=summary.values)  # fmt: skip
+        return replace(summary, extra={SOURCE_COLUMN: source})
 
     def avgs(self) -> list[float]:
         return [s["avg"] for s in self.scored if "avg" in s]
@@ -450,20 +228,16 @@ def read_rows(plan: TablePlan, random_teachers: RandomTeachers | None = None) ->
     """What the seed folders hold now: each finished seed's recorded STS test numbers (and,
     ``random_teachers`` given, the feature sets of random-weight teachers it read)."""
     rows = []
-    for recipe in plan.recipes:
-        finished = [
-            cfg
-            for cfg, state in recipe.seeds
-            if state != REFUSED and RunDir(cfg.output_dir).finished()  # refused: other settings
-        ]
+    for planned in plan.rows:
+        finished = planned.finished()
         per_seed = {cfg.seed: recorded_scores(RunDir(cfg.output_dir)) for cfg in finished}
-        seeds = tuple(cfg.seed for cfg, _ in recipe.seeds)
-        random = [] if random_teachers is None else [
-            key for cfg in finished for key in random_teachers(Path(cfg.output_dir))
-        ]  # fmt: skip
-        changes = departures(recipe.recipe, recipe.spec)
+        seeds = tuple(cfg.seed for cfg, _ in planned.seeds)
+        random = []
+        if random_teachers is not None:
+            random = [key for cfg in finished for key in random_teachers(Path(cfg.output_dir))]
+        changes = departures(planned.recipe, planned.spec)
         rows.append(
-            TableRow(recipe.recipe, seeds, per_seed, changes, sorted(dict.fromkeys(random)))
+            TableRow(planned.recipe, seeds, per_seed, changes, sorted(dict.fromkeys(random)))
         )
     return rows
 
@@ -481,10 +255,12 @@ RandomTeachers = Callable[[Path], list[str]]
 
 @dataclass
 class PaperTableResult:
-    """The rows (ours, each followed by its published ones), which are ours, and the notes."""
+    """The rows (ours, each followed by its published ones), which are ours, the Welch test of
+    each row the paper compares (by row index), and the notes."""
 
     rows: list[Row]
     measured: list[int]
+    tests: dict[int, WelchTest]
     notes: list[str]
     record: dict[str, Any]
 
@@ -497,10 +273,13 @@ def table_rows(plan: TablePlan, random_teachers: RandomTeachers | None = None) -
     ours = read_rows(plan, random_teachers)
     by_name = {r.recipe.name: r for r in ours}
     against = plan.selection.against
-    rows, measured, notes = [], [], []
+    rows, measured, tests, notes = [], [], {}, []
     for row in ours:
+        other = by_name.get(against.get(row.recipe.name, ""))
+        if other is not None:
+            tests[len(rows)] = welch(other.recipe.name, row.avgs(), other.avgs())
         measured.append(len(rows))
-        rows.append(row.row(p_value_text(row, by_name.get(against.get(row.recipe.name, "")))))
+        rows.append(row.row())
         rows += [published_row(p) for p in row.recipe.published]
         if row.changes:
             notes.append(f"{row.recipe.name}: {departure_note(row.changes)}")
@@ -521,16 +300,6 @@ def table_rows(plan: TablePlan, random_teachers: RandomTeachers | None = None) -
         "source": plan.selection.table.source if plan.selection.table else None,
         "rows": [r.to_dict() for r in ours],
         "against": against,
+        "tests": {ours[measured.index(i)].recipe.name: t.to_dict() for i, t in tests.items()},
     }
-    return PaperTableResult(rows, measured, notes, record)
-
-
-def p_value_text(row: TableRow, other: TableRow | None) -> str:
-    if other is None:
-        return ""
-    name = other.recipe.name
-    a, b = row.avgs(), other.avgs()
-    if len(a) < 2 or len(b) < 2:
-        return f"– vs {name} (needs 2 seeds a side: {len(a)}, {len(b)})"
-    p = welch_p(a, b)
-    return f"{p:.3g} vs {name}" if p is not None else f"– vs {name} (no variance)"
+    return PaperTableResult(rows, measured, tests, notes, record)

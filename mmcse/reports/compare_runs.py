@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mmcse.environment import differences
@@ -111,8 +111,8 @@ def comparison(arguments, data: str | None = None, *, group: bool = True) -> Com
         marked = row.label + (OVERRIDDEN if group.overrides else "")
         seeds = "reference" if base else f"{len(scores)} of {len(group.runs)} runs scored"
         extra = {"source": seeds, CAVEATS: "; ".join(caveats(group.runs))}
-        rows.append(Row(marked, row.mean, row.std, None if base else row.n, extra,
-                        counts=row.counts, values=row.values))  # fmt: skip
+        n = None if base else row.n
+        rows.append(replace(row, label=marked, n=n, extra=extra))
         if group.recipe:
             for published in PUBLISHED.get(group.recipe, ()):
                 rows.append(published_row(published))
@@ -128,9 +128,12 @@ def comparison(arguments, data: str | None = None, *, group: bool = True) -> Com
     columns = [c.key for c in ordered if any(c.key in r.mean for r in rows)]
     unranked = {key for key in columns if len(_known(signatures.get(key, {}))) > 1}
     notes = [
-        _legend(ordered, columns), *dict.fromkeys(notes), *_separation_notes(run_groups, group),
-        *_protocol_notes(unranked, signatures), *_environment_notes(environments),
-    ]  # fmt: skip
+        _legend(ordered, columns),
+        *dict.fromkeys(notes),
+        *_separation_notes(run_groups, group),
+        *_protocol_notes(unranked, signatures),
+        *_environment_notes(environments),
+    ]
     return Comparison(rows, columns, measured, unranked, [n for n in notes if n])
 
 
@@ -221,15 +224,12 @@ def _separation_notes(groups: list[Group], grouped: bool) -> list[str]:
     notes = []
     if len(known) > 1:
         keys = sorted({k for s in known.values() for k in s}, key=lambda k: (k != "method", k))
-        differ = [k for k in keys if len({json.dumps(s.get(k), default=str)
-                                          for s in known.values()}) > 1]  # fmt: skip
+        differ = [k for k in keys if len({_as_json(s.get(k)) for s in known.values()}) > 1]
         if differ:
             shown = differ[:4]
             more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
-            parts = [f"{label}: " + ", ".join(f"{k}={short_value(s.get(k))}" for k in shown)
-                     for label, s in known.items()]  # fmt: skip
-            notes.append("What separates the rows (recorded configs): " + "; ".join(parts)
-                         + more + ".")  # fmt: skip
+            parts = [f"{label}: {_values(s, shown)}" for label, s in known.items()]
+            notes.append(f"What separates the rows (recorded configs): {'; '.join(parts)}{more}.")
     if grouped and any(len(g.runs) == 1 for g in groups):
         notes.append(
             "A row of 1 seed gets seeds by training the same setting again with only --seed and "
@@ -237,6 +237,14 @@ def _separation_notes(groups: list[Group], grouped: bool) -> list[str]:
             "together: runs that differ only there are one row."
         )
     return notes
+
+
+def _as_json(value) -> str:
+    return json.dumps(value, default=str)
+
+
+def _values(setting: dict, keys: list[str]) -> str:
+    return ", ".join(f"{k}={short_value(setting.get(k))}" for k in keys)
 
 
 def _known(signatures: dict[str, list[str]]) -> list[str]:
@@ -252,8 +260,10 @@ def _protocol_notes(unranked: set[str], signatures: dict[str, dict[str, list[str
             for s, labels in signatures[key].items()
             if s != "{}"
         ]
-        notes.append(f"{key}: not comparable, measured with different settings: "
-                     f"{' vs '.join(parts)}; no best marked.")  # fmt: skip
+        notes.append(
+            f"{key}: not comparable, measured with different settings: {' vs '.join(parts)}; "
+            "no best marked."
+        )
     return notes
 
 

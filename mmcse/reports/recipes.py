@@ -19,21 +19,17 @@ from mmcse.recipes.ablate import (
     PUBLISHED_COLUMN,
     Ablation,
     ablate,
-    ablation_plan,
+    ablation_layout,
     label_of,
     parse_drops,
+    plan_ablation,
 )
 from mmcse.recipes.layout import AblationDir, SeedsDir
 from mmcse.recipes.published import COLUMNS, PUBLISHED_ABLATIONS
 from mmcse.recipes.recipe import Recipe, RecipeRunSpec
-from mmcse.recipes.runs import (
-    RecipeOutcome,
-    describe_plan,
-    run_recipe,
-)
-from mmcse.recipes.summary import published_row
+from mmcse.recipes.runs import FINISHED, RecipeOutcome, describe_plan
+from mmcse.recipes.summary import Row, published_row
 from mmcse.recipes.table_run import (
-    FINISHED,
     RANDOM_TEACHER,
     SOURCE_COLUMN,
     WELCH_COLUMN,
@@ -46,7 +42,7 @@ from mmcse.recipes.table_run import (
 )
 from mmcse.reports.compare import markdown_table
 from mmcse.reports.runs import Run
-from mmcse.reports.tables import BEST_RULE, render, write_tables
+from mmcse.reports.tables import BEST_RULE, render, with_tests, write_tables
 
 
 def recipe_card(recipe: Recipe, cache_root: str = "cache") -> str:
@@ -78,6 +74,11 @@ def _random_flagged(row):
     )
 
 
+def ablation_rows(ablation: Ablation) -> list[Row]:
+    """The ablation's rows with each ``w/o`` row's Welch test against the full method."""
+    return with_tests(ablation.table_rows(), ablation.tests(), P_COLUMN)
+
+
 def ablation_markdown(ablation: Ablation) -> str:
     title = (
         f"Ablation of {ablation.recipe.name} ({ablation.recipe.method}), "
@@ -87,7 +88,7 @@ def ablation_markdown(ablation: Ablation) -> str:
     if ablation.recipe.name in PUBLISHED_ABLATIONS:
         extra.append(PUBLISHED_COLUMN)
     notes = "".join(f"\n{note}\n" for note in ablation.notes())
-    return f"{title}\n\n{markdown_table(ablation.table_rows(), extra_columns=extra)}\n{notes}"
+    return f"{title}\n\n{markdown_table(ablation_rows(ablation), extra_columns=extra)}\n{notes}"
 
 
 def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
@@ -96,16 +97,16 @@ def write_ablation(ablation: Ablation, path: str | Path) -> tuple[Path, Path]:
     md = Path(path)
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(ablation_markdown(ablation))
-    extra = [P_COLUMN, PUBLISHED_COLUMN]
+    extra, rows = [P_COLUMN, PUBLISHED_COLUMN], ablation_rows(ablation)
     write_tables(
-        ablation.table_rows(),
+        rows,
         COLUMNS,
         md.with_suffix(""),
         extra,
         formats=("csv", "latex"),
         notes=[BEST_RULE, *ablation.notes()],
     )
-    return md, write_json(md.with_suffix(".json"), ablation.to_dict())
+    return md, write_json(md.with_suffix(".json"), ablation.to_dict(rows))
 
 
 def recipe_run(
@@ -121,8 +122,10 @@ def recipe_run(
         yield describe_plan(recipe, [(name, out, spec.overrides)], spec)
         yield plan_table(selection, spec, out.parent, single=out, dry_run=True).describe()
         return
-    yield plan_table(selection, spec, out.parent, single=out).describe()
-    yield recipe_tables(run_recipe(recipe, spec, out))
+    plan = plan_table(selection, spec, out.parent, single=out)
+    yield plan.describe()
+    (outcome,) = run_table(plan)
+    yield recipe_tables(outcome)
     yield f"results: {SeedsDir(out).results}"
 
 
@@ -156,15 +159,14 @@ def paper_table(plan: TablePlan, fmt: str = "md", write: bool = True) -> str:
     seed) under ``<root>/tables/``, and where they went. No best is marked: rows of different
     settings and students do not compete; the p column tests the paper's pairs."""
     result = table_rows(plan, random_teachers=lambda path: Run(path).random_teachers())
+    rows = with_tests(result.rows, result.tests, WELCH_COLUMN, named=True)
     extra = (SOURCE_COLUMN, WELCH_COLUMN)
     source = f" ({plan.selection.table.source})" if plan.selection.table else ""
     title = f"Table {plan.selection.label}{source}: mean ± std over the finished seeds"
-    table = render(result.rows, COLUMNS, fmt, extra, measured=[], notes=result.notes)
+    table = render(rows, COLUMNS, fmt, extra, measured=[], notes=result.notes)
     if not write:
         return f"{title}\n\n{table}"
-    written = write_tables(
-        result.rows, COLUMNS, plan.table_stem, extra, measured=[], notes=result.notes
-    )
+    written = write_tables(rows, COLUMNS, plan.table_stem, extra, measured=[], notes=result.notes)
     record = write_json(plan.table_stem.with_suffix(".json"), result.record)
     where = ", ".join(str(p) for p in [*written, record])
     return f"{title}\n\n{table}\n\nwrote {where}"
@@ -184,11 +186,13 @@ def ablate_run(
     .json) and yield it; ``dry_run`` yields the plan."""
     chosen = get_recipe(recipe)
     spec, runs_dir = spec.for_recipe(chosen), Path(output_dir or f"runs/ablate/{recipe}")
+    layout = ablation_layout(chosen, parse_drops(drop), runs_dir, spec.overrides)
     if dry_run:
-        plan = ablation_plan(chosen, parse_drops(drop), runs_dir, spec.overrides)
-        rows = [(label_of(terms), d, over) for terms, _, d, over in plan]
+        rows = [(label_of(terms), d, over) for terms, _, d, over in layout]
         yield describe_plan(chosen, rows, spec)
+        yield plan_ablation(chosen, layout, spec, runs_dir, dry_run=True).describe()
         return
+    yield plan_ablation(chosen, layout, spec, runs_dir).describe()
     result = ablate(chosen, parse_drops(drop), spec, runs_dir)
     md, js = write_ablation(result, out or AblationDir(runs_dir).table)
     yield ablation_markdown(result)

@@ -261,8 +261,8 @@ def _protocol_cells(protocol: Protocol, results: list[dict]) -> dict[Column, Cel
             avg = sum(round(values[t], 2) for t in tasks) / len(tasks)
         subset = None if full is not None and set(tasks) == set(full) else tasks
         mixed = {signatures[t] for t in tasks}
-        out[column(protocol, "avg", subset)] = Cell(avg, next(iter(mixed)) if len(mixed) == 1
-                                                    else json.dumps(sorted(mixed)))  # fmt: skip
+        signature = next(iter(mixed)) if len(mixed) == 1 else json.dumps(sorted(mixed))
+        out[column(protocol, "avg", subset)] = Cell(avg, signature)
     return out
 
 
@@ -343,13 +343,23 @@ def group_seeds(groups: list[Group]) -> list[Group]:
     for group in groups:
         key = _setting_key(group)
         seeds = _seeds(group)
-        bucket = next((parts for k, parts in buckets if key is not None and k == key
-                       and not seeds & {s for g in parts for s in _seeds(g)}), None)  # fmt: skip
+        bucket = next(
+            (
+                parts
+                for k, parts in buckets
+                if key is not None and k == key and not seeds & _seeds_of(parts)
+            ),
+            None,
+        )
         if bucket is None:
             buckets.append((key, [group]))
         else:
             bucket.append(group)
     return [_join(parts) if len(parts) > 1 else parts[0] for _, parts in buckets]
+
+
+def _seeds_of(groups: list[Group]) -> set[str]:
+    return {seed for group in groups for seed in _seeds(group)}
 
 
 def _seeds(group: Group) -> set[str]:
@@ -410,23 +420,24 @@ def split_by_setting(group: Group) -> list[Group]:
     if len(settings) == 1:
         return [group]
     differing = _differing_keys([s for s in known.values() if s is not None])
-    names = {
-        key: "setting not recorded"
-        if setting is None
-        else ", ".join(f"{k}={short_value(setting.get(k))}" for k in differing)  # fmt: skip
-        for key, setting in known.items()
-    }
+    names = {key: _setting_name(setting, differing) for key, setting in known.items()}
     which = "; ".join(
         f"{', '.join(r.label for r in runs)}: {names[key]}" for key, runs in settings.items()
     )
     reason = f"{group.path} holds runs of {len(settings)} settings ({which})"
     logger.warning(f"{reason}: not averaged as seeds of one setting, one row per setting")
+    label, path, recipe, overrides = group.label, group.path, group.recipe, group.overrides
     return [
-        Group(
-            f"{group.label} [{names[key]}]", group.path, runs, group.recipe, group.overrides, reason
-        )  # fmt: skip
+        Group(f"{label} [{names[key]}]", path, runs, recipe, overrides, split_from=reason)
         for key, runs in settings.items()
     ]
+
+
+def _setting_name(setting: dict | None, differing: list[str]) -> str:
+    """What tells a setting's runs apart from the folder's others (the ``differing`` keys)."""
+    if setting is None:
+        return "setting not recorded"
+    return ", ".join(f"{k}={short_value(setting.get(k))}" for k in differing)
 
 
 def _differing_keys(settings: list[dict]) -> list[str]:

@@ -15,16 +15,19 @@ variance estimates and about one degree of freedom). A column whose numbers are 
 summarises fewer runs than its row says so (``(1 of 2)``). Notes (a legend, what a run changed,
 where environments differ) follow the table in markdown and are ``%`` comments in LaTeX. Every
 metric here is higher-is-better (Spearman, accuracy, recall). ``mmcse compare``, ``recipes run``
-and ``ablate`` all write through :func:`render` / :func:`write_tables`.
+and ``ablate`` all write through :func:`render` / :func:`write_tables`, and every Welch test
+they show — a best mark's evidence, a table's or an ablation's p column — through
+:func:`welch_text`.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,6 +35,9 @@ from mmcse.errors import MmcseError
 from mmcse.evaluation.transfer import TRANSFER_TITLES
 from mmcse.recipes.summary import Row, welch_p
 from mmcse.reports.compare import TITLES
+
+if TYPE_CHECKING:  # the runner loads training's settings; a table needs only the test's numbers
+    from mmcse.recipes.runner import WelchTest
 
 FORMATS = {"md": ".md", "csv": ".csv", "latex": ".tex"}
 ALL_TITLES = {**TITLES, **TRANSFER_TITLES, "transfer avg": "Transfer Avg."}
@@ -65,8 +71,34 @@ class Evidence:
         return min(self.n, self.others) < FEW_SEEDS
 
     def text(self) -> str:
-        p = "p<0.001" if self.p < 0.001 else f"p={self.p:.3f}"
-        return f"n={self.n} vs {self.others}, {p}" + (", low power" if self.low_power else "")
+        return welch_text(self.n, self.others, self.p)
+
+
+def welch_text(n: int, others: int, p: float | None) -> str:
+    """The one way a Welch test is written, beside a best mark and in a table's p column:
+    ``n=3 vs 2, p=0.012`` (the row's seeds, the other side's, the two-sided p; ``p<0.001``),
+    ``, low power`` under :data:`FEW_SEEDS` seeds a side; without a p, why there is none."""
+    seeds = f"n={n} vs {others}"
+    if min(n, others) < MIN_SEEDS:
+        return f"{seeds}, no test (needs {MIN_SEEDS} seeds a side)"
+    if p is None:
+        return f"{seeds}, no test (no variance)"
+    text = "p<0.001" if p < 0.001 else f"p={p:.3f}"
+    return f"{seeds}, {text}" + (", low power" if min(n, others) < FEW_SEEDS else "")
+
+
+def with_tests(
+    rows: Sequence[Row], tests: Mapping[int, WelchTest], column: str, named: bool = False
+) -> list[Row]:
+    """``rows`` with each tested row's ``column`` written by :func:`welch_text` (``named``:
+    after the row it was tested against, ``vs NAME: ...``)."""
+    out = list(rows)
+    for index, test in tests.items():
+        text = welch_text(test.n, test.others, test.p)
+        text = f"vs {test.against}: {text}" if named else text
+        row = out[index]
+        out[index] = replace(row, extra={**row.extra, column: text})
+    return out
 
 
 def summarize_columns(label: str, scores: Sequence[dict[str, float]], columns) -> Row:
