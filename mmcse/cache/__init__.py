@@ -23,7 +23,6 @@ See :mod:`mmcse.cache.writer` for the atomic-write and multi-rank contract,
 
 from mmcse.cache.corpus import Corpus, write_corpus
 from mmcse.cache.featureset import FeatureSet
-from mmcse.cache.importer import import_hdf5
 from mmcse.cache.manifest import SCHEMA_VERSION, Manifest, ShardInfo
 from mmcse.cache.ops import (
     CacheEntry,
@@ -51,7 +50,6 @@ __all__ = [
     "cached_tokens",
     "encode_rows",
     "entry_path",
-    "import_hdf5",
     "list_sets",
     "merge",
     "remove",

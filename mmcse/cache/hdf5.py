@@ -6,7 +6,7 @@ flattened on read. mmcse writes ``features`` contiguous and uncompressed, which 
 memory-map it like an Arrow shard; chunked or compressed files written elsewhere are read
 through h5py (one sorted read per gather).
 
-:func:`mmcse.cache.importer.import_hdf5` turns such an external file into a feature set.
+:mod:`pipeline.hdf5_import` (``mmcse import-hdf5``) imports MCSE's released files, which carry no ids.
 """
 
 from __future__ import annotations

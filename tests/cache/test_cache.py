@@ -22,7 +22,6 @@ from mmcse.cache import (
     FeatureSet,
     FeatureSetWriter,
     Manifest,
-    import_hdf5,
     list_sets,
     merge,
     remove,
@@ -288,28 +287,6 @@ def test_corpus_round_trip_and_join_by_id(tmp_path):
     with pytest.raises(CacheError, match="not a corpus"):
         Corpus.open(tmp_path / "images")
     assert verify(tmp_path / "corpus") == []
-
-
-@pytest.mark.parametrize("layout", ["contiguous", "chunked-gzip"])
-def test_import_external_mcse_style_hdf5(tmp_path, layout):
-    rng = np.random.default_rng(2)
-    coco_ids = rng.choice(600_000, size=25, replace=False)
-    features = rng.standard_normal((25, 512)).astype(np.float32)
-    compression = {"chunks": (5, 512), "compression": "gzip"} if layout == "chunked-gzip" else {}
-    with h5py.File(tmp_path / "mcse_coco.h5", "w") as handle:
-        handle.create_dataset("ids", data=coco_ids)  # MCSE-era files key rows by int image id
-        handle.create_dataset("features", data=features, **compression)
-
-    manifest = import_hdf5(
-        tmp_path / "mcse_coco.h5", tmp_path / "set", shard_rows=10, backend="hdf5", **META
-    )
-
-    assert (manifest.dim, manifest.dtype, manifest.num_rows) == (512, "float32", 25)
-    imported = FeatureSet.open(tmp_path / "set")
-    order = rng.permutation(25)
-    np.testing.assert_array_equal(
-        imported.gather([str(coco_ids[i]) for i in order]), features[order]
-    )
 
 
 def test_external_hdf5_shard_is_read_through_the_backend(tmp_path):
