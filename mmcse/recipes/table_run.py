@@ -53,8 +53,8 @@ from mmcse.recipes.runs import (
 )
 from mmcse.recipes.summary import Row, published_row, summarize, welch_p
 from mmcse.rundir import RunDir
+from mmcse.training.checkpoint_writer import checkpoint_estimate, format_bytes
 from mmcse.training.config import TrainConfig
-from mmcse.training.plan import checkpoint_estimate, format_bytes
 
 logger = logging.getLogger(__name__)
 
