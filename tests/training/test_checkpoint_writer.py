@@ -4,6 +4,7 @@ the step that saved it, the training thread writes no file, and a failed write f
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -135,3 +136,22 @@ def test_a_writer_keeps_at_most_two_writes_in_flight_in_order_and_raises_their_e
     with pytest.raises(ZeroDivisionError):
         writer.close()
     assert done == [1, 2, 3]
+
+
+def test_a_loop_error_waits_for_the_write_in_flight_and_stays_the_error_raised(caplog):
+    """A stop signal or an error in the training loop: the checkpoint being written is on disk
+    before the error goes on, and a write that fails too is logged, not raised instead."""
+    writer = CheckpointWriter(encoder=None, tokenizer=None)
+    release, done = threading.Event(), []
+    writer.background.submit("last", lambda: (release.wait(5), done.append("last")))
+    threading.Timer(0.2, release.set).start()
+    with pytest.raises(KeyboardInterrupt), writer.closed_on_error():
+        raise KeyboardInterrupt
+    assert done == ["last"]
+
+    failing = CheckpointWriter(encoder=None, tokenizer=None)
+    failing.background.submit("last", lambda: 1 / 0)
+    errors = caplog.at_level(logging.ERROR)
+    with errors, pytest.raises(KeyboardInterrupt), failing.closed_on_error():
+        raise KeyboardInterrupt
+    assert "writing a checkpoint failed too: division by zero" in caplog.text
