@@ -45,8 +45,8 @@ from mmcse.recipes.runs import (
 )
 from mmcse.recipes.summary import welch_p
 from mmcse.rundir import RunDir
+from mmcse.training.checkpoint_writer import checkpoint_estimate, format_bytes
 from mmcse.training.config import TrainConfig
-from mmcse.training.plan import checkpoint_estimate, format_bytes
 
 logger = logging.getLogger(__name__)
 

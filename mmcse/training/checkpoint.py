@@ -56,6 +56,7 @@ from mmcse.training.config import (
     read_config_file,
     resolve_config,
 )
+from mmcse.training.run_state import RunState
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,37 @@ def set_rng_states(states: dict[str, Any]) -> None:
     if "cuda" in states and torch.cuda.is_available():
         cuda = states["cuda"][: torch.cuda.device_count()]  # pragma: cuda
         torch.cuda.set_rng_state_all(cuda)  # pragma: cuda
+
+
+def trainer_state(state: RunState, updates: dict[str, Any], window: dict[str, Any]) -> dict:
+    """What last/'s ``trainer_state.pt`` holds after ``state``'s step (keys in the order runs
+    before issue 30 wrote them: old last/ folders resume): the updates' state (``updates``:
+    ``optimizer``, ``scheduler``, ``grad_scaler``, ``aux``), the RNG states now, the loss
+    window's state (``window``)."""
+    return {
+        "step": state.step,
+        "epoch": state.epoch,
+        "next_index": state.next_index,  # position in the epoch's batch order
+        **{key: updates[key] for key in ("optimizer", "scheduler", "grad_scaler")},
+        "rng": rng_states(),
+        "window": window,
+        "best_dev": state.best_dev,
+        "best_step": state.best_step,
+        "aux": updates["aux"],
+        "eval_pending": state.eval_pending,
+    }
+
+
+def saved_run_state(saved: dict[str, Any]) -> RunState:
+    """The run's progress a trainer state (:func:`trainer_state`) holds."""
+    return RunState(
+        step=saved["step"],
+        epoch=saved["epoch"],
+        next_index=saved["next_index"],
+        best_dev=saved["best_dev"],
+        best_step=saved["best_step"],
+        eval_pending=saved.get("eval_pending", False),  # absent from last/ before issue 41
+    )
 
 
 def save_trainer_state(checkpoint: Path, state: dict[str, Any]) -> None:
@@ -336,6 +368,36 @@ def _check_extension(run: RunDir, changes: dict[str, tuple[Any, Any]]) -> None:
             f"--resume {run.path}: {detail} does not extend the finished run (only a larger "
             "--max-steps or --epochs does; max_steps 0 means no limit)"
         )
+
+
+def aborted_note(run: RunDir, state: RunState, total: int) -> str:
+    """What an interrupted exit that did not stop at a step boundary (``state``: where it
+    was) leaves to resume from: the step last/ holds (none: say so)."""
+    info = run.last.read_info()
+    if not info:
+        return (
+            f"interrupted at step {state.step}; no last/ was saved, nothing to resume: "
+            "start the run again (--overwrite)"
+        )
+    saved = info.get("step", "?")
+    left = " (the final evaluation is left)" if saved == total else ""
+    return (
+        f"interrupted at step {state.step} of {total}; last/ holds step {saved}{left}. "
+        f"Continue with: mmcse train --resume {run.path}"
+    )
+
+
+def interrupted_note(run: RunDir, state: RunState, total: int) -> str:
+    """What a run stopped after ``state``'s step, last/ saved there, says."""
+    redo = (
+        "; its dev evaluation was cut short and --resume runs it first"
+        if state.eval_pending
+        else ""
+    )
+    return (
+        f"interrupted after step {state.step} of {total}; last/ saved{redo}. "
+        f"Continue with: mmcse train --resume {run.path}"
+    )
 
 
 def finished_note(settings: dict[str, Any]) -> str | None:

@@ -130,11 +130,10 @@ class Trainer:
     def _run_record(self, auxiliary_sets: dict) -> RunRecord:
         """The run's bookkeeping, given what it records and saves."""
         return RunRecord(
-            self.cfg, self.run_plan, resuming=self.resuming, device=self.device,
-            precision=self.precision, capture=self.capture, method=self.method,
-            pooler_source=self.pooler_source, student=self.student, tokenizer=self.tokenizer,
+            self.cfg, self.run_plan, self.resolved, resuming=self.resuming, device=self.device,
+            method=self.method, student=self.student, tokenizer=self.tokenizer,
             aux=self.aux, data=self.data, auxiliary_sets=auxiliary_sets, updates=self.updates,
-            window=self.window, student_plan=self.resolved.student_record(),
+            window=self.window,
         )  # fmt: skip
 
     def _wrapped_student(self) -> nn.Module:

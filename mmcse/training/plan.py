@@ -7,20 +7,21 @@ the two differ a lot (one caption batch in forty steps, or several), so the plan
 
 :func:`preview` is the plan from the corpora alone (preflight: nothing tokenised), printed by
 ``--dry-run``; :func:`plan_warnings` is what preflight warns about before any run: a multimodal
-method that would see few caption batches, a corpus smaller than one batch.
+method that would see few caption batches, a corpus smaller than one batch. A run's whole plan
+(its batches, evaluations, saves, capture, packing, disk) is one :class:`PlanRecord`, built by
+:func:`plan_record` once the student has loaded, saved as ``plan.json`` and printed.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmcse import distributed
 from mmcse.errors import MmcseError
 from mmcse.methods import Method
+from mmcse.packing import packed_row_width
 from mmcse.training.batch_order import (
     CAPTION,
     RECIPES_MIXING,
@@ -29,7 +30,15 @@ from mmcse.training.batch_order import (
     mixing_rule,
     train_mix_counts,
 )
+from mmcse.training.checkpoint_writer import format_bytes
+from mmcse.training.corpora import left_out_summary
 from mmcse.training.data import TrainData
+from mmcse.training.evaluation_steps import eval_steps
+
+if TYPE_CHECKING:
+    import torch
+
+    from mmcse.training.config import TrainConfig
 
 #: a multimodal run with a smaller share of caption batches, and fewer of them than
 #: MIN_CAPTION_BATCHES, is warned to be nearly text-only. Both, because MCSE's published
@@ -177,102 +186,134 @@ def plan_warnings(plan: dict[str, Any], method: Method) -> list[str]:
     return warnings
 
 
-# ---- disk: what each checkpoint will take ------------------------------------------------------
-
-#: AdamW keeps two fp32 moments per trained parameter (``exp_avg``, ``exp_avg_sq``), which
-#: ``last/``'s trainer state holds beside the weights; ``best/`` holds the weights only
-OPTIMIZER_BYTES_PER_PARAMETER = 2 * 4
-#: what a checkpoint writes besides tensors and tokenizer: model config, run info, integrity
-#: record (a few KB); last/'s trainer state adds the RNG states and bookkeeping (tens of KB)
-CHECKPOINT_OVERHEAD = 8 * 1024
-TRAINER_STATE_OVERHEAD = 32 * 1024
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "spm.model",
-    "sentencepiece.bpe.model",
-    "special_tokens_map.json",
-    "tokenizer_config.json",
-)
+# ---- the plan record -------------------------------------------------------------------------
 
 
-def checkpoint_sizes(weight_bytes: int, trained_parameters: int, other_bytes: int) -> dict:
-    """``{"best": bytes, "last": bytes}``: best/ is the weights (student and heads, as trained)
-    and the tokenizer; last/ adds AdamW's two fp32 moments per trained parameter."""
-    best = weight_bytes + other_bytes + CHECKPOINT_OVERHEAD
-    moments = OPTIMIZER_BYTES_PER_PARAMETER * trained_parameters
-    return {"best": best, "last": best + moments + TRAINER_STATE_OVERHEAD}
+@dataclass(frozen=True)
+class PlanRecord:
+    """What a run's plan says, built once (:func:`plan_record`): saved as ``plan.json``
+    (:meth:`as_json`: these keys in this order, which reports and tests read) and printed at
+    the start (:func:`mmcse.training.metrics.describe_plan` renders :meth:`as_json`)."""
+
+    method: str
+    device: str
+    precision: str
+    world_size: int
+    sentences: dict[str, int]
+    mixing: str
+    global_batch: int
+    batches_per_epoch: dict[str, int]
+    steps_per_epoch: int
+    epochs: int
+    max_steps: int
+    total_steps: int
+    eval_data: str | None  # the dev folder; None: no dev evaluation
+    eval_steps: int
+    evals: int  # the dev evaluations the run makes
+    final_eval: bool
+    save_every: int  # steps between last/ saves (:func:`steps_between_saves`)
+    resumed_from_step: int | None
+    capture: str  # :func:`capture_note`
+    student: dict | None  # the student as chosen (:meth:`mmcse.students.StudentChoice.record`)
+    extended_from: dict | None  # a finished run extended: where it had ended
+    checkpoint_bytes: dict[str, int]  # :func:`mmcse.training.checkpoint_writer.trained_sizes`
+    keep_last_checkpoint: bool
+    left_out: dict  # :func:`mmcse.training.corpora.left_out_summary`
+    mixing_rule: str  # this and the next two: :func:`mixing_plan`
+    batches_in_run: dict[str, int]
+    recipes_mixing: dict | None  # left out of plan.json when None
+    batch_sizes: dict[str, int]  # what a step of each kind trains on (:func:`batch_sizes`)
+    packing: str  # :func:`packing_note`
+
+    def as_json(self) -> dict[str, Any]:
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        if self.recipes_mixing is None:
+            del values["recipes_mixing"]
+        return values
 
 
-def checkpoint_estimate(model: str) -> dict | None:
-    """:func:`checkpoint_sizes` of a run of the student ``model`` before it loads: its
-    parameters counted from the safetensors headers (saved in fp32, as a run trains them; all
-    trained), its tokenizer files as they are. The method's heads (a projection or two) are not
-    counted. None when the student is not a local folder with safetensors weights."""
-    from mmcse.rundir import resolve_model_dir
-
-    folder = Path(resolve_model_dir(model))
-    if not folder.is_dir():  # a hub id: its snapshot in the local hub cache, if there
-        folder = hub_snapshot(model) or folder
-    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    if files:
-        parameters = sum(safetensors_parameters(f) for f in files)
-    elif model in RECIPE_STUDENTS:
-        parameters = bert_parameters(*RECIPE_STUDENTS[model])
-    else:
-        return None
-    tokenizer = sum((folder / n).stat().st_size for n in TOKENIZER_FILES if (folder / n).is_file())
-    return checkpoint_sizes(4 * parameters, parameters, tokenizer)
-
-
-#: the recipes' students, for a plan made before they are downloaded: (vocabulary, positions,
-#: token types, hidden, layers, intermediate) from their published config.json
-RECIPE_STUDENTS = {
-    "bert-base-uncased": (30522, 512, 2, 768, 12, 3072),
-    "roberta-base": (50265, 514, 1, 768, 12, 3072),
-}
-
-
-def bert_parameters(
-    vocab: int, positions: int, types: int, hidden: int, layers: int, intermediate: int
-) -> int:
-    """Parameters of a BERT-style encoder with its pooler (as ``save_pretrained`` writes it):
-    bert-base-uncased 109,482,240, roberta-base 124,645,632."""
-    embeddings = (vocab + positions + types) * hidden + 2 * hidden  # + LayerNorm
-    attention = 4 * (hidden * hidden + hidden) + 2 * hidden
-    feed_forward = 2 * hidden * intermediate + intermediate + hidden + 2 * hidden
-    pooler = hidden * hidden + hidden
-    return embeddings + layers * (attention + feed_forward) + pooler
-
-
-def hub_snapshot(model: str) -> Path | None:
-    """The folder of ``model``'s snapshot in the local Hugging Face cache (no network)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(model, "config.json")
-    except Exception:  # not a valid repo id, no hub library: no snapshot to count
-        return None
-    return Path(found).parent if isinstance(found, str) else None
-
-
-def safetensors_parameters(path: Path) -> int:
-    """Elements in a safetensors file, from its JSON header (no tensor is read)."""
-    with open(path, "rb") as handle:
-        size = int.from_bytes(handle.read(8), "little")
-        header = json.loads(handle.read(size))
-    return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+def plan_record(
+    cfg: TrainConfig,
+    plan: RunPlan,
+    data: TrainData,
+    *,
+    device: torch.device,
+    precision: str,
+    capture: str,
+    student: dict | None,
+    eval_dir: Path | None,
+    resumed_from: int | None,
+    extended_from: dict | None,
+    checkpoint_bytes: dict[str, int],
+) -> PlanRecord:
+    """The plan of a run set up on ``device`` (``capture``: the resolved mode, ``off``,
+    ``forward`` or ``whole``; ``student``: its architecture, attention and dropout as chosen),
+    its dev set in ``eval_dir``, resumed after ``resumed_from`` (None: a new run)."""
+    mixing = mixing_plan(data, plan)
+    return PlanRecord(
+        method=cfg.method,
+        device=str(device),
+        precision=precision,
+        world_size=distributed.world_size(),
+        sentences={kind: len(source) for kind, source in data.sources.items()},
+        mixing=cfg.mixing,
+        global_batch=plan.global_batch,
+        batches_per_epoch=plan.batches_per_epoch,
+        steps_per_epoch=plan.steps_per_epoch,
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        total_steps=plan.total_steps,
+        eval_data=None if eval_dir is None else str(eval_dir),
+        eval_steps=cfg.eval_steps,
+        evals=len(eval_steps(cfg.eval_steps, plan.total_steps, cfg.eval_last_step)),
+        final_eval=bool(cfg.final_eval and eval_dir is not None),
+        save_every=steps_between_saves(cfg),
+        resumed_from_step=resumed_from,
+        capture=capture_note(cfg, capture, device),
+        student=student,
+        extended_from=extended_from,
+        checkpoint_bytes=checkpoint_bytes,
+        keep_last_checkpoint=cfg.keep_last_checkpoint,
+        left_out=left_out_summary(data.sources),
+        mixing_rule=mixing["mixing_rule"],
+        batches_in_run=mixing["batches_in_run"],
+        recipes_mixing=mixing.get("recipes_mixing"),
+        batch_sizes=batch_sizes(plan.global_batch, data.sources),
+        packing=packing_note(cfg),
+    )
 
 
-def format_bytes(count: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if count < 1000 or unit == "GB":
-            break
-        count /= 1000
-    return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+def steps_between_saves(cfg: TrainConfig) -> int:
+    """Steps between last/ saves: ``save_every``, else ``eval_steps``."""
+    return cfg.save_every or cfg.eval_steps
+
+
+def packing_note(cfg: TrainConfig) -> str:
+    """How a batch's sentences reach the encoder (:mod:`mmcse.packing`)."""
+    rows = f"rows of {packed_row_width(cfg.max_seq_length)} tokens"
+    if cfg.packing:
+        return f"packed: each batch's sentences end to end in {rows} (no padding)"
+    if cfg.dynamic_padding:
+        return "padded to the longest sentence of each batch"
+    return f"padded to {cfg.max_seq_length} tokens"
+
+
+def capture_note(cfg: TrainConfig, capture: str, device: torch.device) -> str:
+    """What the plan says about capture (``capture``: the resolved mode;
+    :mod:`mmcse.training.fastpath`)."""
+    if capture == "off":
+        return f"off (--capture {cfg.capture} on {device.type}): eager step"
+    replay = "replayed as CUDA graphs" if device.type == "cuda" else "no CUDA graphs"
+    what = (
+        "the whole update (forward, backward, clipping, AdamW, schedule)"
+        if capture == "whole"
+        else "forward and backward, the update eager"
+        + ("" if cfg.capture == "forward" else " (DDP or fp16)")
+    )
+    return (
+        f"on: {what} as one compiled graph per batch kind and batch size, {replay}; "
+        f"batches padded to {cfg.max_seq_length} tokens"
+    )
 
 
 def describe_checkpoints(sizes: dict, keep_last: bool) -> str:

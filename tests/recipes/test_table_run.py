@@ -180,9 +180,9 @@ def test_planned_checkpoint_sizes_match_a_saved_tiny_checkpoint(tiny_model, tiny
     the student loads (its safetensors header) against best/ less the method's heads."""
     from support.runs import tiny_mcse_settings
 
+    from mmcse.training.checkpoint_writer import checkpoint_estimate
     from mmcse.training.config import TrainConfig
     from mmcse.training.loop import train
-    from mmcse.training.plan import checkpoint_estimate
 
     out = tmp_path / "run"
     train(TrainConfig(**tiny_mcse_settings(tiny_model, tiny_world, out, max_steps=2)))

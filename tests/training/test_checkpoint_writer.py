@@ -1,9 +1,10 @@
 """Checkpoints are snapshotted by the training thread and written by a background one
-(:class:`mmcse.training.record.BackgroundWriter`): what is written is the state of the step that
-saved it, the training thread writes no file, and a failed write fails the run."""
+(:class:`mmcse.training.checkpoint_writer.BackgroundWriter`): what is written is the state of
+the step that saved it, the training thread writes no file, and a failed write fails the run."""
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -14,10 +15,9 @@ from support.runs import tiny_mcse_settings
 from mmcse.errors import MmcseError
 from mmcse.rundir import RunDir
 from mmcse.training import checkpoint as ckpt
-from mmcse.training import record as record_module
+from mmcse.training.checkpoint_writer import BackgroundWriter, CheckpointWriter, HostSnapshots
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import Trainer, train
-from mmcse.training.record import BackgroundWriter, HostSnapshots
 
 
 def settings(tiny_model, tiny_world, out, **overrides) -> dict:
@@ -41,14 +41,14 @@ def test_a_checkpoint_holds_its_steps_weights_not_those_of_the_steps_after(
     tiny_model, tiny_world, tmp_path
 ):
     trainer = Trainer(TrainConfig(**settings(tiny_model, tiny_world, tmp_path / "run"))).setup()
-    trainer.record.writer = HeldWriter()
+    trainer.record.writer.background = HeldWriter()
     saved = {k: v.clone() for k, v in trainer.encoder.backbone.state_dict().items()}
     trainer.state.keep_best(0.5)
     trainer.record.save_best(trainer.state)
     with torch.no_grad():  # the steps after the save change the live weights in place
         for p in trainer.encoder.backbone.parameters():
             p.add_(1.0)
-    ((_, write),) = trainer.record.writer.held
+    ((_, write),) = trainer.record.writer.background.held
     write()  # written after those steps, as a background write may be
     written = load_file(str(RunDir(tmp_path / "run").best.path / "model.safetensors"))
     assert written.keys() and all(torch.equal(written[k], saved[k]) for k in written)
@@ -95,13 +95,13 @@ def test_checkpoints_are_written_off_the_training_thread(
     tiny_model, tiny_world, tmp_path, monkeypatch
 ):
     writers = []
-    original = record_module.RunRecord._write
+    original = CheckpointWriter._write
 
     def recording_write(self, *args, **kwargs):
         writers.append(threading.current_thread().name)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(record_module.RunRecord, "_write", recording_write)
+    monkeypatch.setattr(CheckpointWriter, "_write", recording_write)
     result = train(TrainConfig(**settings(tiny_model, tiny_world, tmp_path / "run")))
     run = RunDir(result.output_dir)
     assert run.best.path.is_dir() and run.last.path.is_dir() and run.last.finished()
@@ -136,3 +136,22 @@ def test_a_writer_keeps_at_most_two_writes_in_flight_in_order_and_raises_their_e
     with pytest.raises(ZeroDivisionError):
         writer.close()
     assert done == [1, 2, 3]
+
+
+def test_a_loop_error_waits_for_the_write_in_flight_and_stays_the_error_raised(caplog):
+    """A stop signal or an error in the training loop: the checkpoint being written is on disk
+    before the error goes on, and a write that fails too is logged, not raised instead."""
+    writer = CheckpointWriter(encoder=None, tokenizer=None)
+    release, done = threading.Event(), []
+    writer.background.submit("last", lambda: (release.wait(5), done.append("last")))
+    threading.Timer(0.2, release.set).start()
+    with pytest.raises(KeyboardInterrupt), writer.closed_on_error():
+        raise KeyboardInterrupt
+    assert done == ["last"]
+
+    failing = CheckpointWriter(encoder=None, tokenizer=None)
+    failing.background.submit("last", lambda: 1 / 0)
+    errors = caplog.at_level(logging.ERROR)
+    with errors, pytest.raises(KeyboardInterrupt), failing.closed_on_error():
+        raise KeyboardInterrupt
+    assert "writing a checkpoint failed too: division by zero" in caplog.text

@@ -20,9 +20,9 @@ import torch._inductor.config
 from support.runs import tiny_mcse_settings
 from training.test_whole_update import run_steps, trainer_state, world  # noqa: F401  (fixture)
 
+from mmcse.training.checkpoint_writer import HostSnapshots
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import train
-from mmcse.training.record import HostSnapshots
 
 pytestmark = pytest.mark.cuda
 

@@ -4,6 +4,7 @@ from a tiny encoder and small stand-ins for the updates and the data, without a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from types import SimpleNamespace
@@ -22,23 +23,30 @@ from mmcse.training.config import TrainConfig
 from mmcse.training.metrics import LossWindow
 from mmcse.training.plan import RunPlan
 from mmcse.training.record import RunRecord
+from mmcse.training.resolved import ResolvedRun
 from mmcse.training.run_state import RunState
 
 #: trainer_state.pt's keys, in the order runs before issue 30 wrote them (old last/ dirs resume),
 #: and eval_pending (issue 41; a last/ without it resumes as evaluated)
-TRAINER_STATE_KEYS = ["step", "epoch", "next_index", "optimizer", "scheduler", "grad_scaler",
-                      "rng", "window", "best_dev", "best_step", "aux", "eval_pending"]  # fmt: skip
+TRAINER_STATE_KEYS = [
+    *("step", "epoch", "next_index", "optimizer", "scheduler", "grad_scaler"),
+    *("rng", "window", "best_dev", "best_step", "aux", "eval_pending"),
+]
 #: plan.json's keys as the trainer wrote them before issue 30 (reports and tests read them), then
 #: issue 41's batch sizes as trained and packing
-PLAN_KEYS = ["method", "device", "precision", "world_size", "sentences", "mixing", "global_batch",
-             "batches_per_epoch", "steps_per_epoch", "epochs", "max_steps", "total_steps",
-             "eval_data", "eval_steps", "evals", "final_eval", "save_every", "resumed_from_step",
-             "capture", "student", "extended_from", "checkpoint_bytes", "keep_last_checkpoint",
-             "left_out",
-             "mixing_rule", "batches_in_run", "batch_sizes", "packing"]  # fmt: skip
+PLAN_KEYS = [
+    *("method", "device", "precision", "world_size", "sentences", "mixing", "global_batch"),
+    *("batches_per_epoch", "steps_per_epoch", "epochs", "max_steps", "total_steps"),
+    *("eval_data", "eval_steps", "evals", "final_eval", "save_every", "resumed_from_step"),
+    *("capture", "student", "extended_from", "checkpoint_bytes", "keep_last_checkpoint"),
+    "left_out",
+    *("mixing_rule", "batches_in_run", "batch_sizes", "packing"),
+]
 #: run info's keys
-INFO_KEYS = ["config", "method", "step", "total_steps", "finished", "stsb_dev", "pooler",
-             "pooler_source", "fingerprints", "term_heads", "teachers", "environment"]  # fmt: skip
+INFO_KEYS = [
+    *("config", "method", "step", "total_steps", "finished", "stsb_dev", "pooler"),
+    *("pooler_source", "fingerprints", "term_heads", "teachers", "environment"),
+]
 
 
 class FakeUpdates:
@@ -95,24 +103,53 @@ def student_parts(tiny_model):
     return encoder, load_tokenizer(str(tiny_model))
 
 
-def make_record(student_parts, tiny_model, out, *, resuming=False, max_steps=6, moment=0.5,
-                head_value=1.0, **settings):  # fmt: skip
+def make_record(
+    student_parts,
+    tiny_model,
+    out,
+    *,
+    resuming=False,
+    max_steps=6,
+    moment=0.5,
+    head_value=1.0,
+    **settings,
+):
     encoder, tokenizer = student_parts
-    cfg = TrainConfig(method="simcse", model=str(tiny_model), output_dir=str(out), eval_data="", pooler="cls",
-                      epochs=2, max_steps=max_steps, eval_steps=2, **settings)  # fmt: skip
+    cfg = TrainConfig(
+        method="simcse",
+        model=str(tiny_model),
+        output_dir=str(out),
+        eval_data="",
+        pooler="cls",
+        epochs=2,
+        max_steps=max_steps,
+        eval_steps=2,
+        **settings,
+    )
     heads = nn.ModuleDict({"mlp": nn.Linear(2, 2)})
     nn.init.constant_(heads["mlp"].weight, head_value)
     student = SimpleNamespace(
-        encoder=encoder, heads=heads, term_heads={"simcse": ["mlp"]},
+        encoder=encoder,
+        heads=heads,
+        term_heads={"simcse": ["mlp"]},
         trained_modules=lambda: [encoder.backbone],
-    )  # fmt: skip
+    )
     plan = RunPlan(global_batch=4, batches_per_epoch={"text": 3}, total_steps=min(max_steps, 6))
     return RunRecord(
-        cfg, plan, resuming=resuming, device=torch.device("cpu"), precision="fp32",
-        capture="off", method=SimpleNamespace(to_dict=lambda: {"name": "simcse"}),
-        pooler_source="given", student=student, tokenizer=tokenizer, aux=None,
-        data=FakeData(cfg), auxiliary_sets={}, updates=FakeUpdates(moment), window=LossWindow(),
-    )  # fmt: skip
+        cfg,
+        plan,
+        ResolvedRun(pooler_source="given", capture="off", precision="fp32"),
+        resuming=resuming,
+        device=torch.device("cpu"),
+        method=SimpleNamespace(to_dict=lambda: {"name": "simcse"}),
+        student=student,
+        tokenizer=tokenizer,
+        aux=None,
+        data=FakeData(cfg),
+        auxiliary_sets={},
+        updates=FakeUpdates(moment),
+        window=LossWindow(),
+    )
 
 
 def add_steps(window: LossWindow, steps: list[int]) -> None:
@@ -170,8 +207,9 @@ def test_restore_returns_the_saved_state_and_loads_the_objects_it_was_given(
     first.writer.wait()
     after_save = torch.rand(3)  # the random stream a resumed run continues with
 
-    second = make_record(student_parts, tiny_model, tmp_path / "run", resuming=True,
-                         moment=0.0, head_value=0.0)  # fmt: skip
+    second = make_record(
+        student_parts, tiny_model, tmp_path / "run", resuming=True, moment=0.0, head_value=0.0
+    )
     restored = second.restore(ckpt.load_trainer_state(tmp_path / "run"))
     assert restored == state and restored is not state
     assert second.resumed_from == 4 and second.extended_from is None
@@ -203,14 +241,30 @@ def test_the_plan_record_and_run_info_say_what_the_run_is(student_parts, tiny_mo
 
     info = record.run_info(3, 70.0)
     assert info["config"] == record.cfg.to_dict() and info["method"] == {"name": "simcse"}
-    assert (info["step"], info["total_steps"], info["finished"], info["stsb_dev"]) == (
-        3, 6, False, 70.0,
-    )  # fmt: skip
+    shown = (info["step"], info["total_steps"], info["finished"], info["stsb_dev"])
+    assert shown == (3, 6, False, 70.0)
     assert info["pooler"] == "cls" and info["pooler_source"] == "given"
     assert info["fingerprints"] == {"text": {"fingerprint": "f00d"}}
     assert info["term_heads"] == {"simcse": ["mlp"]}
     assert info["teachers"] == {"feature:image": {"teacher": "clip-vit-b32"}}
     assert info["environment"]["numerics"]["precision"] == "fp32"
+
+
+def test_plan_json_keeps_the_recipes_mixing_where_the_mixing_plan_put_it(
+    student_parts, tiny_model, tmp_path
+):
+    """A two-corpus run that mixes otherwise than the recipes has ``recipes_mixing`` right after
+    ``batches_in_run`` (where ``**mixing_plan(...)`` put it before the plan was typed); a run
+    without it has no such key."""
+    record = make_record(student_parts, tiny_model, tmp_path / "run")
+    record.restore(None)
+    plain = record.plan_record()
+    assert list(plain.as_json()) == PLAN_KEYS
+    recipes = {"mixing": "mcse-train-mix", "batches_per_epoch": {"text": 3, "caption": 1}}
+    mixed = dataclasses.replace(plain, recipes_mixing=recipes).as_json()
+    at = PLAN_KEYS.index("batches_in_run") + 1
+    assert list(mixed) == [*PLAN_KEYS[:at], "recipes_mixing", *PLAN_KEYS[at:]]
+    assert mixed["recipes_mixing"] == recipes
 
 
 def finished_run(student_parts, tiny_model, out) -> None:

@@ -37,7 +37,7 @@ TIMING = ("time", "steps_per_s", "data_wait_share", "eval_s")
 CHILD = """
 import json, os, signal, sys
 sys.path.insert(0, {root!r})
-from mmcse.training import checkpoint as ckpt, metrics as metrics_log, record
+from mmcse.training import checkpoint as ckpt, checkpoint_writer, metrics as metrics_log
 from mmcse.training.config import TrainConfig
 from mmcse.training.loop import TrainingInterrupted, train
 
@@ -53,7 +53,7 @@ if mode == "save":
         real_save(path, state)
     ckpt.save_trainer_state = save
 else:
-    record.BackgroundWriter.submit = lambda self, name, write: write()
+    checkpoint_writer.BackgroundWriter.submit = lambda self, name, write: write()
     real_write = metrics_log.MetricsLog.write
     def write(self, record):
         real_write(self, record)
