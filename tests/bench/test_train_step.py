@@ -181,7 +181,7 @@ def test_the_bench_replays_the_runs_own_batches_whose_packed_budgets_are_fixed(t
     state = bench.BenchState.of(world, "simcse", BATCH, SEQ_LEN, "cpu", "fp32", packing=True)
     total = state.trainer.total
     assert total == 5  # 40 captions, one epoch of batches of 8
-    drawn = [next(state.batches)[1].input_ids for _ in range(2 * total + 1)]
+    drawn = [next(state.batches)[2].input_ids for _ in range(2 * total + 1)]
     run = [batch.input_ids for _, batch, _ in state.trainer.batches(0, 0)]
     for index, ids in enumerate(drawn):
         torch.testing.assert_close(ids, run[index % total])
