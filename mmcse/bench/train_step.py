@@ -1,8 +1,9 @@
 """The ``train`` section of ``mmcse bench all``: every registered method's step next to SimCSE's.
 
 Every method trains through the real :class:`mmcse.training.loop.Trainer` (``setup()``, then its
-public ``step(batch)``: cache gather, both dropout views, every active term, its per-batch
-extras, its auxiliary update, AdamW) on caption batches (every term active: the worst case for
+public ``train_step``, the training loop's: cache gather, both dropout views, every active term,
+its per-batch extras, its auxiliary update, AdamW, the run's state and loss window) on caption
+batches (every term active: the worst case for
 the multimodal methods) of the synthetic cache (:mod:`mmcse.demo.synthetic`). Rounds alternate
 between a method and SimCSE so drift (thermal, other load) hits both alike; the reported step
 time is the median (:mod:`mmcse.bench.timing`). Random init: speed does not depend on weights.

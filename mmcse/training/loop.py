@@ -59,7 +59,8 @@ from mmcse.training.resolved import resolve_run_config
 from mmcse.training.run_state import RunState
 from mmcse.training.stop import EvaluationStopped, StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
-from mmcse.training.updates import Part, build_updates
+from mmcse.training.update import Part
+from mmcse.training.updates import build_updates
 
 logger = logging.getLogger(__name__)
 

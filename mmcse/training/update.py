@@ -1,12 +1,17 @@
 """The parameter update of a training step: AdamW, clipping and the lr schedule, eager or captured.
 
-Both updates step the same AdamW (one group per module that steps together: the encoder, each
-head), clip the gradient norm over every trained parameter, and follow an lr schedule
-(:mod:`mmcse.training.lr`); they differ in where the work runs.
+Both updates have one interface, ``step(kind, inputs) → (term names, their values on the
+device)``, and are given what they differentiate as data (:class:`Forward`: the module, the loss
+of its terms, the autocast). Both step the same AdamW (one group per module that steps together:
+the encoder, each head; its readings — ε placement, decay style, gradient clearing — are
+:class:`~mmcse.training.adamw.AdamWSettings`' for both), clip the gradient norm over every
+trained parameter, and follow an lr schedule (:mod:`mmcse.training.lr`); they differ only in
+where the work runs.
 
 * :class:`EagerUpdate` (``--capture off``; also under DDP and with ``--precision fp16``, see
   below): ``torch.optim.AdamW`` + :func:`torch.nn.utils.clip_grad_norm_` + ``LambdaLR``, every
-  operator dispatched from the host. transformers-style ε is set per group from a host-side
+  operator dispatched from the host: clear the gradients, the forward under autocast, backward,
+  clip, AdamW, schedule. transformers-style ε is set per group from a host-side
   count of the steps AdamW took (reading the optimizer's device step tensor would wait for the
   GPU every step); a step the fp16 GradScaler skips is not one, as transformers.AdamW, whose
   ``step()`` the scaler then never calls, counts it.
@@ -39,8 +44,8 @@ still compiled when capture is on): ``--precision fp16`` (the GradScaler skips a
 step, a decision the host takes) and DDP (its gradient all-reduce runs in autograd hooks).
 
 :func:`build_update` is the one place that builds either, with its AdamW, clipping, schedule and
-loss scaler, for each capture mode: the text update and VisualCSE/AudioCSE's image (audio) update
-(:mod:`mmcse.training.updates`) both come from it.
+loss scaler — captured when given the run's :class:`WholeUpdateSettings` — : the text update and
+VisualCSE/AudioCSE's image (audio) update (:mod:`mmcse.training.updates`) both come from it.
 """
 
 from __future__ import annotations

@@ -60,8 +60,6 @@ if TYPE_CHECKING:
     from mmcse.training.config import TrainConfig
     from mmcse.training.student import Student
 
-__all__ = ["AuxiliaryUpdate", "Part", "Updates", "auxiliary_update", "build_updates"]
-
 
 class AuxiliaryUpdate:
     """The auxiliary task's update (see the module docstring) on the task's own batch of step
