@@ -162,12 +162,17 @@ def run_eager(kinds: str = KINDS, overflow_at=None, scaler=None, **kw):
     model = ToyStudent()
     groups = adamw_groups([model.encoder, model.head])
     schedule = lambda step: linear_factor(step, 0, len(kinds))  # noqa: E731
+    forward = Forward(model, lambda terms: terms["loss"], contextlib.nullcontext)
     update = EagerUpdate(
-        groups, settings(**kw), schedule, scaler=scaler, exempt=decay_exempt(model)
+        groups,
+        settings(**kw),
+        schedule,
+        scaler=scaler,
+        exempt=decay_exempt(model),
+        forward=forward,
     )
-    for x, caption in batches(kinds, overflow_at):
-        update.zero_grad()
-        update.apply(model(x, caption)["loss"])
+    for x, caption in batches(kinds, overflow_at):  # the one interface, as the trainer calls it
+        update.step("caption" if caption else "text", (x, caption))
     return model, update
 
 
