@@ -32,6 +32,10 @@ DECAY_STYLES = ("transformers", "torch")
 ZERO_GRADS = ("zeros", "none")
 
 
-def transformers_eps(eps: float, beta2: float, step: int) -> float:
-    """torch's ε equivalent to transformers.AdamW's ``eps`` at step ``step`` (1-based)."""
-    return eps / math.sqrt(1.0 - beta2**step)
+def transformers_eps(eps: float, beta2: float, step):
+    """torch's ε equivalent to transformers.AdamW's ``eps`` at step ``step`` (1-based): an int
+    on the host, or a device tensor inside a captured update (then a tensor)."""
+    correction = 1.0 - beta2**step
+    if isinstance(correction, float):
+        return eps / math.sqrt(correction)
+    return eps / correction.sqrt()

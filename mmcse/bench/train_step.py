@@ -1,8 +1,9 @@
 """The ``train`` section of ``mmcse bench all``: every registered method's step next to SimCSE's.
 
 Every method trains through the real :class:`mmcse.training.loop.Trainer` (``setup()``, then its
-public ``step(batch)``: cache gather, both dropout views, every active term, its per-batch
-extras, its auxiliary update, AdamW) on caption batches (every term active: the worst case for
+public ``train_step``, the training loop's: cache gather, both dropout views, every active term,
+its per-batch extras, its auxiliary update, AdamW, the run's state and loss window) on caption
+batches (every term active: the worst case for
 the multimodal methods) of the synthetic cache (:mod:`mmcse.demo.synthetic`). Rounds alternate
 between a method and SimCSE so drift (thermal, other load) hits both alike; the reported step
 time is the median (:mod:`mmcse.bench.timing`). Random init: speed does not depend on weights.
@@ -92,12 +93,11 @@ class BenchState:
         return cls(trainer, endless_batches(trainer))
 
     def step(self) -> None:
-        """What the training loop does per step: the trainer's step, then the loss window (its
-        host reads are part of a step's cost)."""
-        _, batch, waited = next(self.batches)
-        parts, host = self.trainer.step(batch)
-        self.trainer.state.step += 1
-        self.trainer.window.add_step(self.trainer.state.step, batch.kind, parts, host, waited)
+        """The training loop's step (:meth:`~mmcse.training.loop.Trainer.train_step`: the
+        updates, the run's state, the loss window, whose host reads are part of a step's
+        cost)."""
+        epoch, index, batch, waited = next(self.batches)
+        self.trainer.train_step(batch, epoch, index, waited)
         self.data_wait_s += waited
         self.widths.append(int(batch.input_ids.shape[1]))
 
@@ -106,15 +106,21 @@ class BenchState:
 
 
 def endless_batches(trainer: Trainer) -> Iterator:
-    """The batches of the trainer's run, replayed from its first as often as a bench needs.
+    """``(epoch, index, batch, waited)`` of the trainer's run, replayed from its first as often
+    as a bench needs.
 
     The run's own batches, not further epochs: a packed run's row budget is fixed for the batches
     it draws (:meth:`~mmcse.training.data.TrainData.fix_pack_budgets`), and a later epoch's
     shuffle may need more (on an H200, MCSE packed at batch 128: "a batch needs 31 packed rows,
     more than its budget of 30")."""
     while True:
-        epochs = (trainer.batches(epoch, 0) for epoch in itertools.count())
+        epochs = (epoch_batches(trainer, epoch) for epoch in itertools.count())
         yield from itertools.islice(itertools.chain.from_iterable(epochs), trainer.total)
+
+
+def epoch_batches(trainer: Trainer, epoch: int) -> Iterator:
+    for index, batch, waited in trainer.batches(epoch, 0):
+        yield epoch, index, batch, waited
 
 
 @dataclasses.dataclass
@@ -279,9 +285,17 @@ def bench_methods(
     simcse = None
     for name in names:
         torch._dynamo.reset()  # a fresh Dynamo cache per method (inductor's disk cache stays)
-        state = BenchState.of(world, name, batch, seq_len, device, precision,
-                              capture=CAPTURE_FLAGS[capture], packing=packing,
-                              dynamic_padding=capture == "off")  # fmt: skip
+        state = BenchState.of(
+            world,
+            name,
+            batch,
+            seq_len,
+            device,
+            precision,
+            capture=CAPTURE_FLAGS[capture],
+            packing=packing,
+            dynamic_padding=capture == "off",
+        )
         compile_s = timed(state.step, device)  # compiles when captured
         states = {name: state} if simcse is None else {"simcse": simcse, name: state}
         stats = time_variants(states, torch.device(device), steps, warmup, rounds)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from mmcse.optim import DECAY_STYLES, ZERO_GRADS
+from mmcse.optim import DECAY_STYLES, ZERO_GRADS, transformers_eps
 
 
 def adamw_groups(modules: list[nn.Module]) -> list[list[nn.Parameter]]:
@@ -81,6 +81,21 @@ class AdamWSettings:
             raise ValueError(f"decay_style must be one of {DECAY_STYLES}, not {self.decay_style!r}")
         if self.zero_grad not in ZERO_GRADS:
             raise ValueError(f"zero_grad must be one of {ZERO_GRADS}, not {self.zero_grad!r}")
+
+    @property
+    def steps_once_reached(self) -> bool:
+        """Whether a parameter that has had a gradient steps on every later batch (``zeros``:
+        its gradient is cleared to zero, not None) — both engines read this."""
+        return self.zero_grad == "zeros"
+
+    def eps_at(self, step: int | Tensor) -> float | Tensor:
+        """The ε torch's AdamW arithmetic adds to the corrected √v at (1-based) ``step`` of
+        a group: ε/√(1 − β₂ᵗ) for transformers' placement (:func:`mmcse.optim.transformers_eps`),
+        else ε. ``step``: the host count (eager, which counts no step the fp16 scaler skipped) or
+        a device tensor (the captured update)."""
+        if self.eps_style == "transformers":
+            return transformers_eps(self.eps, self.betas[1], step)
+        return self.eps
 
     @property
     def torch_weight_decay(self) -> float:
@@ -233,7 +248,7 @@ class FlatAdamW:
             t = self.steps[seg.counter] + 1
             self.steps[seg.counter] = t
             bias1, bias2_sqrt = 1 - beta1**t, (1 - beta2**t).sqrt()
-            eps = s.eps / bias2_sqrt if s.eps_style == "transformers" else s.eps
+            eps = s.eps_at(t)
             if s.torch_weight_decay > 0:
                 p.mul_(1 - lr * s.torch_weight_decay)
             m.lerp_(g, 1 - beta1)

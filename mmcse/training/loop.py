@@ -1,10 +1,11 @@
 """The Stage-2 trainer: configuration read, :meth:`Trainer.setup` builds everything once,
-:meth:`Trainer.step` is one training step, :meth:`Trainer.fit` the loop around it.
+:meth:`Trainer.train_step` is one training step, :meth:`Trainer.fit` the loop around it.
 
-A step (:meth:`Trainer.step`, which ``mmcse bench`` calls too): the auxiliary image/audio update
-of VisualCSE/AudioCSE first (the released trainer's order), then the text update — both dropout
-views of a gathered batch in one forward, every active term of the method, the weighted sum's
-gradient, clipping, AdamW and the lr schedule. Every ``eval_steps`` the student is scored on
+A step (:meth:`Trainer.train_step`, which ``mmcse bench`` calls too; the updates it runs are
+:meth:`Trainer.step`): the auxiliary image/audio update of VisualCSE/AudioCSE first (the
+released trainer's order), then the text update — both dropout views of a gathered batch in one
+forward, every active term of the method, the weighted sum's gradient, clipping, AdamW and the
+lr schedule — then the run's state advanced and the step's terms added to the loss window. Every ``eval_steps`` the student is scored on
 STS-B dev and the best checkpoint kept; at the end the best one is scored on the 7 STS test
 sets. The same command runs under ``torchrun`` (DDP; in-batch negatives gathered across ranks).
 
@@ -58,7 +59,8 @@ from mmcse.training.resolved import resolve_run_config
 from mmcse.training.run_state import RunState
 from mmcse.training.stop import EvaluationStopped, StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
-from mmcse.training.updates import Part, build_updates
+from mmcse.training.update import Part
+from mmcse.training.updates import build_updates
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +102,11 @@ class Trainer:
         saved = ckpt.load_trainer_state(Path(cfg.output_dir)) if self.resuming else None
         self.tokenizer = load_tokenizer(cfg.model)
         encoder = SentenceEncoder.from_pretrained(
-            student_source(cfg, self.resuming), cfg.pooler, cfg.dropout,
+            student_source(cfg, self.resuming),
+            cfg.pooler,
+            cfg.dropout,
             attn_implementation=cfg.attn_implementation,
-        )  # fmt: skip
+        )
         self.data = checked.data.tokenise(self.tokenizer, cfg)  # preflight's join, kept
         dims = {role: int(fs.dim) for role, fs in self.data.feature_sets.items()}
         self.student = Student(encoder, self.method, dims).to(self.device)
@@ -120,9 +124,15 @@ class Trainer:
                 self.data.pack_width,
             )
         self.updates = build_updates(
-            cfg, self.student, self.model, self.aux, self.device, self.capture, self.total,
+            cfg,
+            self.student,
+            self.model,
+            self.aux,
+            self.device,
+            self.capture,
+            self.total,
             self.autocast,
-        )  # fmt: skip
+        )
         self.record = self._run_record(checked.auxiliary)
         self.state = self.record.restore(saved)
         return self
@@ -130,11 +140,20 @@ class Trainer:
     def _run_record(self, auxiliary_sets: dict) -> RunRecord:
         """The run's bookkeeping, given what it records and saves."""
         return RunRecord(
-            self.cfg, self.run_plan, self.resolved, resuming=self.resuming, device=self.device,
-            method=self.method, student=self.student, tokenizer=self.tokenizer,
-            aux=self.aux, data=self.data, auxiliary_sets=auxiliary_sets, updates=self.updates,
+            self.cfg,
+            self.run_plan,
+            self.resolved,
+            resuming=self.resuming,
+            device=self.device,
+            method=self.method,
+            student=self.student,
+            tokenizer=self.tokenizer,
+            aux=self.aux,
+            data=self.data,
+            auxiliary_sets=auxiliary_sets,
+            updates=self.updates,
             window=self.window,
-        )  # fmt: skip
+        )
 
     def _wrapped_student(self) -> nn.Module:
         """The student as the eager text step calls it: compiled (forward capture), inside DDP."""
@@ -154,16 +173,25 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, batch: Batch) -> tuple[list[Part], dict[str, float]]:
-        """One training step on ``batch`` (on the device, its extras gathered with it): every
-        update of :attr:`updates` in order — VisualCSE/AudioCSE's image/audio update on its own
-        batch first (the released trainer's order), then the text update on ``batch``. Returns
-        their terms as device tensors (read back once per logging window) and host values."""
+        """The updates of one training step on ``batch`` (on the device, its extras gathered
+        with it): VisualCSE/AudioCSE's image/audio update on its own batch first (the released
+        trainer's order), then the text update on ``batch``. Returns their terms as device
+        tensors (read back once per logging window) and host values (the auxiliary lr)."""
         parts, host = [], {}
-        for update in self.updates:
-            part, values = update.step(batch)
+        if self.updates.auxiliary is not None:
+            part, host = self.updates.auxiliary.step()
             parts.append(part)
-            host.update(values)
+        self.student.train()
+        parts.append(self.updates.text.step(batch.kind, (batch,)))
         return parts, host
+
+    def train_step(self, batch: Batch, epoch: int, index: int, waited: float = 0.0) -> None:
+        """One whole training step on ``batch``, the one at ``index`` of ``epoch``'s batch order
+        (``waited``: seconds the loop waited for it): :meth:`step`, the run's state advanced,
+        the step's terms added to the loss window. :meth:`fit` and ``mmcse bench`` call it."""
+        parts, host = self.step(batch)
+        self.state.advance(epoch, index)
+        self.window.add_step(self.state.step, batch.kind, parts, host, waited)
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> RunResult:
@@ -188,9 +216,7 @@ class Trainer:
             for index, batch, waited in self.batches(epoch, skip):
                 if state.step >= self.total:
                     break
-                parts, host = self.step(batch)
-                state.advance(epoch, index)
-                self.window.add_step(state.step, batch.kind, parts, host, waited)
+                self.train_step(batch, epoch, index, waited)
                 self._after_step(log, progress, stop)
 
     def _evaluate_resumed_step(

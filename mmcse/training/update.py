@@ -1,12 +1,17 @@
 """The parameter update of a training step: AdamW, clipping and the lr schedule, eager or captured.
 
-Both updates step the same AdamW (one group per module that steps together: the encoder, each
-head), clip the gradient norm over every trained parameter, and follow an lr schedule
-(:mod:`mmcse.training.lr`); they differ in where the work runs.
+Both updates have one interface, ``step(kind, inputs) → (term names, their values on the
+device)``, and are given what they differentiate as data (:class:`Forward`: the module, the loss
+of its terms, the autocast). Both step the same AdamW (one group per module that steps together:
+the encoder, each head; its readings — ε placement, decay style, gradient clearing — are
+:class:`~mmcse.training.adamw.AdamWSettings`' for both), clip the gradient norm over every
+trained parameter, and follow an lr schedule (:mod:`mmcse.training.lr`); they differ only in
+where the work runs.
 
 * :class:`EagerUpdate` (``--capture off``; also under DDP and with ``--precision fp16``, see
   below): ``torch.optim.AdamW`` + :func:`torch.nn.utils.clip_grad_norm_` + ``LambdaLR``, every
-  operator dispatched from the host. transformers-style ε is set per group from a host-side
+  operator dispatched from the host: clear the gradients, the forward under autocast, backward,
+  clip, AdamW, schedule. transformers-style ε is set per group from a host-side
   count of the steps AdamW took (reading the optimizer's device step tensor would wait for the
   GPU every step); a step the fp16 GradScaler skips is not one, as transformers.AdamW, whose
   ``step()`` the scaler then never calls, counts it.
@@ -39,14 +44,15 @@ still compiled when capture is on): ``--precision fp16`` (the GradScaler skips a
 step, a decision the host takes) and DDP (its gradient all-reduce runs in autograd hooks).
 
 :func:`build_update` is the one place that builds either, with its AdamW, clipping, schedule and
-loss scaler, for each capture mode: the text update and VisualCSE/AudioCSE's image (audio) update
-(:mod:`mmcse.training.updates`) both come from it.
+loss scaler — captured when given the run's :class:`WholeUpdateSettings` — : the text update and
+VisualCSE/AudioCSE's image (audio) update (:mod:`mmcse.training.updates`) both come from it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +60,6 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
 
 from mmcse import distributed as dist
-from mmcse.optim import transformers_eps
 from mmcse.training.adamw import (
     AdamWSettings,
     FlatAdamW,
@@ -64,19 +69,62 @@ from mmcse.training.adamw import (
     decay_exempt,
     read_group_steps,
 )
+from mmcse.training.fastpath import begin_captured_step
+from mmcse.training.lr import CosineSchedule, LinearSchedule
 
 logger = logging.getLogger(__name__)
 
 #: ``clip_grad_norm_``'s guard against a zero norm, kept for equality with it
 CLIP_EPS = 1e-6
 
+#: one update's terms: ``(names, values stacked on the device, fp32)``
+Part = tuple[tuple[str, ...], Tensor]
+
+
+@dataclass(frozen=True)
+class Forward:
+    """What an update differentiates, for either engine: ``module(*inputs)`` returns the step's
+    terms (a dict of scalars), ``loss_of(terms)`` the scalar to minimise, computed under
+    ``autocast()``. ``compiled_on``: the device its compiled forward replays on (``forward``
+    capture: the last replay's outputs are dead when a step begins); None when it runs eagerly."""
+
+    module: Callable[..., dict[str, Tensor]]
+    loss_of: Callable[[dict[str, Tensor]], Tensor]
+    autocast: Callable[[], AbstractContextManager]
+    compiled_on: torch.device | None = None
+
+    def terms(self, inputs: tuple) -> dict[str, Tensor]:
+        """The step's terms on ``inputs`` (eagerly; the captured update traces ``module``)."""
+        if self.compiled_on is not None:
+            begin_captured_step(self.compiled_on)
+        with self.autocast():
+            return self.module(*inputs)
+
+
+@dataclass(frozen=True)
+class WholeUpdateSettings:
+    """What every captured update of a run shares: the flat parameter buffer (the text and the
+    auxiliary update's parameters, :class:`~mmcse.training.adamw.FlatParameters`) and the
+    function that compiles a step (:func:`mmcse.training.fastpath.capture_fn`)."""
+
+    flat: FlatParameters
+    compile_fn: Callable[[Callable], Callable]
+
+
+def stacked(terms: dict[str, Tensor]) -> Part:
+    """An eager update's terms as the captured one returns them: names, values on the device."""
+    return tuple(terms), torch.stack([v.detach().float() for v in terms.values()])
+
 
 class EagerUpdate:
     """``torch.optim.AdamW`` + clipping + ``LambdaLR``, dispatched op by op from the host.
 
-    ``exempt``: ids of the parameters spared weight decay (:func:`decay_exempt`; read under
-    ``decay_style="transformers"`` only). ``average``: the gradients are averaged across ranks
-    before clipping (an update outside DDP, whose replicas must take the same step)."""
+    ``forward``: what :meth:`step` differentiates (a caller may instead run :meth:`zero_grad`
+    and :meth:`apply` around a forward of its own). ``exempt``: ids of the parameters spared
+    weight decay (:func:`decay_exempt`; read under ``decay_style="transformers"`` only).
+    ``average``: the gradients are averaged across ranks before clipping (an update outside DDP,
+    whose replicas must take the same step). ``clear_after``: the gradients are cleared after
+    the step too (the released image step's order: cleared before the text update runs)."""
 
     captured = False
 
@@ -89,8 +137,11 @@ class EagerUpdate:
         scaler: torch.amp.GradScaler | None = None,
         exempt: set[int] | frozenset[int] = frozenset(),
         average: bool = False,
+        forward: Forward | None = None,
+        clear_after: bool = False,
     ) -> None:
         self.settings, self.schedule, self.average = settings, schedule, average
+        self.forward, self.clear_after = forward, clear_after
         self.params = [p for g in groups for p in g]
         self.optimizer = torch.optim.AdamW(
             [{"params": g} for g in groups],
@@ -109,10 +160,22 @@ class EagerUpdate:
         #: what transformers' decay shrinks after each step it takes
         self.decayed = [p for p in self.params if id(p) not in exempt]
 
+    def step(self, kind: str, inputs: tuple) -> Part:
+        """One update on ``inputs`` (``kind``: their batch kind, which only the captured engine
+        reads): clear, forward, backward and AdamW; the step's terms."""
+        self.zero_grad()  # before the forward: no grad outlives its step
+        terms = self.forward.terms(inputs)
+        # no isfinite(loss) here: it would wait for the device every step; the trainer checks
+        # every logged term once per logging window (mmcse.training.metrics.LossWindow.flush)
+        self.apply(self.forward.loss_of(terms))
+        if self.clear_after:
+            self.zero_grad()
+        return stacked(terms)
+
     def zero_grad(self) -> None:
         """Clear the gradients: to None, or (``zero_grad="zeros"``) to zero tensors, which
         AdamW then steps on every batch, as the released runs' ``optimizer.zero_grad()``."""
-        self.optimizer.zero_grad(set_to_none=self.settings.zero_grad == "none")
+        self.optimizer.zero_grad(set_to_none=not self.settings.steps_once_reached)
 
     def apply(self, loss: Tensor) -> None:
         """Backward of ``loss`` (scaled under fp16), clip, AdamW, decay, schedule."""
@@ -125,10 +188,8 @@ class EagerUpdate:
         stepping = [
             any(p.grad is not None for p in g["params"]) for g in self.optimizer.param_groups
         ]
-        if self.settings.eps_style == "transformers":
-            beta2 = self.settings.betas[1]
-            for group, steps in zip(self.optimizer.param_groups, self.group_steps, strict=True):
-                group["eps"] = transformers_eps(self.settings.eps, beta2, steps + 1)
+        for group, steps in zip(self.optimizer.param_groups, self.group_steps, strict=True):
+            group["eps"] = self.settings.eps_at(steps + 1)
         lr = self.lr()
         taken = self._scaled_step()
         if taken:
@@ -186,7 +247,7 @@ class EagerUpdate:
         if state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
         self.group_steps = read_group_steps(self.optimizer)
-        if self.settings.zero_grad == "zeros":  # what had a gradient before keeps stepping
+        if self.settings.steps_once_reached:  # what had a gradient before keeps stepping
             for p in self.params:
                 if p in self.optimizer.state and p.grad is None:
                     p.grad = torch.zeros_like(p)
@@ -200,42 +261,49 @@ class KindLayout:
     keys: tuple[str, ...]  # the terms the step returns, stacked in this order
 
 
+def joined(grads: dict[str, Tensor], names: tuple[str, ...]) -> Tensor:
+    """The gradients of ``names`` as one flat run (a segment's, in buffer order)."""
+    if len(names) == 1:
+        return grads[names[0]].reshape(-1)
+    return torch.cat([grads[n].reshape(-1) for n in names])
+
+
 class CapturedUpdate:
     """The whole update of a step as one captured function (see the module docstring).
 
-    ``module(*inputs)`` returns the step's terms (a dict of scalars); ``loss_of(terms)`` the
-    scalar to minimise. ``lr_factor`` is the schedule on the device (its argument: the steps
-    this update has taken), ``host_factor`` the same on the host (for the logged lr and the
-    state dict). ``compile_fn`` compiles a function (:func:`mmcse.training.fastpath.capture_fn`).
+    ``forward``: what it differentiates (its ``module`` an ``nn.Module``, called functionally
+    over the flat buffer's views). ``lr_factor`` is the schedule on the device (its argument:
+    the steps this update has taken), ``host_factor`` the same on the host (for the logged lr
+    and the state dict). ``whole``: the run's flat buffer and the compiler
+    (:class:`WholeUpdateSettings`).
     """
 
     captured = True
+    #: no loss scaler: fp16 runs take the eager update
+    scaler = None
 
     def __init__(
         self,
-        flat: FlatParameters,
-        module: nn.Module,
+        whole: WholeUpdateSettings,
+        forward: Forward,
         groups: list[list[nn.Parameter]],
         settings: AdamWSettings,
-        loss_of: Callable[[dict[str, Tensor]], Tensor],
         lr_factor: Callable[[Tensor], Tensor],
         host_factor: Callable[[int], float],
-        autocast: Callable[[], object],
-        compile_fn: Callable[[Callable], Callable],
     ) -> None:
-        self.flat, self.module, self.settings = flat, module, settings
-        self.loss_of, self.lr_factor, self.autocast = loss_of, lr_factor, autocast
+        self.flat, self.forward, self.settings = whole.flat, forward, settings
+        module = self.module = forward.module
+        self.lr_factor, self.host_factor = lr_factor, host_factor
         self.trained = [p for g in groups for p in g]
-        self.adamw = FlatAdamW(flat, self.trained, settings, decay_exempt(module))
-        self.layout = flat.layout(module)
+        self.adamw = FlatAdamW(self.flat, self.trained, settings, decay_exempt(module))
+        self.layout = self.flat.layout(module)
         self.names = {id(p): name for name, p in module.named_parameters()}
         self.buffers = dict(module.named_buffers())
-        self.host_factor = host_factor
         #: the number of parameters of each AdamW group (the state dict's param groups)
         self.group_sizes = [len(g) for g in groups]
         #: updates run, on the host (the logged lr and the state dict's schedule)
         self.steps = 0
-        device = flat.data.device
+        device = self.flat.data.device
         self.schedule_step = torch.zeros((), dtype=torch.float32, device=device)
         #: the peak lr as an input of the captured step, not a constant traced into it (a run
         #: with another lr reuses the compiled graph); fp32, as a Python float times an fp32
@@ -246,20 +314,21 @@ class CapturedUpdate:
         self.reached: dict[str, tuple[set[int], tuple[str, ...]]] = {}
         #: ``zero_grad="zeros"``: every parameter that has had a gradient (they all step)
         self.had_gradient: set[int] = set()
-        for state in (flat.data, self.adamw.exp_avg, self.adamw.exp_avg_sq, self.adamw.steps,
-                      self.schedule_step, self.peak_lr):  # fmt: skip
+        adamw = self.adamw
+        in_place = [self.flat.data, adamw.exp_avg, adamw.exp_avg_sq, adamw.steps]
+        in_place += [self.schedule_step, self.peak_lr]
+        if adamw.decay_rate is not None:  # read every step: no copy into the graph
+            in_place.append(adamw.decay_rate)
+        for state in in_place:
             torch._dynamo.mark_static_address(state)  # CUDA graphs update them in place
-        if self.adamw.decay_rate is not None:  # read every step: no copy into the graph
-            torch._dynamo.mark_static_address(self.adamw.decay_rate)
-        self._compiled = compile_fn(self._whole_step)
+        self._compiled = whole.compile_fn(self._whole_step)
 
     # -- the step ----------------------------------------------------------------------------
-    def step(self, kind: str, *inputs) -> tuple[tuple[str, ...], Tensor]:
+    def step(self, kind: str, inputs: tuple) -> Part:
         """One update on ``inputs`` of batch kind ``kind``: (term names, their values stacked
         on the device, in fp32)."""
         layout = self.layouts.get(kind) or self._layout(kind, inputs)
-        if self.flat.data.is_cuda:  # the outputs of the last replay are dead (read already)
-            torch.compiler.cudagraph_mark_step_begin()  # pragma: cuda
+        begin_captured_step(self.flat.data.device)  # the last replay's outputs are read already
         # a copy: the next replay of any captured graph may reuse the output's memory
         values = self._compiled(layout.segments, layout.keys, *inputs).clone()
         self.adamw.count(layout.segments)
@@ -273,11 +342,7 @@ class CapturedUpdate:
         buffer itself, whose gradient would be assembled from a zero-filled copy per
         parameter), then each segment's gradients are joined into one flat run."""
         grads, terms = self._gradients(self.flat.views(self.flat.data, self.layout), inputs)
-        flat_grads = [
-            torch.cat([grads[n].reshape(-1) for n in seg.names]) if len(seg.names) > 1
-            else grads[seg.names[0]].reshape(-1)
-            for seg in segments
-        ]  # fmt: skip
+        flat_grads = [joined(grads, seg.names) for seg in segments]
         max_norm = self.settings.max_grad_norm
         if max_norm > 0:
             norm = torch.stack([g.float().square().sum() for g in flat_grads]).sum().sqrt()
@@ -299,9 +364,9 @@ class CapturedUpdate:
         return grads, terms
 
     def _loss(self, params: dict, buffers: dict, inputs: tuple) -> tuple[Tensor, dict]:
-        with self.autocast():
+        with self.forward.autocast():
             terms = functional_call(self.module, (params, buffers), inputs)
-        return self.loss_of(terms), terms
+        return self.forward.loss_of(terms), terms
 
     def _layout(self, kind: str, inputs: tuple) -> KindLayout:
         """What a step of ``kind`` updates: the parameters it reaches (:meth:`_probe`, once per
@@ -310,7 +375,7 @@ class CapturedUpdate:
         if kind not in self.reached:
             self.reached[kind] = self._probe(inputs)
         active, keys = self.reached[kind]
-        if self.settings.zero_grad == "zeros":
+        if self.settings.steps_once_reached:
             if not active <= self.had_gradient:
                 self.had_gradient |= active
                 self.layouts.clear()  # they step these too from now on
@@ -327,9 +392,10 @@ class CapturedUpdate:
         buffers = {k: b.clone() for k, b in self.module.named_buffers()}
         device = self.flat.data.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            with self.autocast():
+            with self.forward.autocast():
                 terms = self.module(*inputs)
-            grads = torch.autograd.grad(self.loss_of(terms), self.trained, allow_unused=True)
+            loss = self.forward.loss_of(terms)
+            grads = torch.autograd.grad(loss, self.trained, allow_unused=True)
         for key, buffer in self.module.named_buffers():
             buffer.copy_(buffers[key])
         active = {id(p) for p, g in zip(self.trained, grads, strict=True) if g is not None}
@@ -365,7 +431,7 @@ class CapturedUpdate:
     def load_state_dict(self, state: dict) -> None:
         self.adamw.load_state_dict(state["optimizer"])
         self.set_steps(int(state["scheduler"]["last_epoch"]))
-        if self.settings.zero_grad == "zeros":  # what stepped before keeps stepping
+        if self.settings.steps_once_reached:  # what stepped before keeps stepping
             self.had_gradient = set(self.adamw.loaded_steps)
             self.layouts.clear()
 
@@ -375,13 +441,22 @@ def adamw_param_groups(sizes: list[int], settings: AdamWSettings, lr: float) -> 
     ``lr`` under a ``LambdaLR`` (its ``initial_lr``), parameters numbered across groups."""
     groups, start = [], 0
     for size in sizes:
-        groups.append({
-            "lr": lr, "betas": settings.betas, "eps": settings.eps,
-            "weight_decay": settings.torch_weight_decay, "amsgrad": False, "maximize": False,
-            "foreach": None, "capturable": False, "differentiable": False, "fused": None,
-            "decoupled_weight_decay": True, "initial_lr": settings.lr,
+        group = {
+            "lr": lr,
+            "betas": settings.betas,
+            "eps": settings.eps,
+            "weight_decay": settings.torch_weight_decay,
+            "amsgrad": False,
+            "maximize": False,
+            "foreach": None,
+            "capturable": False,
+            "differentiable": False,
+            "fused": None,
+            "decoupled_weight_decay": True,
+            "initial_lr": settings.lr,
             "params": list(range(start, start + size)),
-        })  # fmt: skip
+        }
+        groups.append(group)
         start += size
     return groups
 
@@ -389,10 +464,14 @@ def adamw_param_groups(sizes: list[int], settings: AdamWSettings, lr: float) -> 
 def lambda_lr_state(groups: int, base_lr: float, steps: int, lr: float) -> dict:
     """``LambdaLR.state_dict()`` after ``steps`` steps of a schedule now at ``lr``."""
     return {
-        "base_lrs": [base_lr] * groups, "last_epoch": steps, "_step_count": steps + 1,
-        "_is_initial": False, "_get_lr_called_within_step": False, "_last_lr": [lr] * groups,
+        "base_lrs": [base_lr] * groups,
+        "last_epoch": steps,
+        "_step_count": steps + 1,
+        "_is_initial": False,
+        "_get_lr_called_within_step": False,
+        "_last_lr": [lr] * groups,
         "lr_lambdas": [None] * groups,
-    }  # fmt: skip
+    }
 
 
 def average_gradients(params: list[Tensor]) -> None:
@@ -406,38 +485,44 @@ def average_gradients(params: list[Tensor]) -> None:
 
 
 def build_update(
-    capture: str,
     groups: list[list[nn.Parameter]],
     settings: AdamWSettings,
-    schedule,
+    schedule: LinearSchedule | CosineSchedule,
+    forward: Forward,
     *,
     device: torch.device,
+    whole: WholeUpdateSettings | None = None,
     exempt: set[int] | frozenset[int] = frozenset(),
     scaler: torch.amp.GradScaler | None = None,
     fused: bool | None = None,
     average: bool = False,
-    whole: dict | None = None,
+    clear_after: bool = False,
 ) -> EagerUpdate | CapturedUpdate:
     """The one place an update is built: AdamW over ``groups`` with ``settings`` (clipping at
-    ``settings.max_grad_norm``), following ``schedule`` (:mod:`mmcse.training.lr`), for capture
-    mode ``capture`` (:data:`mmcse.training.fastpath.CAPTURE_MODES`).
+    ``settings.max_grad_norm``), following ``schedule`` (:mod:`mmcse.training.lr`), stepping on
+    ``forward``'s loss.
 
-    ``off``/``forward``: :class:`EagerUpdate` with the loss ``scaler`` (fp16), ``fused`` AdamW,
-    gradients ``average``-d across ranks when no DDP does it. ``whole``: :class:`CapturedUpdate`;
-    ``whole`` then names what it differentiates — ``flat`` (the shared
-    :class:`~mmcse.training.adamw.FlatParameters`), ``module``, ``loss_of``, ``autocast`` and
-    ``compile_fn`` — and the schedule runs on the device."""
-    if capture != "whole":
+    ``whole`` given (whole-update capture): :class:`CapturedUpdate` over that flat buffer, the
+    schedule on the device. Else :class:`EagerUpdate` with the loss ``scaler`` (fp16),
+    ``fused`` AdamW, gradients ``average``-d across ranks when no DDP does it, and cleared
+    after the step too when ``clear_after``."""
+    if whole is None:
         return EagerUpdate(
-            groups, settings, schedule, fused=fused, scaler=scaler, exempt=exempt,
+            groups,
+            settings,
+            schedule,
+            fused=fused,
+            scaler=scaler,
+            exempt=exempt,
             average=average,
-        )  # fmt: skip
-    assert whole is not None, "a captured update needs what it differentiates"
+            forward=forward,
+            clear_after=clear_after,
+        )
     return CapturedUpdate(
-        whole["flat"], whole["module"], groups, settings,
-        loss_of=whole["loss_of"],
+        whole,
+        forward,
+        groups,
+        settings,
         lr_factor=schedule.on_device(device),
         host_factor=schedule,
-        autocast=whole["autocast"],
-        compile_fn=whole["compile_fn"],
-    )  # fmt: skip
+    )

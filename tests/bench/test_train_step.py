@@ -181,7 +181,23 @@ def test_the_bench_replays_the_runs_own_batches_whose_packed_budgets_are_fixed(t
     state = bench.BenchState.of(world, "simcse", BATCH, SEQ_LEN, "cpu", "fp32", packing=True)
     total = state.trainer.total
     assert total == 5  # 40 captions, one epoch of batches of 8
-    drawn = [next(state.batches)[1].input_ids for _ in range(2 * total + 1)]
+    drawn = [next(state.batches)[2].input_ids for _ in range(2 * total + 1)]
     run = [batch.input_ids for _, batch, _ in state.trainer.batches(0, 0)]
     for index, ids in enumerate(drawn):
         torch.testing.assert_close(ids, run[index % total])
+
+
+def test_the_bench_steps_as_the_training_loop_does(tmp_path):
+    """The bench's step is the loop's (``Trainer.train_step``): the run's state moves to the next
+    batch of the epoch, and the loss window holds each step's kind and terms."""
+    world = synthetic.synthetic_world(
+        tmp_path, "tiny", SEQ_LEN, 40, synthetic.method_needs("simcse")
+    )
+    state = bench.BenchState.of(world, "simcse", BATCH, SEQ_LEN, "cpu", "fp32")
+    total = state.trainer.total
+    for _ in range(total + 1):  # one past the run's last batch: the replay starts at batch 0
+        state.step()
+    run = state.trainer.state
+    assert (run.step, run.epoch, run.next_index) == (total + 1, 0, 1)
+    assert [step for step, _ in state.trainer.window.steps] == list(range(1, total + 2))
+    assert "loss" in state.trainer.window.flush()

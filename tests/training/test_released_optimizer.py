@@ -32,7 +32,7 @@ from torch import nn
 
 from mmcse.training.adamw import AdamWSettings, FlatParameters, adamw_groups, decay_exempt
 from mmcse.training.lr import linear_factor, linear_factor_tensor
-from mmcse.training.update import CapturedUpdate, EagerUpdate
+from mmcse.training.update import CapturedUpdate, EagerUpdate, Forward, WholeUpdateSettings
 
 LR, EPS, WD, MAX_NORM = 1e-2, 1e-3, 0.1, 1.0
 BETAS = (0.9, 0.999)
@@ -162,12 +162,17 @@ def run_eager(kinds: str = KINDS, overflow_at=None, scaler=None, **kw):
     model = ToyStudent()
     groups = adamw_groups([model.encoder, model.head])
     schedule = lambda step: linear_factor(step, 0, len(kinds))  # noqa: E731
+    forward = Forward(model, lambda terms: terms["loss"], contextlib.nullcontext)
     update = EagerUpdate(
-        groups, settings(**kw), schedule, scaler=scaler, exempt=decay_exempt(model)
+        groups,
+        settings(**kw),
+        schedule,
+        scaler=scaler,
+        exempt=decay_exempt(model),
+        forward=forward,
     )
-    for x, caption in batches(kinds, overflow_at):
-        update.zero_grad()
-        update.apply(model(x, caption)["loss"])
+    for x, caption in batches(kinds, overflow_at):  # the one interface, as the trainer calls it
+        update.step("caption" if caption else "text", (x, caption))
     return model, update
 
 
@@ -177,15 +182,15 @@ def run_captured(kinds: str = KINDS, compile_fn=lambda f: f, **kw):
     flat = FlatParameters(groups)
     total = len(kinds)
     update = CapturedUpdate(
-        flat, model, groups, settings(**kw),
-        loss_of=lambda terms: terms["loss"],
+        WholeUpdateSettings(flat, compile_fn),
+        Forward(model, lambda terms: terms["loss"], contextlib.nullcontext),
+        groups,
+        settings(**kw),
         lr_factor=lambda step: linear_factor_tensor(step, 0, total),
         host_factor=lambda step: linear_factor(step, 0, total),
-        autocast=contextlib.nullcontext,
-        compile_fn=compile_fn,
-    )  # fmt: skip
+    )
     for x, caption in batches(kinds):
-        update.step("caption" if caption else "text", x, caption)
+        update.step("caption" if caption else "text", (x, caption))
     return model, update
 
 
