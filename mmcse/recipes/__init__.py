@@ -24,7 +24,6 @@ _SOURCES = {
     "register": "recipe",
     "SeedRuns": "runs",
     "comparison_rows": "runs",
-    "run_recipe": "runs",
     "run_seeds": "runs",
 }
 #: names whose use needs every recipe registered

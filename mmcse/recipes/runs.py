@@ -347,19 +347,6 @@ class RecipeOutcome:
     seeds_dir: SeedsDir
 
 
-def run_recipe(
-    recipe: Recipe,
-    spec: RecipeRunSpec,
-    output_dir: str | Path,
-    on_run: Callable[[str, int, str], None] | None = None,
-) -> RecipeOutcome:
-    """Run the seeds (:func:`run_seeds`: finished ones skipped, stopped ones resumed) and write
-    the recipe record into ``output_dir`` (:func:`record_recipe`)."""
-    spec = spec.for_recipe(recipe)
-    runs = run_seeds(recipe, spec, output_dir, on_run=on_run)
-    return record_recipe(recipe, spec, output_dir, runs)
-
-
 def record_recipe(
     recipe: Recipe, spec: RecipeRunSpec, output_dir: str | Path, runs: SeedRuns
 ) -> RecipeOutcome:

@@ -66,10 +66,6 @@ class Evidence:
     others: int
     p: float
 
-    @property
-    def low_power(self) -> bool:
-        return min(self.n, self.others) < FEW_SEEDS
-
     def text(self) -> str:
         return welch_text(self.n, self.others, self.p)
 

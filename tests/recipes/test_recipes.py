@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats
+from support.recipes import run_recipe
 from support.worlds import TINY_METHOD_ARGS, write_tiny_cache
 
 from mmcse.errors import MmcseError
@@ -297,7 +298,7 @@ def test_every_recipe_shape_trains_from_a_tiny_cache(name, tiny_model, tmp_path)
     write_tiny_cache(recipe, tmp_path / "cache")
 
     def run():
-        return recipes_mod.run_recipe(
+        return run_recipe(
             recipe,
             RecipeRunSpec(
                 cache_root=tmp_path / "cache",
@@ -348,7 +349,7 @@ def test_dalr_paper_distils_on_wiki1m_batches_from_both_corpora_sets(tiny_model,
     write_tiny_cache(recipe, tmp_path / "cache")
     config = recipe.config(tmp_path / "cache", seed=0, output_dir=tmp_path / "run")
     assert config.features["text_teacher_simcse"] == ",".join(str(n.path) for n in needs)
-    recipes_mod.run_recipe(
+    run_recipe(
         recipe,
         RecipeRunSpec(
             cache_root=tmp_path / "cache",

