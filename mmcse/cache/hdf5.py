@@ -94,7 +94,7 @@ class Shard:
                 yield self.read_block(start, stop)[1]
 
     def read_block(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Ids and flattened rows ``start:stop`` (for streaming an external file)."""
+        """Ids and flattened rows ``start:stop`` (a scan of a file that cannot be mapped)."""
         with h5py.File(self.path, "r") as handle:
             ids, features = handle[self._keys[0]], handle[self._keys[1]]
             id_block = ids.asstr()[start:stop] if ids.dtype.kind in "SOU" else ids[start:stop]

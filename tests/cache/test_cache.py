@@ -304,6 +304,10 @@ def test_external_hdf5_shard_is_read_through_the_backend(tmp_path):
     np.testing.assert_array_equal(
         shard.take(np.array([3, 0, 3])), features[[3, 0, 3]].reshape(3, 6)
     )
+    # a chunked file cannot be memory-mapped: a scan reads it block by block through h5py
+    blocks = list(shard.iter_rows(block_rows=3))
+    assert [len(b) for b in blocks] == [3, 1]
+    np.testing.assert_array_equal(np.concatenate(blocks), features.reshape(4, 6))
 
 
 def test_merge_combines_sets_of_one_producer(tmp_path):
