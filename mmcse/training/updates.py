@@ -163,32 +163,31 @@ class Updates:
         return self.text.lr()
 
 
-def auxiliary_settings(task: NonLinguisticTask, cfg: TrainConfig) -> AdamWSettings:
-    """The auxiliary update's AdamW: the task's lr, weight decay and clipping, the run's ε,
-    decay style and gradient clearing (``zero_grad``)."""
-    s = task.settings
+def run_adamw_settings(
+    cfg: TrainConfig, lr: float, weight_decay: float, max_grad_norm: float
+) -> AdamWSettings:
+    """An update's AdamW: its lr, weight decay and clipping, with the run's ε, decay style and
+    gradient clearing (``zero_grad``), which every update of a run shares."""
     return AdamWSettings(
-        lr=s.lr,
-        weight_decay=s.weight_decay,
+        lr=lr,
+        weight_decay=weight_decay,
         eps=cfg.adam_eps,
         eps_style=cfg.adam_eps_style,
-        max_grad_norm=s.max_grad_norm,
+        max_grad_norm=max_grad_norm,
         decay_style=cfg.weight_decay_style,
         zero_grad=cfg.zero_grad,
     )
+
+
+def auxiliary_settings(task: NonLinguisticTask, cfg: TrainConfig) -> AdamWSettings:
+    """The auxiliary update's AdamW: the task's lr, weight decay and clipping."""
+    s = task.settings
+    return run_adamw_settings(cfg, s.lr, s.weight_decay, s.max_grad_norm)
 
 
 def text_settings(cfg: TrainConfig) -> AdamWSettings:
-    """The text update's AdamW: the run's lr, weight decay, ε, clipping and their styles."""
-    return AdamWSettings(
-        lr=cfg.learning_rate,
-        weight_decay=cfg.weight_decay,
-        eps=cfg.adam_eps,
-        eps_style=cfg.adam_eps_style,
-        max_grad_norm=cfg.grad_clip,
-        decay_style=cfg.weight_decay_style,
-        zero_grad=cfg.zero_grad,
-    )
+    """The text update's AdamW: the run's lr, weight decay and clipping."""
+    return run_adamw_settings(cfg, cfg.learning_rate, cfg.weight_decay, cfg.grad_clip)
 
 
 def auxiliary_modules(task: NonLinguisticTask, student: Student | None = None) -> list[nn.Module]:
