@@ -144,7 +144,8 @@ def test_dry_run_prints_the_runs_and_trains_nothing(
     out = capsys.readouterr().out
     assert out.startswith(f"dry run: {RECIPE} (mcse)")
     assert "seed 0 ->" in out and "seed 1 ->" in out and "seeds=0,1 (recipe: 0,1,2,3,4)" in out
-    assert "cache: recipe" in out and "missing" in out  # the cache state, not an error
+    assert "cache: 3 set(s) missing" in out  # the cache state, not an error
+    assert out.count("run first") == 1  # said once, by the runner's plan
     if command[0] == "ablate":
         assert "w/o image_text seed 1 ->" in out and "image_text_weight': 0.0" in out
     assert not (tmp_path / "o").exists()
