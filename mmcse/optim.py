@@ -15,8 +15,6 @@ weights), which :mod:`mmcse.training.adamw` reproduces (``weight_decay_style``).
 
 from __future__ import annotations
 
-import math  # torch-free at import: the config module reads EPS_STYLES
-
 #: ``adam_eps_style`` values: where AdamW adds ε — ``transformers`` (to √v before the bias
 #: correction: transformers.AdamW, which every released trainer here used) or ``torch``
 #: (torch.optim.AdamW's own placement)
@@ -30,12 +28,3 @@ DECAY_STYLES = ("transformers", "torch")
 #: zero one, and AdamW, which skips only a missing gradient, steps it on its momentum on every
 #: later batch) or ``none`` (set to None: a parameter without a gradient on a batch is skipped)
 ZERO_GRADS = ("zeros", "none")
-
-
-def transformers_eps(eps: float, beta2: float, step):
-    """torch's ε equivalent to transformers.AdamW's ``eps`` at step ``step`` (1-based): an int
-    on the host, or a device tensor inside a captured update (then a tensor)."""
-    correction = 1.0 - beta2**step
-    if isinstance(correction, float):
-        return eps / math.sqrt(correction)
-    return eps / correction.sqrt()

@@ -1,4 +1,4 @@
-"""transformers-style ε on torch's AdamW (mmcse.optim.transformers_eps) against transformers.AdamW written out."""
+"""transformers-style ε on torch's AdamW (AdamWSettings.eps_at) against transformers.AdamW written out."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ Weight decay (``weight_decay_style``): ``transformers`` — transformers.AdamW 4
 (the released trainers' parameter groups, :func:`decay_exempt`) — or ``torch``: torch's AdamW,
 ``p ← p·(1 − lr·λ)`` *before* the update, on every parameter.
 
-:class:`FlatParameters` makes every trained parameter a view of one flat fp32 buffer;
+:class:`EagerAdamW` is ``torch.optim.AdamW`` stepped as :class:`AdamWSettings` say (the eager
+update's). :class:`FlatParameters` makes every trained parameter a view of one flat fp32 buffer;
 :class:`FlatAdamW` is ``torch.optim.AdamW``'s arithmetic over it with its state as device tensors
 (``lerp`` of the first moment, bias corrections, ε after the corrected √v or transformers' ε
 placement), and ``torch.optim.AdamW``'s state-dict layout, so ``last/`` looks the same whichever
@@ -15,12 +16,13 @@ update saved it. Which update uses them: :mod:`mmcse.training.update`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from mmcse.optim import DECAY_STYLES, ZERO_GRADS, transformers_eps
+from mmcse.optim import DECAY_STYLES, ZERO_GRADS
 
 
 def adamw_groups(modules: list[nn.Module]) -> list[list[nn.Parameter]]:
@@ -49,14 +51,6 @@ def decay_exempt(module: nn.Module) -> set[int]:
             if "bias" in f"{prefix}.{name}" or isinstance(sub, nn.LayerNorm):
                 exempt.add(id(p))
     return exempt
-
-
-def decay_after_update_(params: list[Tensor], lr: float, weight_decay: float) -> None:
-    """transformers.AdamW's decay, after its update: ``p ← p − lr·λ·p`` for each parameter
-    that stepped (``params``)."""
-    if params and weight_decay > 0:
-        with torch.no_grad():
-            torch._foreach_mul_(params, 1.0 - lr * weight_decay)
 
 
 @dataclass(frozen=True)
@@ -89,13 +83,12 @@ class AdamWSettings:
         return self.zero_grad == "zeros"
 
     def eps_at(self, step: int | Tensor) -> float | Tensor:
-        """The ε torch's AdamW arithmetic adds to the corrected √v at (1-based) ``step`` of
-        a group: ε/√(1 − β₂ᵗ) for transformers' placement (:func:`mmcse.optim.transformers_eps`),
-        else ε. ``step``: the host count (eager, which counts no step the fp16 scaler skipped) or
-        a device tensor (the captured update)."""
-        if self.eps_style == "transformers":
-            return transformers_eps(self.eps, self.betas[1], step)
-        return self.eps
+        """The ε torch's AdamW adds at a group's (1-based) ``step``, a host count or a device
+        tensor: ε/√(1 − β₂ᵗ) for transformers' placement (:mod:`mmcse.optim`), else ε."""
+        if self.eps_style != "transformers":
+            return self.eps
+        correction = 1.0 - self.betas[1] ** step
+        return self.eps / (math.sqrt(correction) if isinstance(step, int) else correction.sqrt())
 
     @property
     def torch_weight_decay(self) -> float:
@@ -108,13 +101,75 @@ class AdamWSettings:
         return self.weight_decay if self.decay_style == "transformers" else 0.0
 
 
-def read_group_steps(optimizer: torch.optim.Optimizer) -> list[int]:
-    """Each group's step count from a loaded optimizer state (once, at a resume)."""
-    steps = []
-    for group in optimizer.param_groups:
-        counts = [int(optimizer.state[p]["step"]) for p in group["params"] if p in optimizer.state]
-        steps.append(max(counts, default=0))
-    return steps
+class EagerAdamW(torch.optim.AdamW):
+    """``torch.optim.AdamW`` stepped as ``settings`` (:class:`AdamWSettings`) say: the eager
+    update's optimizer, with torch's state dict.
+
+    Around torch's step (its own step hooks, so that hooks others register run once): before
+    it, every group's ε for transformers' placement from a host count of the steps that group
+    took (reading the device step tensor would wait for the GPU every step); after it,
+    transformers' decay ``p ← p − lr·λ·p`` on the parameters that stepped, but those in
+    ``exempt`` (:func:`decay_exempt`). A step the fp16 GradScaler skips is none of AdamW's, as
+    transformers.AdamW — whose ``step()`` the scaler never calls then — counts it (a fused AdamW
+    is called anyway, told by ``found_inf``). :meth:`zero_grad` clears to None, or under
+    ``zero_grad="zeros"`` to zeros, as torch < 2 did."""
+
+    def __init__(
+        self,
+        groups: list[list[nn.Parameter]],
+        settings: AdamWSettings,
+        exempt: set[int] | frozenset[int] = frozenset(),
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            [{"params": g} for g in groups],
+            lr=settings.lr,
+            betas=settings.betas,
+            weight_decay=settings.torch_weight_decay,
+            eps=settings.eps,
+            fused=fused,
+        )
+        self.settings, self.decay = settings, settings.decay_after
+        self.clear_to_none = not settings.steps_once_reached
+        self.decayed = [p for g in groups for p in g if id(p) not in exempt]
+        #: optimizer steps taken by each group, on the host (ε's scaling reads it)
+        self.group_steps = [0] * len(groups)
+        self.stepping: list[bool] = []  # the groups with a gradient, at this step
+        self.register_step_pre_hook(EagerAdamW._before_step)
+        self.register_step_post_hook(EagerAdamW._after_step)
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        super().zero_grad(self.clear_to_none if set_to_none is None else set_to_none)
+
+    def _before_step(self, args, kwargs) -> None:
+        self.stepping = [any(p.grad is not None for p in g["params"]) for g in self.param_groups]
+        for group, steps in zip(self.param_groups, self.group_steps, strict=True):
+            group["eps"] = self.settings.eps_at(steps + 1)
+
+    @torch.no_grad()
+    def _after_step(self, args, kwargs) -> None:
+        found_inf = getattr(self, "found_inf", None)  # the GradScaler's, for a fused AdamW
+        if found_inf is not None and found_inf.item():
+            return
+        stepped = [p for p in self.decayed if p.grad is not None]
+        if stepped and self.decay > 0:  # transformers.AdamW's decay, after the update
+            torch._foreach_mul_(stepped, 1.0 - self.param_groups[0]["lr"] * self.decay)
+        steps = zip(self.group_steps, self.stepping, strict=True)
+        self.group_steps = [n + int(s) for n, s in steps]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, then each group's step count read once; under ``zero_grad="zeros"`` what
+        had a gradient before keeps stepping (a zero one)."""
+        super().load_state_dict(state_dict)
+        self.group_steps = [
+            max((int(self.state[p]["step"]) for p in g["params"] if p in self.state), default=0)
+            for g in self.param_groups
+        ]
+        if self.clear_to_none:
+            return
+        for p in (p for g in self.param_groups for p in g["params"]):
+            if p in self.state and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 @dataclass(frozen=True)

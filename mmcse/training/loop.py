@@ -1,11 +1,11 @@
 """The Stage-2 trainer: configuration read, :meth:`Trainer.setup` builds everything once,
 :meth:`Trainer.train_step` is one training step, :meth:`Trainer.fit` the loop around it.
 
-A step (:meth:`Trainer.train_step`, which ``mmcse bench`` calls too; the updates it runs are
-:meth:`Trainer.step`): the auxiliary image/audio update of VisualCSE/AudioCSE first (the
-released trainer's order), then the text update — both dropout views of a gathered batch in one
-forward, every active term of the method, the weighted sum's gradient, clipping, AdamW and the
-lr schedule — then the run's state advanced and the step's terms added to the loss window. Every ``eval_steps`` the student is scored on
+A step (:meth:`Trainer.train_step`, which ``mmcse bench`` calls too): the auxiliary image/audio
+update of VisualCSE/AudioCSE first (the released trainer's order), then the text update — both
+dropout views of a gathered batch in one forward, every active term of the method, the weighted
+sum's gradient, clipping, AdamW and the lr schedule — then the run's state advanced and the
+step's terms added to the loss window. Every ``eval_steps`` the student is scored on
 STS-B dev and the best checkpoint kept; at the end the best one is scored on the 7 STS test
 sets. The same command runs under ``torchrun`` (DDP; in-batch negatives gathered across ranks).
 
@@ -59,7 +59,6 @@ from mmcse.training.resolved import resolve_run_config
 from mmcse.training.run_state import RunState
 from mmcse.training.stop import EvaluationStopped, StopRequest, TrainingInterrupted
 from mmcse.training.student import Student
-from mmcse.training.update import Part
 from mmcse.training.updates import build_updates
 
 logger = logging.getLogger(__name__)
@@ -172,26 +171,20 @@ class Trainer:
         return self.student.encoder
 
     # -- one step ------------------------------------------------------------------------------
-    def step(self, batch: Batch) -> tuple[list[Part], dict[str, float]]:
-        """The updates of one training step on ``batch`` (on the device, its extras gathered
-        with it): VisualCSE/AudioCSE's image/audio update on its own batch first (the released
-        trainer's order), then the text update on ``batch``. Returns their terms as device
-        tensors (read back once per logging window) and host values (the auxiliary lr)."""
+    def train_step(self, batch: Batch, epoch: int, index: int, waited: float = 0.0) -> None:
+        """One step on ``batch``, the one at ``index`` of ``epoch``'s batch order: VisualCSE/
+        AudioCSE's image/audio update on its own batch first (the released trainer's order),
+        the text update, the run's state advanced, the terms added to the loss window (on the
+        device: read once per ``log_every``). :meth:`fit` and ``mmcse bench`` call it."""
         parts, host = [], {}
         if self.updates.auxiliary is not None:
             part, host = self.updates.auxiliary.step()
             parts.append(part)
         self.student.train()
         parts.append(self.updates.text.step(batch.kind, (batch,)))
-        return parts, host
-
-    def train_step(self, batch: Batch, epoch: int, index: int, waited: float = 0.0) -> None:
-        """One whole training step on ``batch``, the one at ``index`` of ``epoch``'s batch order
-        (``waited``: seconds the loop waited for it): :meth:`step`, the run's state advanced,
-        the step's terms added to the loss window. :meth:`fit` and ``mmcse bench`` call it."""
-        parts, host = self.step(batch)
-        self.state.advance(epoch, index)
-        self.window.add_step(self.state.step, batch.kind, parts, host, waited)
+        state = self.state
+        state.step, state.epoch, state.next_index = state.step + 1, epoch, index + 1
+        self.window.add_step(state.step, batch.kind, parts, host, waited)
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> RunResult:
@@ -209,9 +202,8 @@ class Trainer:
             return self.record.finish(self.state)
 
     def _train(self, log: MetricsLog, progress: Progress, stop: StopRequest) -> None:
-        cfg, state = self.cfg, self.state
-        first = state.epoch
-        for epoch in range(first, cfg.epochs):
+        state, first = self.state, self.state.epoch
+        for epoch in range(first, self.cfg.epochs):
             skip = state.next_index if epoch == first else 0
             for index, batch, waited in self.batches(epoch, skip):
                 if state.step >= self.total:
@@ -297,7 +289,7 @@ class Trainer:
         if not dist.is_main():
             return
         record = {"step": self.state.step, "epoch": self.state.epoch, "time": time.time()}
-        record.update(lr=self.updates.lr(), **window)
+        record.update(lr=self.updates.text.lr(), **window)
         log.write(record)
         progress.set(loss=record["loss"], dev=self._dev_text())
 

@@ -19,7 +19,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -29,6 +29,9 @@ from mmcse.evaluation.sts import dev_set_name
 from mmcse.files import write_text_atomically
 from mmcse.rundir import LEFT_OUT_FILE, RunDir
 from mmcse.training.plan import batch_words, describe_checkpoints, whole_corpus_batches
+
+if TYPE_CHECKING:
+    from mmcse.training.update import Part
 
 logger = logging.getLogger(__name__)
 #: seconds between progress lines when stderr is not a terminal (log files, CI)
@@ -61,17 +64,11 @@ class LossWindow:
         self.started = time.perf_counter()
 
     def add_step(
-        self,
-        step: int,
-        kind: str,
-        parts: list[tuple[tuple[str, ...], Tensor]],
-        host: dict[str, float] | None = None,
-        data_wait: float = 0.0,
+        self, step: int, kind: str, parts: list[Part], host: dict | None = None, waited: float = 0.0
     ) -> None:
-        """One step's terms as the updates return them: ``(names, values stacked on the
-        device)`` pairs — one add each, no host sync; a replayed CUDA graph rewrites its output
-        at the next step, so each is added (or copied) now — and ``host`` values (an auxiliary
-        lr). A part whose first name is ``loss`` is the step's weighted total."""
+        """One step's terms as the updates return them, added on the device now (no host sync; a
+        replayed CUDA graph rewrites its outputs), a part named ``loss`` first the weighted total;
+        ``host``: e.g. an auxiliary lr; ``waited``: seconds the loop waited for the batch."""
         for keys, values in parts:
             held = self.stacked.get(keys)
             self.stacked[keys] = values.clone() if held is None else held.add_(values)
@@ -81,7 +78,7 @@ class LossWindow:
         self.latest.update(host or {})
         self.steps.append((step, kind))
         self.timed_steps += 1
-        self.data_wait += data_wait
+        self.data_wait += waited
 
     def _unstacked(self) -> None:
         """Fold the stacked sums into the per-term ones (at a flush or a save)."""

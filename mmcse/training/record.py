@@ -82,8 +82,6 @@ class Updates(Protocol):
         """A finished run extended to ``total`` steps: the lr schedule recomputed from the
         current step; the lr it continues at."""
 
-    def lr(self) -> float: ...
-
 
 def saved_heads(student: Student, aux: Any) -> nn.ModuleDict:
     """What a checkpoint saves as ``mmcse_heads``: the method's heads and the auxiliary task's

@@ -23,11 +23,6 @@ class RunState:
     #: it): a resume runs it first, so the resumed run's metrics equal an uninterrupted run's
     eval_pending: bool = False
 
-    def advance(self, epoch: int, index: int) -> None:
-        """One optimizer step taken on the batch at ``index`` of ``epoch``'s batch order."""
-        self.step += 1
-        self.epoch, self.next_index = epoch, index + 1
-
     def improves(self, score: float | None) -> bool:
         """Whether an evaluation scoring ``score`` keeps its step as best/: a higher score, or
         the first evaluation, or none (no dev data: each evaluation keeps the last step)."""

@@ -42,22 +42,18 @@ class Student(nn.Module):
     def forward(self, batch: Batch, extras: dict | None = None) -> dict[str, Tensor]:
         """Weighted total under ``"loss"`` plus every raw ``*_loss`` term of this batch
         (``extras``: the method's per-batch extras, by default the batch's own)."""
-        n = batch.size
         if batch.packed is not None:  # both views packed end to end; outputs padded-shaped
             out = self.encoder(packed=batch.packed)
-        else:
-            out = self.encoder(
-                input_ids=batch.input_ids.repeat(2, 1),
-                attention_mask=batch.attention_mask.repeat(2, 1),
-            )
+        else:  # both views as one batch: rows [:n] and [n:]
+            ids, mask = batch.input_ids.repeat(2, 1), batch.attention_mask.repeat(2, 1)
+            out = self.encoder(input_ids=ids, attention_mask=mask)
+        view1, view2 = out.sentence.chunk(2)
         inputs = LossInputs(
-            view1=out.sentence[:n],
-            view2=out.sentence[n:],
+            view1=view1,
+            view2=view2,
             features=batch.features,
             batch_kind=batch.kind,
-            token_states=(out.token_states[:n], out.token_states[n:])
-            if self.needs_token_states
-            else None,
+            token_states=out.token_states.chunk(2) if self.needs_token_states else None,
             attention_mask=batch.attention_mask,
             extras=batch.extras if extras is None else extras,
         )
@@ -66,9 +62,8 @@ class Student(nn.Module):
         for index, term in enumerate(self.terms):
             if not term.applies_to(batch.kind):
                 continue
-            weight = self.term_weights[index]
             for key, value in self.losses[term.name](inputs, self.term_modules[term.name]).items():
                 terms[key] = value
                 # in fp32 and rounded once, as a Python float weight multiplies
-                total = total + (weight * value.float()).to(value.dtype)
+                total = total + (self.term_weights[index] * value.float()).to(value.dtype)
         return {"loss": total, **terms}

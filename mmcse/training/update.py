@@ -9,12 +9,11 @@ trained parameter, and follow an lr schedule (:mod:`mmcse.training.lr`); they di
 where the work runs.
 
 * :class:`EagerUpdate` (``--capture off``; also under DDP and with ``--precision fp16``, see
-  below): ``torch.optim.AdamW`` + :func:`torch.nn.utils.clip_grad_norm_` + ``LambdaLR``, every
-  operator dispatched from the host: clear the gradients, the forward under autocast, backward,
-  clip, AdamW, schedule. transformers-style ε is set per group from a host-side
-  count of the steps AdamW took (reading the optimizer's device step tensor would wait for the
-  GPU every step); a step the fp16 GradScaler skips is not one, as transformers.AdamW, whose
-  ``step()`` the scaler then never calls, counts it.
+  below): :class:`~mmcse.training.adamw.EagerAdamW` (``torch.optim.AdamW`` with the settings'
+  ε placement, decay and gradient clearing, its step counts on the host) +
+  :func:`torch.nn.utils.clip_grad_norm_` + ``LambdaLR``, every operator dispatched from the
+  host, in the released loop's order: clear the gradients, the forward under autocast,
+  backward, clip, AdamW (through the fp16 loss scaler), schedule.
 * :class:`CapturedUpdate` (whole-update capture, ``--capture on``/``auto`` on CUDA): every trained
   parameter is a view of one flat fp32 buffer (:class:`FlatParameters`); one function computes
   the loss, its gradient with respect to that buffer (``torch.func.grad_and_value`` over
@@ -62,12 +61,11 @@ from torch.func import functional_call, grad_and_value
 from mmcse import distributed as dist
 from mmcse.training.adamw import (
     AdamWSettings,
+    EagerAdamW,
     FlatAdamW,
     FlatParameters,
     Segment,
-    decay_after_update_,
     decay_exempt,
-    read_group_steps,
 )
 from mmcse.training.fastpath import begin_captured_step
 from mmcse.training.lr import CosineSchedule, LinearSchedule
@@ -111,16 +109,11 @@ class WholeUpdateSettings:
     compile_fn: Callable[[Callable], Callable]
 
 
-def stacked(terms: dict[str, Tensor]) -> Part:
-    """An eager update's terms as the captured one returns them: names, values on the device."""
-    return tuple(terms), torch.stack([v.detach().float() for v in terms.values()])
-
-
 class EagerUpdate:
-    """``torch.optim.AdamW`` + clipping + ``LambdaLR``, dispatched op by op from the host.
+    """:class:`~mmcse.training.adamw.EagerAdamW` + clipping + ``LambdaLR``, dispatched op by op
+    from the host.
 
-    ``forward``: what :meth:`step` differentiates (a caller may instead run :meth:`zero_grad`
-    and :meth:`apply` around a forward of its own). ``exempt``: ids of the parameters spared
+    ``forward``: what :meth:`step` differentiates. ``exempt``: ids of the parameters spared
     weight decay (:func:`decay_exempt`; read under ``decay_style="transformers"`` only).
     ``average``: the gradients are averaged across ranks before clipping (an update outside DDP,
     whose replicas must take the same step). ``clear_after``: the gradients are cleared after
@@ -133,87 +126,45 @@ class EagerUpdate:
         groups: list[list[nn.Parameter]],
         settings: AdamWSettings,
         schedule: Callable[[int], float],
+        forward: Forward,
         fused: bool | None = None,
         scaler: torch.amp.GradScaler | None = None,
         exempt: set[int] | frozenset[int] = frozenset(),
         average: bool = False,
-        forward: Forward | None = None,
         clear_after: bool = False,
     ) -> None:
         self.settings, self.schedule, self.average = settings, schedule, average
         self.forward, self.clear_after = forward, clear_after
         self.params = [p for g in groups for p in g]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": g} for g in groups],
-            lr=settings.lr,
-            betas=settings.betas,
-            weight_decay=settings.torch_weight_decay,
-            eps=settings.eps,
-            fused=fused,
-        )
+        self.optimizer = EagerAdamW(groups, settings, exempt, fused)
         # a function, not the schedule object: LambdaLR saves an object's attributes and
         # would load a checkpoint's run length over the run's own
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: schedule(s))
         self.scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
-        #: optimizer steps taken by each group, on the host (ε's scaling reads it)
-        self.group_steps = [0] * len(groups)
-        #: what transformers' decay shrinks after each step it takes
-        self.decayed = [p for p in self.params if id(p) not in exempt]
 
     def step(self, kind: str, inputs: tuple) -> Part:
         """One update on ``inputs`` (``kind``: their batch kind, which only the captured engine
-        reads): clear, forward, backward and AdamW; the step's terms."""
-        self.zero_grad()  # before the forward: no grad outlives its step
+        reads): clear, forward, backward, clip, AdamW, schedule; the step's terms."""
+        self.optimizer.zero_grad()  # before the forward: no grad outlives its step
         terms = self.forward.terms(inputs)
-        # no isfinite(loss) here: it would wait for the device every step; the trainer checks
-        # every logged term once per logging window (mmcse.training.metrics.LossWindow.flush)
-        self.apply(self.forward.loss_of(terms))
-        if self.clear_after:
-            self.zero_grad()
-        return stacked(terms)
-
-    def zero_grad(self) -> None:
-        """Clear the gradients: to None, or (``zero_grad="zeros"``) to zero tensors, which
-        AdamW then steps on every batch, as the released runs' ``optimizer.zero_grad()``."""
-        self.optimizer.zero_grad(set_to_none=not self.settings.steps_once_reached)
-
-    def apply(self, loss: Tensor) -> None:
-        """Backward of ``loss`` (scaled under fp16), clip, AdamW, decay, schedule."""
-        self.scaler.scale(loss).backward()
+        # no isfinite(loss): a wait for the device per step (LossWindow.flush checks per window)
+        self.scaler.scale(self.forward.loss_of(terms)).backward()
         if self.average:
             average_gradients(self.params)
         if self.settings.max_grad_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
-        stepping = [
-            any(p.grad is not None for p in g["params"]) for g in self.optimizer.param_groups
-        ]
-        for group, steps in zip(self.optimizer.param_groups, self.group_steps, strict=True):
-            group["eps"] = self.settings.eps_at(steps + 1)
-        lr = self.lr()
-        taken = self._scaled_step()
-        if taken:
-            stepped = [p for p in self.decayed if p.grad is not None]
-            decay_after_update_(stepped, lr, self.settings.decay_after)
-        self.scheduler.step()  # also after a skipped step, as the released HF-Trainer loop
-        if taken:  # a step the fp16 scaler skipped is no step of AdamW's: ε's count stays
-            self.group_steps = [n + int(s) for n, s in zip(self.group_steps, stepping, strict=True)]
-
-    def _scaled_step(self) -> bool:
-        """The optimizer step through the loss scaler; False when the scaler skipped it (an
-        overflowing fp16 gradient: the scale backs off). The scale is read on the host only when
-        the scaler is on — its ``step`` has read the overflow flag there already."""
-        if not self.scaler.is_enabled():
-            self.optimizer.step()
-            return True
-        before = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
+        self.scaler.step(self.optimizer)  # not called on an overflowing fp16 gradient
         self.scaler.update()
-        return self.scaler.get_scale() >= before
+        self.scheduler.step()  # also after a skipped step, as the released HF-Trainer loop
+        if self.clear_after:
+            self.optimizer.zero_grad()
+        # as the captured update returns them: the names, the values stacked on the device
+        return tuple(terms), torch.stack([v.detach().float() for v in terms.values()])
 
     def lr(self) -> float:
-        """The lr of the next step."""
-        return self.settings.lr * self.schedule(self.steps)
+        """The lr of the next step (LambdaLR's: the peak lr × the schedule's factor)."""
+        return self.optimizer.param_groups[0]["lr"]
 
     def extend_schedule(self, total: int) -> float:
         """A finished run extended to ``total`` steps: the schedule recomputed from the step it
@@ -232,7 +183,7 @@ class EagerUpdate:
         records only the count, or a changed run length)."""
         self.scheduler.last_epoch = steps
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr()
+            group["lr"] = self.settings.lr * self.schedule(steps)
 
     def state_dict(self) -> dict:
         return {
@@ -246,11 +197,6 @@ class EagerUpdate:
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
-        self.group_steps = read_group_steps(self.optimizer)
-        if self.settings.steps_once_reached:  # what had a gradient before keeps stepping
-            for p in self.params:
-                if p in self.optimizer.state and p.grad is None:
-                    p.grad = torch.zeros_like(p)
 
 
 @dataclass(frozen=True)
@@ -511,11 +457,11 @@ def build_update(
             groups,
             settings,
             schedule,
+            forward,
             fused=fused,
             scaler=scaler,
             exempt=exempt,
             average=average,
-            forward=forward,
             clear_after=clear_after,
         )
     return CapturedUpdate(

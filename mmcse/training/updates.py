@@ -127,7 +127,7 @@ def parameter_count(optimizer_state: dict) -> int:
 
 
 class Updates:
-    """The run's updates, as a step runs them (:meth:`mmcse.training.loop.Trainer.step`: the
+    """The run's updates, as a step runs them (:meth:`mmcse.training.loop.Trainer.train_step`: the
     auxiliary one first); what ``last/`` saves of them (:meth:`state_dict`) and restores
     (:meth:`load_state_dict`)."""
 
@@ -157,10 +157,6 @@ class Updates:
         if self.auxiliary is not None:
             self.auxiliary.core.extend_schedule(total)
         return self.text.extend_schedule(total)
-
-    def lr(self) -> float:
-        """The text update's lr for its next step (the logged ``lr``)."""
-        return self.text.lr()
 
 
 def run_adamw_settings(

@@ -29,7 +29,7 @@ from torch import nn
 
 from mmcse.nonling.task import IMAGE_KIND, NonLinguisticSettings
 from mmcse.training.adamw import AdamWSettings, adamw_groups, decay_exempt
-from mmcse.training.update import EagerUpdate
+from mmcse.training.update import EagerUpdate, Forward
 from mmcse.training.updates import auxiliary_update
 
 TEXT_LR, IMAGE_LR, EPS, MAX_NORM, STEPS = 1e-2, 3e-2, 1e-3, 1.0, 5
@@ -204,16 +204,18 @@ def run_mmcse(image_decay: float, scope: str) -> ToyModel:
         max_grad_norm=MAX_NORM,
         zero_grad="zeros",
     )
+    loss = lambda x: {"loss": model.text_loss(x)}  # noqa: E731
+    forward = Forward(loss, lambda terms: terms["loss"], contextlib.nullcontext)
     text = EagerUpdate(
         adamw_groups([model.encoder, model.mlp]),
         text_settings,
         linear,
+        forward,
         exempt=decay_exempt(model),
     )
     for text_batch, _ in data():
         auxiliary.step()
-        text.zero_grad()
-        text.apply(model.text_loss(text_batch))
+        text.step("text", (text_batch,))
     return model
 
 

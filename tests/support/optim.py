@@ -1,11 +1,11 @@
 """transformers.AdamW's ε on a plain ``torch.optim.AdamW``: the reference the tests hold mmcse's
-updates to (:class:`mmcse.training.update.EagerUpdate` counts the steps on the host instead)."""
+updates to (:class:`mmcse.training.adamw.EagerAdamW` counts the steps on the host instead)."""
 
 from __future__ import annotations
 
 import torch
 
-from mmcse.optim import transformers_eps
+from mmcse.training.adamw import AdamWSettings
 
 
 def next_step(optimizer: torch.optim.Optimizer, group: dict) -> int:
@@ -21,4 +21,5 @@ def set_transformers_eps(optimizer: torch.optim.Optimizer, eps: float) -> None:
     ``eps``: ε/√(1 − β₂ᵗ), ``t`` the group's next step. Call it before every ``step()``."""
     for group in optimizer.param_groups:
         t = next_step(optimizer, group)
-        group["eps"] = transformers_eps(eps, group["betas"][1], t)
+        settings = AdamWSettings(lr=0.0, weight_decay=0.0, eps=eps, betas=group["betas"])
+        group["eps"] = settings.eps_at(t)

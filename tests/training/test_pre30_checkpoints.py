@@ -107,7 +107,7 @@ def test_a_last_of_before_issue_30_resumes(name, capture, tiny_world, tmp_path, 
     # extended to TOTAL: HF's linear decay from step 3, (T − s)/(T − w)
     want_lr = LR * (TOTAL - SAVED_STEPS) / (TOTAL - WARMUP)
     assert trainer.updates.extend_schedule(TOTAL) == pytest.approx(want_lr, rel=1e-12)
-    assert trainer.updates.lr() == pytest.approx(want_lr, rel=1e-12)
+    assert trainer.updates.text.lr() == pytest.approx(want_lr, rel=1e-12)
     if name == "visualcse":
         aux = loaded["aux"]
         assert aux["steps_taken"] == saved["aux"]["steps_taken"] == SAVED_STEPS
@@ -118,9 +118,9 @@ def test_a_last_of_before_issue_30_resumes(name, capture, tiny_world, tmp_path, 
     batches = trainer.batches(0, 0)
     logged = []
     for step in (1, 2):
-        _, batch, _ = next(batches)
-        parts, host = trainer.step(batch)
-        logged.append(host)
+        index, batch, _ = next(batches)
+        trainer.train_step(batch, 0, index)
+        logged.append(dict(trainer.window.latest))
         after = trainer.updates.state_dict()
         if step == 1:
             assert_continued(after["optimizer"], saved["optimizer"], 1)
@@ -128,7 +128,9 @@ def test_a_last_of_before_issue_30_resumes(name, capture, tiny_world, tmp_path, 
                 assert_continued(after["aux"]["optimizer"], saved["aux"]["optimizer"], 1)
     assert_continued(after["optimizer"], saved["optimizer"], 2)
     assert after["scheduler"]["last_epoch"] == SAVED_STEPS + 2
-    assert trainer.updates.lr() == pytest.approx(LR * (TOTAL - 5) / (TOTAL - WARMUP), rel=1e-12)
+    assert trainer.updates.text.lr() == pytest.approx(
+        LR * (TOTAL - 5) / (TOTAL - WARMUP), rel=1e-12
+    )
     if name == "visualcse":
         assert after["aux"]["steps_taken"] == SAVED_STEPS + 2
         assert_continued(after["aux"]["optimizer"], saved["aux"]["optimizer"], 2)

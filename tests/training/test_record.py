@@ -73,9 +73,6 @@ class FakeUpdates:
         self.extended_to = total
         return 1.25e-5
 
-    def lr(self) -> float:
-        return 3e-5
-
 
 class FakeData:
     """Three text batches an epoch, with fingerprints and teachers to record."""
@@ -157,14 +154,12 @@ def add_steps(window: LossWindow, steps: list[int]) -> None:
         window.add_step(step, "text", [(("loss", "simcse"), torch.tensor([0.5 * step, 1.0]))])
 
 
-def test_run_state_advances_one_batch_and_keeps_the_best_score():
-    state = RunState()
-    state.advance(epoch=1, index=2)
-    assert (state.step, state.epoch, state.next_index) == (1, 1, 3)
+def test_run_state_keeps_the_best_score():
+    state = RunState(step=1, epoch=1, next_index=3)
     assert state.improves(60.0)  # the first evaluation keeps its step
     state.keep_best(60.0)
     assert (state.best_dev, state.best_step) == (60.0, 1)
-    state.advance(epoch=1, index=3)
+    state.step += 1
     assert not state.improves(59.0) and not state.improves(60.0) and state.improves(60.5)
     assert state.improves(None)  # no dev data: every evaluation keeps the last step
 

@@ -4,7 +4,9 @@ HF's warm-up, precision, and what the recipes record about the code they reprodu
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from functools import partial
+from operator import itemgetter
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from mmcse.training.batch_order import CAPTION, TEXT, train_mix_counts
 from mmcse.training.config import TrainConfig
 from mmcse.training.data import Source, TrainData
 from mmcse.training.lr import linear_factor
-from mmcse.training.update import EagerUpdate
+from mmcse.training.update import EagerUpdate, Forward
 
 # ---- a TrainData over fake corpora of given sizes (the schedule only needs their lengths) ----
 
@@ -200,10 +202,10 @@ def adamw_run(update: str, style: str, start, grads, lr: float, eps: float):
                 set_transformers_eps(optimizer, eps)
             optimizer.step()
     elif update == "eager":  # EagerUpdate, text and auxiliary (host-side step counts)
-        eager = EagerUpdate([[param]], settings, lambda step: 1.0)
+        forward = Forward(lambda g: {"loss": (param * g).sum()}, itemgetter("loss"), nullcontext)
+        eager = EagerUpdate([[param]], settings, lambda step: 1.0, forward)
         for g in grads:
-            eager.zero_grad()
-            eager.apply((param * g).sum())  # its gradient is g
+            eager.step("text", (g,))  # the gradient is g
     else:  # the captured update's arithmetic, on the flat buffer's device tensors
         flat = FlatParameters([[param]])
         adamw = FlatAdamW(flat, [param], settings)
@@ -247,13 +249,13 @@ def test_adam_eps_reaches_the_optimizer(tiny_model, tiny_world, tmp_path, monkey
     from mmcse.training import loop as train_mod
 
     seen = {}
-    real = torch.optim.AdamW
+    real = torch.optim.AdamW.__init__
 
-    def spy(params, **kw):
+    def spy(self, params, **kw):  # torch's AdamW, as the eager update's optimizer builds it
         seen.update(kw)
-        return real(params, **kw)
+        real(self, params, **kw)
 
-    monkeypatch.setattr(train_mod.torch.optim, "AdamW", spy)
+    monkeypatch.setattr(torch.optim.AdamW, "__init__", spy)
     cfg = TrainConfig(
         model=str(tiny_model),
         text_corpus=tiny_world["text"],

@@ -158,7 +158,7 @@ def settings(**kw) -> AdamWSettings:
     return AdamWSettings(**values)
 
 
-def run_eager(kinds: str = KINDS, overflow_at=None, scaler=None, **kw):
+def run_eager(kinds: str = KINDS, overflow_at=None, scaler=None, fused=None, **kw):
     model = ToyStudent()
     groups = adamw_groups([model.encoder, model.head])
     schedule = lambda step: linear_factor(step, 0, len(kinds))  # noqa: E731
@@ -167,9 +167,10 @@ def run_eager(kinds: str = KINDS, overflow_at=None, scaler=None, **kw):
         groups,
         settings(**kw),
         schedule,
+        forward,
+        fused=fused,
         scaler=scaler,
         exempt=decay_exempt(model),
-        forward=forward,
     )
     for x, caption in batches(kinds, overflow_at):  # the one interface, as the trainer calls it
         update.step("caption" if caption else "text", (x, caption))
@@ -271,11 +272,11 @@ def test_zero_grad_zeros_survives_a_resume():
     resumed_model = ToyStudent()
     resumed_model.load_state_dict(model.state_dict())
     groups = adamw_groups([resumed_model.encoder, resumed_model.head])
-    resumed = EagerUpdate(groups, settings(zero_grad="zeros"), lambda s: 1.0)
+    forward = Forward(resumed_model, lambda terms: terms["loss"], contextlib.nullcontext)
+    resumed = EagerUpdate(groups, settings(zero_grad="zeros"), lambda s: 1.0, forward)
     resumed.load_state_dict(state)
-    resumed.zero_grad()
     x, _ = batches("t")[0]
-    resumed.apply(resumed_model(x, False)["loss"])
+    resumed.step("text", (x, False))
     head_state = resumed.optimizer.state[resumed_model.head.weight]
     assert int(head_state["step"]) == 2  # the caption step, then this text step
 
@@ -285,7 +286,9 @@ def test_zero_grad_zeros_survives_a_resume():
 SCALE = 256.0
 
 
-def test_a_step_the_scaler_skips_is_not_counted_in_eps():
+# fused: GradScaler calls a fused AdamW's step even on an overflow, telling it by ``found_inf``
+@pytest.mark.parametrize("fused", [None, True], ids=["foreach", "fused"])
+def test_a_step_the_scaler_skips_is_not_counted_in_eps(fused):
     """fp16 (the VisualCSE/AudioCSE recipes): the second batch overflows; the scaler skips that
     step (no AdamW step: transformers.AdamW's per-parameter count stays), backs the scale off,
     and the lr schedule moves on, as the released HF-Trainer loop. ε's scaling must then use
@@ -293,10 +296,30 @@ def test_a_step_the_scaler_skips_is_not_counted_in_eps():
     kinds, overflow_at = "tttt", 1
     released = run_released(kinds, overflow_at, scale=SCALE)
     scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=1000)
-    model, update = run_eager(kinds, overflow_at, scaler=scaler, zero_grad="zeros")
+    model, update = run_eager(kinds, overflow_at, scaler=scaler, fused=fused, zero_grad="zeros")
     assert released.scale == SCALE / 2 and scaler.get_scale() == SCALE / 2
-    assert update.group_steps == [3, 0]  # the encoder's 3 steps; the head never had a gradient
+    assert update.optimizer.group_steps == [
+        3,
+        0,
+    ]  # the encoder's 3 steps; the head never had a gradient
     assert_equals_released(model, update, released, rtol=1e-10)
+
+
+def test_hooks_on_the_eager_optimizer_run_once_a_step():
+    """EagerAdamW's work runs in its own step hooks, not in an override of ``step()``: an
+    override calling torch's would run torch's hook wrapper twice (every hook twice) once any
+    plain AdamW exists in the process."""
+    torch.optim.AdamW([nn.Parameter(torch.zeros(1))])  # torch wraps AdamW.step for its hooks
+    model = ToyStudent()
+    forward = Forward(model, lambda terms: terms["loss"], contextlib.nullcontext)
+    groups = adamw_groups([model.encoder, model.head])
+    update = EagerUpdate(groups, settings(), lambda step: 1.0, forward)
+    calls = []
+    update.optimizer.register_step_pre_hook(lambda *_: calls.append("pre"))
+    update.optimizer.register_step_post_hook(lambda *_: calls.append("post"))
+    for x, caption in batches("tc"):
+        update.step("caption" if caption else "text", (x, caption))
+    assert calls == ["pre", "post"] * 2
 
 
 # ---- under DDP (gloo, 2 ranks): the zeroed gradients of idle heads survive the all-reduce -----
