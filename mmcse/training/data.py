@@ -99,10 +99,6 @@ class Batch:
     #: both dropout views packed end to end (``--packing``; :mod:`mmcse.packing`), else None
     packed: PackedTokens | None = None
 
-    @property
-    def size(self) -> int:
-        return int(self.input_ids.shape[0])
-
     def tensors(self) -> list[Tensor]:
         """Every tensor of the batch, the packed ones included (what a copy to a device must
         keep alive)."""
