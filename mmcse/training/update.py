@@ -119,8 +119,6 @@ class EagerUpdate:
     whose replicas must take the same step). ``clear_after``: the gradients are cleared after
     the step too (the released image step's order: cleared before the text update runs)."""
 
-    captured = False
-
     def __init__(
         self,
         groups: list[list[nn.Parameter]],
@@ -224,7 +222,6 @@ class CapturedUpdate:
     (:class:`WholeUpdateSettings`).
     """
 
-    captured = True
     #: no loss scaler: fp16 runs take the eager update
     scaler = None
 

@@ -136,10 +136,6 @@ class Updates:
     ) -> None:
         self.text, self.auxiliary = text, auxiliary
 
-    @property
-    def captured(self) -> bool:
-        return self.text.captured
-
     def state_dict(self) -> dict[str, Any]:
         """``optimizer``, ``scheduler``, ``grad_scaler`` (the text update's) and ``aux``."""
         aux = None if self.auxiliary is None else self.auxiliary.state_dict()

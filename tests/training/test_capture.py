@@ -33,6 +33,7 @@ from mmcse.training.config import TrainConfig
 from mmcse.training.data import Batch
 from mmcse.training.loop import train
 from mmcse.training.student import Student
+from mmcse.training.update import CapturedUpdate
 from mmcse.training.updates import auxiliary_update
 
 B, L, P = 6, 12, 3
@@ -248,7 +249,7 @@ def test_capture_pads_batches_to_max_length_and_auto_stays_eager_on_cpu(tiny_mod
     )
     run = Trainer(TrainConfig(**settings, capture="on")).setup()
     assert run.capture == "whole" and not run.cfg.dynamic_padding  # recorded so in config.json
-    assert run.updates.captured
+    assert isinstance(run.updates.text, CapturedUpdate)
     assert run.data.batch("text", np.arange(4), torch.device("cpu")).input_ids.shape == (4, 16)
     assert Trainer(TrainConfig(**settings)).setup().capture == "off"
 
